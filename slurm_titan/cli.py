@@ -1,0 +1,102 @@
+"""`slurm-titan`: submit torchtitan jobs to Slurm and look after them.
+
+Light by design: nothing here imports torch or torchtitan, so the login-node commands answer
+in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from slurm_titan import __version__
+from slurm_titan.errors import SlurmTitanError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from slurm_titan.config import load_config, parse_assignment
+    from slurm_titan.plan import plan_job
+
+    overrides = [parse_assignment(text) for text in args.set]
+    shorthands = {"slurm.nodes": args.nodes, "slurm.partition": args.partition, "slurm.time": args.time}
+    overrides += [(key, value) for key, value in shorthands.items() if value is not None]
+    plan = plan_job(load_config(args.config, overrides))
+    if args.dry_run:
+        print(plan, end="")
+        return 0
+    from slurm_titan.submit import submit
+
+    record = submit(plan)
+    print(f"submitted job {record.job_id} ({record.name}, {record.nodes} node(s))")
+    print(f"logs: {record.job_dir}  (slurm-titan logs {record.job_id} --follow)")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from slurm_titan import status
+
+    return status.show(args.job, as_json=args.json)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from slurm_titan import logs
+
+    return logs.show(args.job, rank=args.rank, follow=args.follow)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from slurm_titan import slurm
+
+    slurm.cancel(args.job)
+    print(f"cancelled job {args.job}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slurm-titan", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"slurm-titan {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    submit = commands.add_parser("submit", help="submit a job config to Slurm")
+    submit.add_argument("config", help="job config (YAML)")
+    submit.add_argument("--nodes", type=int, help="number of nodes (overrides slurm.nodes)")
+    submit.add_argument("--partition", help="Slurm partition (overrides slurm.partition)")
+    submit.add_argument("--time", help="time limit, e.g. 04:00:00 (overrides slurm.time)")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override any config key (repeatable), e.g. --set torchtitan.args.training.steps=20")
+    submit.add_argument("--dry-run", action="store_true", help="print the sbatch script and node command; submit nothing")
+    submit.set_defaults(handler=_submit)
+
+    status = commands.add_parser("status", help="state of a job (or of recent jobs), across requeues")
+    status.add_argument("job", nargs="?", help="job id (default: recent jobs)")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(handler=_status)
+
+    logs = commands.add_parser("logs", help="show a job's logs")
+    logs.add_argument("job", help="job id")
+    logs.add_argument("--rank", type=int, help="one training rank's log (default: the node logs)")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    logs.set_defaults(handler=_logs)
+
+    cancel = commands.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job", help="job id")
+    cancel.set_defaults(handler=_cancel)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except SlurmTitanError as error:
+        print(f"slurm-titan: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The job config: one YAML file, validated completely before anything is submitted.
+
+Sections map to dataclasses (torchtitan style). Every error names the file, the key and what
+is wrong, as a `ConfigError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from slurm_titan.errors import ConfigError
+
+DeviceKind = Literal["npu", "cpu", "cuda"]
+ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+@dataclass
+class SlurmSpec:
+    """Resources and scheduling. `extra` passes any other sbatch option through (`{"mem-per-cpu": "2G"}`)."""
+
+    nodes: int = 1
+    devices_per_node: int = 1
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "01:00:00"
+    exclusive: bool = False
+    cpus_per_node: int | None = None
+    mem: str | None = None
+    port_window: list[int] = field(default_factory=lambda: [20000, 29999])
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TorchtitanSpec:
+    """What torchtitan runs: `--module`, `--config`, any of its options, overrides to import.
+
+    `args` is a nested mapping of torchtitan options: `{training: {steps: 20}}` -> `--training.steps 20`.
+    `debug_assets`, when set, is a folder where slurm-titan generates a tiny tokenizer and dataset
+    and points `hf_assets_path` / `dataloader.dataset_path` at them (no hub needed).
+    """
+
+    module: str = "llama3"
+    config: str = "llama3_debugmodel"
+    args: dict[str, Any] = field(default_factory=dict)
+    override_imports: list[str] = field(default_factory=list)
+    activation_checkpoint: ActivationCheckpoint | None = None
+    debug_assets: str | None = None
+
+
+@dataclass
+class EnvironmentSpec:
+    """How each node is prepared: device kind, shell set-up lines, extra environment variables."""
+
+    device: DeviceKind = "npu"
+    python: str | None = None
+    workdir: str | None = None
+    setup: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointSpec:
+    """torchtitan's checkpointing: `folder` is where ranks write (node-local disk on a real cluster)."""
+
+    enable: bool = False
+    interval: int = 500
+    folder: str | None = None
+
+
+@dataclass
+class JobConfig:
+    """A whole job: name, where its run folders go, and the sections above."""
+
+    name: str
+    runs_dir: str = "runs"
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    torchtitan: TorchtitanSpec = field(default_factory=TorchtitanSpec)
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    source: str = field(default="<memory>", compare=False, repr=False)
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(arg) for arg in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(tp))
+    if origin is not None:
+        return origin.__name__
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
+    """Check `value` against the annotation `tp`; build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, where, key)
+            except ConfigError:
+                continue
+        raise ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ConfigError(where, key, f"must be one of {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return _build(tp, value, where, key)
+    elif origin is list:
+        if isinstance(value, list):
+            (item_type,) = typing.get_args(tp)
+            return [_coerce(item, item_type, where, f"{key}[{index}]") for index, item in enumerate(value)]
+    elif origin is dict:
+        if isinstance(value, dict):
+            _, value_type = typing.get_args(tp)
+            return {str(k): _coerce(v, value_type, where, f"{key}.{k}") for k, v in value.items()}
+    elif tp is Any:
+        return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: dict[str, Any], where: str, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "source"}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+            raise ConfigError(where, path, f"unknown key{hint}")
+        kwargs[key] = _coerce(value, hints[key], where, path)
+    missing = [name for name, f in known.items()
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and name not in kwargs]
+    if missing:
+        raise ConfigError(where, f"{prefix}.{missing[0]}" if prefix else missing[0], "is required")
+    return cls(**kwargs)
+
+
+def time_limit_minutes(text: str) -> int:
+    """Slurm's time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) in whole minutes, rounded up."""
+    match = _TIME.match(text.strip())
+    if not match:
+        raise ValueError(f"bad time {text!r}: use minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
+    days, *clock = match.groups()
+    numbers = [int(part) for part in clock if part is not None]
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    else:  # M, M:S, H:M:S
+        hours, minutes, seconds = ([0, 0] + numbers)[-3:] if len(numbers) == 3 else (0, *(numbers + [0])[:2])
+    if (len(numbers) > 1 and minutes >= 60 and (days is not None or len(numbers) == 3)) or seconds >= 60:
+        raise ValueError(f"bad time {text!r}: minutes and seconds must be below 60")
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise ValueError(f"bad time {text!r}: must be positive")
+    return math.ceil(total / 60)
+
+
+def _validate(config: JobConfig) -> None:
+    where = config.source
+    if not _NAME.match(config.name):
+        raise ConfigError(where, "name", f"{config.name!r} must be letters, digits, '.', '_' or '-'")
+    slurm = config.slurm
+    if slurm.nodes < 1:
+        raise ConfigError(where, "slurm.nodes", f"must be >= 1, got {slurm.nodes}")
+    if slurm.devices_per_node < 1:
+        raise ConfigError(where, "slurm.devices_per_node", f"must be >= 1, got {slurm.devices_per_node}")
+    try:
+        time_limit_minutes(slurm.time)
+    except ValueError as error:
+        raise ConfigError(where, "slurm.time", str(error)) from None
+    window = slurm.port_window
+    if len(window) != 2 or not 1024 <= window[0] <= window[1] <= 65535:
+        raise ConfigError(where, "slurm.port_window", f"must be [low, high] within 1024..65535, got {window}")
+    if config.checkpoint.interval < 1:
+        raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
+    for key in ("module", "config"):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):
+            raise ConfigError(where, f"torchtitan.{key}", f"{getattr(config.torchtitan, key)!r} is not a Python name")
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    node = data
+    parts = dotted.split(".")
+    for index, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(where, ".".join(parts[: index + 1]), "is not a section; cannot set a key inside it")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`key.path=value` with the value read as YAML (`3`, `true`, `[a, b]`, `text`)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or not re.match(r"^[A-Za-z0-9_.-]+$", key):
+        raise ConfigError("--set", None, f"{text!r} is not KEY.PATH=VALUE")
+    return key, yaml.safe_load(raw) if raw else ""
+
+
+def load_config(path: str | Path, overrides: list[tuple[str, Any]] = ()) -> JobConfig:
+    """Read, override (`--set`, `--nodes`, ...) and validate a job config; ConfigError on any problem."""
+    where = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(where, None, "config file not found") from None
+    except OSError as error:
+        raise ConfigError(where, None, f"cannot read: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark else ""
+        raise ConfigError(where, None, f"{line}invalid YAML: {getattr(error, 'problem', error)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, None, "must be a YAML mapping of sections")
+    for key, value in overrides:
+        _set_path(data, key, value, f"{where} (--set {key})")
+    config = _build(JobConfig, data, where, "")
+    config.source = where
+    _validate(config)
+    return config

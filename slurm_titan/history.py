@@ -1,0 +1,61 @@
+"""A run's own record of its attempts (JSON lines in the job folder), readable without Slurm.
+
+Node 0 appends one `start` and one `end` event per attempt; `slurm-titan status` reads them, so
+the outcome is known even on clusters without accounting (slurmdbd) or after Slurm forgot the job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HISTORY_FILE = "history.jsonl"
+
+
+@dataclass
+class Attempt:
+    """One run of the job (Slurm's SLURM_RESTART_COUNT numbers them from 0)."""
+
+    attempt: int
+    hosts: list[str] = field(default_factory=list)
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def append_event(job_dir: Path, event: str, attempt: int, **fields: Any) -> None:
+    """Append one event; one `write` of one line, so concurrent readers never see half a record."""
+    record = {"event": event, "attempt": attempt, "time": time.time(), **fields}
+    with (job_dir / HISTORY_FILE).open("a", encoding="utf-8") as out:
+        out.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_attempts(job_dir: Path) -> list[Attempt]:
+    """The attempts recorded so far, oldest first; unreadable lines are skipped."""
+    attempts: dict[int, Attempt] = {}
+    path = job_dir / HISTORY_FILE
+    if not path.is_file():
+        return []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        number = int(record.pop("attempt"))
+        attempt = attempts.setdefault(number, Attempt(number))
+        event, stamp = record.pop("event"), record.pop("time")
+        if event == "start":
+            attempt.started, attempt.hosts = stamp, record.pop("hosts", [])
+        elif event == "end":
+            attempt.ended, attempt.exit_code, attempt.reason = stamp, record.pop("exit_code", None), record.pop("reason", None)
+        attempt.extra.update(record)
+    return [attempts[key] for key in sorted(attempts)]
+
+
+def as_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
+    return [asdict(attempt) for attempt in attempts]

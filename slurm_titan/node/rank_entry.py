@@ -1,0 +1,32 @@
+"""One training process: prepare the device kind, then run torchtitan's own trainer entry point.
+
+Started by the node supervisor with RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT
+set; every argument after the program name is torchtitan's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def prepare_device(device: str) -> None:
+    """Must run before torchtitan is imported: torchtitan picks its device at import."""
+    if device == "cpu":
+        from slurm_titan.node import cpu_device
+
+        cpu_device.install()
+    elif device == "npu":
+        import torch_npu  # noqa: F401  registers the "npu" device and the "hccl" backend
+
+
+def main() -> None:
+    prepare_device(os.environ.get("SLURM_TITAN_DEVICE", "npu"))
+    from torchtitan.train import main as torchtitan_main
+
+    sys.argv = ["torchtitan", *sys.argv[1:]]
+    torchtitan_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Plan a job from its config: the sbatch script (made by submitit) and what every node runs.
+
+Planning is separate from submitting (torchx style): `plan_job` touches no cluster and writes
+nothing; `str(plan)` is the exact sbatch script plus the command each node runs, which is what
+`submit --dry-run` prints.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from submitit.slurm.slurm import _make_sbatch_string
+
+from slurm_titan import titan_registry
+from slurm_titan.config import JobConfig, time_limit_minutes
+from slurm_titan.errors import ConfigError
+from slurm_titan.templating import export_lines, render
+
+JOB_ID = "{job_id}"
+JOB_DIR = "{job_dir}"
+RANK_ENTRY = "slurm_titan.node.rank_entry"
+_PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
+_BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Everything the node supervisor needs; pickled into the job by submitit."""
+
+    name: str
+    device: str
+    procs_per_node: int
+    port_window: tuple[int, int]
+    job_dir: str
+    rank_argv: tuple[str, ...]
+    torchtitan_module: str = "llama3"
+    torchtitan_config: str = "llama3_debugmodel"
+
+    def resolve(self, job_id: str) -> tuple[Path, list[str]]:
+        """This job's folder and the rank command with the job's id and folder filled in."""
+        job_dir = self.job_dir.replace(JOB_ID, job_id)
+        return Path(job_dir), [arg.replace(JOB_DIR, job_dir).replace(JOB_ID, job_id) for arg in self.rank_argv]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A job ready to submit: submitit's folder and parameters, and the node spec."""
+
+    config: JobConfig
+    folder: str
+    python: str
+    parameters: dict[str, Any]
+    node: NodeSpec
+
+    @property
+    def submitit_command(self) -> str:
+        """The command submitit puts after `srun` (same text as SlurmExecutor._submitit_command_str)."""
+        return " ".join([self.python, "-u -m submitit.core._submit", shlex.quote(self.folder)])
+
+    def script(self) -> str:
+        """The exact sbatch script submitit writes for this plan."""
+        return _make_sbatch_string(command=self.submitit_command, folder=self.folder, **self.parameters)
+
+    def node_command(self) -> str:
+        """What every node's supervisor starts for each of its devices."""
+        return shlex.join(self.node.rank_argv)
+
+    def __str__(self) -> str:
+        return (
+            f"# ---- sbatch script ({self.folder}/%j_submission.sh) ----\n{self.script()}\n"
+            f"# ---- on each of {self.config.slurm.nodes} node(s): {self.node.procs_per_node} process(es), "
+            f"RANK = SLURM_NODEID * {self.node.procs_per_node} + LOCAL_RANK ----\n{self.node_command()}\n"
+        )
+
+
+def _flag(path: str) -> str:
+    return "--" + path.replace("_", "-")
+
+
+def flatten_options(options: dict[str, Any], prefix: str = "") -> list[str]:
+    """`{training: {steps: 20, compile: false}}` -> `--training.steps 20 --training.no-compile` (tyro's flags)."""
+    argv: list[str] = []
+    for key, value in options.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            argv += flatten_options(value, path)
+        elif value is True:
+            argv.append(_flag(path))
+        elif value is False:
+            head, _, leaf = path.rpartition(".")
+            argv.append(_flag(f"{head}.no-{leaf}" if head else f"no-{leaf}"))
+        elif isinstance(value, list):
+            argv += [_flag(path), *(str(item) for item in value)]
+        else:
+            argv += [_flag(path), str(value)]
+    return argv
+
+
+def _lookup(options: dict[str, Any], dotted: str) -> Any:
+    node: Any = options
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _check_torchtitan(config: JobConfig) -> None:
+    titan = config.torchtitan
+    functions = titan_registry.config_functions(titan.module)
+    if functions is not None and titan.config not in functions:
+        raise ConfigError(config.source, "torchtitan.config",
+                          f"torchtitan module {titan.module!r} has no config {titan.config!r}")
+    for option in _PATH_OPTIONS:
+        value = _lookup(titan.args, option)
+        if value is not None and not Path(str(value)).exists():
+            raise ConfigError(config.source, f"torchtitan.args.{option}", f"{value}: no such file or directory")
+
+
+def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
+    titan, ckpt = config.torchtitan, config.checkpoint
+    options: dict[str, Any] = {"dump_folder": f"{JOB_DIR}/dump"}
+    if titan.debug_assets:
+        assets = Path(titan.debug_assets).absolute()
+        options |= {"hf_assets_path": str(assets / "tokenizer"), "dataloader": {"dataset_path": str(assets / "dataset")}}
+    argv = ["--module", titan.module, "--config", titan.config, *flatten_options(options), *flatten_options(titan.args)]
+    if ckpt.enable:
+        folder = ckpt.folder.replace("%j", JOB_ID) if ckpt.folder else "checkpoint"
+        argv += flatten_options({"checkpoint": {"enable": True, "interval": ckpt.interval, "folder": folder,
+                                                "last_save_model_only": False}})
+    if override_imports:
+        argv += ["--override.imports", ",".join(override_imports)]
+    if titan.activation_checkpoint:  # a tyro subcommand: must come last
+        argv.append(f"activation-checkpoint:{titan.activation_checkpoint}")
+    return argv
+
+
+def default_overrides(device: str) -> list[str]:
+    """The project's overrides that every job on this device kind activates."""
+    from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
+
+    return list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
+
+
+def _sbatch_parameters(config: JobConfig, setup: list[str]) -> dict[str, Any]:
+    slurm = config.slurm
+    parameters: dict[str, Any] = {
+        "job_name": config.name,
+        "nodes": slurm.nodes,
+        "ntasks_per_node": 1,
+        "time": time_limit_minutes(slurm.time),
+        "setup": setup,
+        "stderr_to_stdout": True,
+        "srun_args": ["--kill-on-bad-exit=1"],
+    }
+    optional = {"partition": slurm.partition, "account": slurm.account, "qos": slurm.qos,
+                "cpus_per_task": slurm.cpus_per_node, "mem": slurm.mem}
+    parameters |= {key: value for key, value in optional.items() if value is not None}
+    if slurm.exclusive:
+        parameters["exclusive"] = True
+    if slurm.extra:
+        parameters["additional_parameters"] = dict(slurm.extra)
+    return parameters
+
+
+def plan_job(config: JobConfig) -> JobPlan:
+    """Check what can be checked before submitting and build the plan. Raises ConfigError."""
+    _check_torchtitan(config)
+    env = config.environment
+    python = env.python or sys.executable
+    workdir = str(Path(env.workdir or ".").absolute())
+    job_dir = str(Path(config.runs_dir).absolute() / config.name / JOB_ID)
+    overrides = default_overrides(env.device) + config.torchtitan.override_imports
+    rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
+    node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | env.env
+    setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
+                   env_exports=export_lines(node_env)).rstrip("\n").splitlines()
+    node = NodeSpec(
+        name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
+        port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
+        rank_argv=rank_argv, torchtitan_module=config.torchtitan.module,
+        torchtitan_config=config.torchtitan.config,
+    )
+    folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
+    return JobPlan(config, folder, python, _sbatch_parameters(config, setup), node)

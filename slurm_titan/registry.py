@@ -1,0 +1,60 @@
+"""Where the login node remembers submitted jobs: one JSON file per job id.
+
+`$SLURM_TITAN_HOME/jobs/<id>.json` (default `~/.slurm-titan`) maps a job id to its folder,
+config and name, so `status`, `logs` and `cancel` take just the id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slurm_titan.errors import SlurmTitanError
+
+
+def home() -> Path:
+    return Path(os.environ.get("SLURM_TITAN_HOME", Path.home() / ".slurm-titan"))
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    name: str
+    job_dir: str
+    config: str
+    nodes: int
+    submitted: float
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.job_dir)
+
+
+def save(record: JobRecord) -> Path:
+    path = home() / "jobs" / f"{record.job_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load(job_id: str) -> JobRecord:
+    path = home() / "jobs" / f"{job_id}.json"
+    try:
+        return JobRecord(**json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise SlurmTitanError(f"job {job_id} was not submitted by slurm-titan from here (no {path})") from None
+
+
+def recent(limit: int = 20) -> list[JobRecord]:
+    folder = home() / "jobs"
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:limit] if folder.is_dir() else []
+    return [JobRecord(**json.loads(p.read_text(encoding="utf-8"))) for p in paths]
+
+
+def new_record(job_id: str, name: str, job_dir: Path, config: str, nodes: int) -> JobRecord:
+    return JobRecord(job_id, name, str(job_dir), config, nodes, time.time())

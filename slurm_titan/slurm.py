@@ -1,0 +1,121 @@
+"""Thin, typed wrappers around Slurm's commands (sinfo/scontrol/squeue/sacct/scancel).
+
+Each failure becomes a one-line `ClusterError`: a missing command names itself, a refused
+request carries Slurm's own first line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from slurm_titan.errors import ClusterError
+
+TIMEOUT_S = 30
+FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command; ClusterError if it is missing or (with check) fails."""
+    if shutil.which(argv[0]) is None:
+        raise ClusterError(f"{argv[0]} not found on PATH: run on a Slurm login node (Debian: apt-get install slurm-client)")
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"{' '.join(argv)} did not answer within {TIMEOUT_S} s: is slurmctld up?") from None
+    if check and result.returncode != 0:
+        first = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.returncode}").splitlines()[0]
+        raise ClusterError(f"{argv[0]} failed: {first}")
+    return result
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """`scontrol show -o` output: space-separated Key=Value pairs (values may not contain spaces, except the last)."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    total_nodes: int
+    state: str
+    default: bool
+
+
+def partitions() -> dict[str, Partition]:
+    out = run(["scontrol", "show", "partition", "-o"]).stdout
+    parts = {}
+    for line in out.splitlines():
+        fields = parse_key_values(line)
+        if "PartitionName" in fields:
+            parts[fields["PartitionName"]] = Partition(
+                fields["PartitionName"], int(fields.get("TotalNodes", "0")), fields.get("State", "UP"),
+                fields.get("Default", "NO") == "YES")
+    return parts
+
+
+def check_resources(partition: str | None, nodes: int) -> Partition:
+    """The partition the job would run in; ClusterError if unknown, down, or smaller than `nodes`."""
+    known = partitions()
+    if partition is None:
+        default = next((p for p in known.values() if p.default), None)
+        if default is None:
+            raise ClusterError("no partition given and the cluster has no default partition")
+        chosen = default
+    elif partition not in known:
+        raise ClusterError(f"unknown partition {partition!r}; the cluster has: {', '.join(sorted(known)) or 'none'}")
+    else:
+        chosen = known[partition]
+    if nodes > chosen.total_nodes:
+        raise ClusterError(f"--nodes {nodes} exceeds partition {chosen.name!r}, which has {chosen.total_nodes} node(s)")
+    if chosen.state != "UP":
+        raise ClusterError(f"partition {chosen.name!r} is {chosen.state}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What Slurm says of a job now; `source` says which command answered."""
+
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    restarts: int
+    exit_code: str
+    source: str
+
+
+def _from_scontrol(job_id: str) -> JobState | None:
+    result = run(["scontrol", "show", "job", "-o", job_id], check=False)
+    if result.returncode != 0 or "JobId=" not in result.stdout:
+        return None
+    fields = parse_key_values(result.stdout.splitlines()[0])
+    return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("NodeList", ""),
+                    int(fields.get("Restarts", "0")), fields.get("ExitCode", ""), "scontrol")
+
+
+def _from_sacct(job_id: str) -> JobState | None:
+    if shutil.which("sacct") is None:
+        return None
+    result = run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,Reason,NodeList,ExitCode"], check=False)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    if result.returncode != 0 or not lines:
+        return None
+    state, reason, nodelist, exit_code = (lines[-1].split("|") + ["", "", "", ""])[:4]
+    return JobState(job_id, state.split()[0], reason, nodelist, 0, exit_code, "sacct")
+
+
+def job_state(job_id: str) -> JobState | None:
+    """Slurm's view of a job: scontrol while the controller remembers it, else accounting; None if neither knows."""
+    return _from_scontrol(job_id) or _from_sacct(job_id)
+
+
+def cancel(job_id: str, signal_name: str | None = None) -> None:
+    run(["scancel", *(["--signal", signal_name, "--full"] if signal_name else []), job_id])

@@ -1,0 +1,66 @@
+"""`slurm-titan status`: Slurm's state of a job joined with the run's own attempt history."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from slurm_titan import history, registry, slurm
+from slurm_titan.errors import SlurmTitanError
+
+
+def _state_from_history(attempts: list[history.Attempt]) -> str:
+    if not attempts or attempts[-1].ended is None:
+        return "UNKNOWN"
+    return "COMPLETED" if attempts[-1].exit_code == 0 else "FAILED"
+
+
+def describe(job_id: str) -> dict[str, Any]:
+    """Everything known of one job: Slurm's state (or the run record's when Slurm forgot it) and its attempts."""
+    try:
+        record: registry.JobRecord | None = registry.load(job_id)
+    except SlurmTitanError:
+        record = None
+    attempts = history.read_attempts(record.folder) if record else []
+    state = slurm.job_state(job_id)
+    if state is None and record is None:
+        raise SlurmTitanError(f"job {job_id} is unknown to Slurm and to slurm-titan")
+    return {
+        "job_id": job_id,
+        "name": record.name if record else None,
+        "job_dir": record.job_dir if record else None,
+        "state": state.state if state else _state_from_history(attempts),
+        "source": state.source if state else "run record",
+        "reason": state.reason if state else None,
+        "nodes": state.nodes if state else None,
+        "restarts": state.restarts if state else max(len(attempts) - 1, 0),
+        "exit_code": state.exit_code if state else None,
+        "attempts": history.as_dicts(attempts),
+    }
+
+
+def _clock(stamp: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp else "-"
+
+
+def _print(info: dict[str, Any]) -> None:
+    print(f"job {info['job_id']} {info['name'] or ''}: {info['state']} (from {info['source']})"
+          f"  nodes={info['nodes'] or '-'} restarts={info['restarts']}"
+          + (f" reason={info['reason']}" if info["reason"] and info["reason"] != "None" else ""))
+    for attempt in info["attempts"]:
+        print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
+              f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}")
+
+
+def show(job_id: str | None, as_json: bool = False) -> int:
+    infos = [describe(job_id)] if job_id else [describe(r.job_id) for r in registry.recent()]
+    if as_json:
+        print(json.dumps(infos[0] if job_id else infos, indent=1))
+    else:
+        for info in infos:
+            _print(info)
+        if not infos:
+            print("no jobs submitted from here yet")
+    return 0
+
