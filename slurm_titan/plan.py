@@ -37,8 +37,6 @@ class NodeSpec:
     port_window: tuple[int, int]
     job_dir: str
     rank_argv: tuple[str, ...]
-    torchtitan_module: str = "llama3"
-    torchtitan_config: str = "llama3_debugmodel"
 
     def resolve(self, job_id: str) -> tuple[Path, list[str]]:
         """This job's folder and the rank command with the job's id and folder filled in."""
@@ -178,12 +176,13 @@ def plan_job(config: JobConfig) -> JobPlan:
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
     node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | env.env
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
-                   env_exports=export_lines(node_env)).rstrip("\n").splitlines()
+                   env_exports=export_lines(node_env), python=shlex.quote(python),
+                   titan_module=shlex.quote(config.torchtitan.module),
+                   titan_config=shlex.quote(config.torchtitan.config)).rstrip("\n").splitlines()
     node = NodeSpec(
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
         port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
-        rank_argv=rank_argv, torchtitan_module=config.torchtitan.module,
-        torchtitan_config=config.torchtitan.config,
+        rank_argv=rank_argv,
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
     return JobPlan(config, folder, python, _sbatch_parameters(config, setup), node)

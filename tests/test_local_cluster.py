@@ -1,6 +1,6 @@
 """The bundled local Slurm cluster (tools/local-cluster): 4 nodes n1..n4 on one machine.
 
-The module fixture brings the shared cluster up if it is not already healthy and leaves it
+The session fixture (conftest.slurm_env) brings the shared cluster up if it is not already healthy and leaves it
 up. The lifecycle test uses a second, private cluster (own state dir and ports) so that it
 never disturbs the shared one.
 """
@@ -10,50 +10,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from conftest import CLUSTER_TOOL as TOOL, env_from, run, wait_for
+
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / "tools" / "local-cluster"
 NODES = ["n1", "n2", "n3", "n4"]
 SCRATCH = "/var/tmp/slurm-titan-local"
-SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
-
-
-def run(args, env=None, timeout=60, check=True) -> subprocess.CompletedProcess:
-    p = subprocess.run(
-        [str(a) for a in args], env=env, timeout=timeout, text=True, capture_output=True
-    )
-    if check and p.returncode != 0:
-        raise AssertionError(
-            f"{args} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
-        )
-    return p
-
-
-def env_from(export_lines: str, base: dict | None = None) -> dict:
-    env = dict(os.environ if base is None else base)
-    for m in re.finditer(r"^export (\w+)=(\S+)$", export_lines, re.M):
-        env[m.group(1)] = m.group(2)
-    assert "SLURM_CONF" in env, export_lines
-    return env
-
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
-    end = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def job_fields(job_id: str, env: dict) -> dict:
@@ -68,17 +36,6 @@ def node_states(env: dict) -> dict:
         node, part, state = line.split()
         states.setdefault(node, {})[part.rstrip("*")] = state
     return states
-
-
-@pytest.fixture(scope="module")
-def slurm_env() -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("the local cluster needs root")
-    if shutil.which("slurmctld", path=SBIN_PATH) is None:
-        pytest.skip("Slurm is not installed (tools/local-cluster install-deps)")
-    if run([TOOL, "status"], check=False).returncode != 0:
-        run([TOOL, "up"], timeout=180)
-    return env_from(run([TOOL, "env"]).stdout)
 
 
 def test_sinfo_four_idle_nodes_in_low_and_high(slurm_env):

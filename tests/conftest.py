@@ -1,0 +1,90 @@
+"""Shared fixtures: the bundled local Slurm cluster and helpers to drive the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER_TOOL = REPO / "tools" / "local-cluster"
+SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def run(args: list[Any], env: dict | None = None, timeout: float = 60, check: bool = True,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(a) for a in args], env=env, timeout=timeout, text=True, capture_output=True,
+                            cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    return result
+
+
+def env_from(export_lines: str, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    for match in re.finditer(r"^export (\w+)=(\S+)$", export_lines, re.M):
+        env[match.group(1)] = match.group(2)
+    assert "SLURM_CONF" in env, export_lines
+    return env
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict:
+    """The environment that points Slurm's commands at the bundled cluster, brought up if needed."""
+    if os.geteuid() != 0:
+        pytest.skip("the local cluster needs root")
+    if shutil.which("slurmctld", path=SBIN_PATH) is None:
+        pytest.skip("Slurm is not installed (tools/local-cluster install-deps)")
+    if run([CLUSTER_TOOL, "status"], check=False).returncode != 0:
+        run([CLUSTER_TOOL, "up"], timeout=180)
+    return env_from(run([CLUSTER_TOOL, "env"]).stdout)
+
+
+class Cli:
+    """Runs the real `slurm-titan` command against the local cluster, with a private job registry."""
+
+    def __init__(self, env: dict, home: Path) -> None:
+        self.env = env | {"SLURM_TITAN_HOME": str(home)}
+
+    def __call__(self, *args: Any, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        return run([sys.executable, "-m", "slurm_titan.cli", *args], env=self.env, check=check, timeout=timeout,
+                   cwd=REPO)
+
+    def submit(self, *args: Any) -> str:
+        out = self("submit", *args).stdout
+        match = re.search(r"submitted job (\d+)", out)
+        assert match, out
+        return match.group(1)
+
+    def status(self, job_id: str) -> dict:
+        return json.loads(self("status", job_id, "--json").stdout)
+
+    def wait(self, job_id: str, timeout: float = 600) -> dict:
+        return wait_for(lambda: (s := self.status(job_id))["state"] in FINISHED and s, timeout,
+                        f"job {job_id} to finish", interval=2)
+
+
+@pytest.fixture
+def cli(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    yield Cli(slurm_env, tmp_path_factory.mktemp("slurm-titan-home"))

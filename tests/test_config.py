@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.config import load_config, parse_assignment
+from slurm_titan.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_debug_cpu_config_loads() -> None:
+    config = load_config(ROOT / "configs/debug_cpu.yaml")
+    assert config.slurm.nodes == 2
+    assert config.environment.device == "cpu"
+    assert config.torchtitan.args["training"]["steps"] >= 10
+
+
+def test_flags_and_set_override_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nslurm: {nodes: 2}\n")
+    config = load_config(path, [("slurm.nodes", 8), parse_assignment("torchtitan.args.training.steps=20"),
+                                parse_assignment("slurm.extra.mem-per-cpu=2G")])
+    assert config.slurm.nodes == 8
+    assert config.torchtitan.args == {"training": {"steps": 20}}
+    assert config.slurm.extra == {"mem-per-cpu": "2G"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\nslurm: {nodez: 2}\n", "job.yaml: slurm.nodez: unknown key (did you mean 'nodes'?)"),
+        ("name: x\nslurm: {nodes: two}\n", "job.yaml: slurm.nodes: expected int, got 'two'"),
+        ("name: x\nslurm: {nodes: 0}\n", "job.yaml: slurm.nodes: must be >= 1, got 0"),
+        ("name: x\nslurm: {nodes: true}\n", "job.yaml: slurm.nodes: expected int, got True"),
+        ("name: x\nslurm: {time: '1:75:00'}\n", "job.yaml: slurm.time: bad time '1:75:00'"),
+        ("name: x\nslurm: {time: soon}\n", "job.yaml: slurm.time: bad time 'soon'"),
+        ("name: x\nenvironment: {device: tpu}\n", "job.yaml: environment.device: must be one of 'npu' | 'cpu' | 'cuda'"),
+        ("slurm: {nodes: 1}\n", "job.yaml: name: is required"),
+        ("name: 'a b'\n", "job.yaml: name: 'a b' must be letters"),
+        ("name: x\ntorchtitan: {override_imports: notalist}\n", "job.yaml: torchtitan.override_imports: expected list"),
+        ("name: x\nslurm: {port_window: [100, 200]}\n", "job.yaml: slurm.port_window: must be [low, high]"),
+        ("- just\n- a list\n", "job.yaml: must be a YAML mapping"),
+        ("name: x\nslurm: {nodes: [\n", "job.yaml: line"),
+    ],
+)
+def test_bad_config_names_file_key_and_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert str(caught.value).startswith(f"{tmp_path}/{message}")
+    assert "\n" not in str(caught.value)
+    assert caught.value.exit_code == 2
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_set_into_a_scalar_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="slurm.nodes: is not a section"):
+        load_config(write(tmp_path, "name: x\nslurm: {nodes: 1}\n"), [("slurm.nodes.x", 1)])
+
+
+def test_bad_assignment_syntax() -> None:
+    with pytest.raises(ConfigError, match="is not KEY.PATH=VALUE"):
+        parse_assignment("slurm.nodes")

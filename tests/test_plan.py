@@ -1,0 +1,76 @@
+"""The plan: a golden file pins the sbatch script submitit generates and the per-node command."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.config import load_config
+from slurm_titan.errors import ConfigError
+from slurm_titan.plan import flatten_options, plan_job
+
+HERE = Path(__file__).parent
+GOLDEN = HERE / "data/golden/debug_cpu_plan.txt"
+PINNED = """
+runs_dir: /shared/runs
+environment:
+  python: /opt/venv/bin/python
+  workdir: /shared/work
+torchtitan:
+  debug_assets: /shared/assets
+"""
+
+
+def pinned_debug_cpu(tmp_path: Path) -> Path:
+    """configs/debug_cpu.yaml with the machine-dependent paths pinned."""
+    import yaml
+
+    data = yaml.safe_load((HERE.parent / "configs/debug_cpu.yaml").read_text())
+    for section, values in yaml.safe_load(PINNED).items():
+        data[section] = data.get(section, {}) | values if isinstance(values, dict) else values
+    path = tmp_path / "debug_cpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_matches_golden_file(tmp_path: Path) -> None:
+    text = str(plan_job(load_config(pinned_debug_cpu(tmp_path))))
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_plan_rank_command_runs_the_project_entry_with_overrides(tmp_path: Path) -> None:
+    plan = plan_job(load_config(pinned_debug_cpu(tmp_path)))
+    argv = list(plan.node.rank_argv)
+    assert argv[:4] == ["/opt/venv/bin/python", "-u", "-m", "slurm_titan.node.rank_entry"]
+    assert argv[argv.index("--override.imports") + 1].startswith("slurm_titan.overrides.")
+    assert argv[-1] == "activation-checkpoint:none"
+    job_dir, resolved = plan.node.resolve("77")
+    assert job_dir == Path("/shared/runs/debug-cpu/77")
+    assert "/shared/runs/debug-cpu/77/dump" in resolved
+
+
+def test_nodes_flag_reaches_sbatch(tmp_path: Path) -> None:
+    plan = plan_job(load_config(pinned_debug_cpu(tmp_path), [("slurm.nodes", 4), ("slurm.partition", "high")]))
+    script = plan.script()
+    assert "#SBATCH --nodes=4" in script
+    assert "#SBATCH --partition=high" in script
+    assert "#SBATCH --ntasks-per-node=1" in script
+
+
+def test_flatten_options_speaks_tyro() -> None:
+    assert flatten_options({"training": {"steps": 3, "local_batch_size": 2}, "validator": {"enable": False},
+                            "compile": {"enable": True}, "x": {"l": [1, 2]}}) == [
+        "--training.steps", "3", "--training.local-batch-size", "2", "--validator.no-enable",
+        "--compile.enable", "--x.l", "1", "2"]
+
+
+def test_unknown_torchtitan_config_caught_before_submit(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="torchtitan.config: torchtitan module 'llama3' has no config 'llama3_tiny'"):
+        plan_job(load_config(pinned_debug_cpu(tmp_path), [("torchtitan.config", "llama3_tiny")]))
+
+
+def test_missing_dataset_path_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="torchtitan.args.dataloader.dataset_path: /no/such: no such file"):
+        plan_job(load_config(pinned_debug_cpu(tmp_path), [("torchtitan.args.dataloader.dataset_path", "/no/such")]))
