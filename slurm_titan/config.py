@@ -81,6 +81,16 @@ class CheckpointSpec:
 
 
 @dataclass
+class PreemptionSpec:
+    """Requeue policy: the warning signal comes `signal_seconds` before the time limit (time for a
+    checkpoint and its upload); crashes requeue only `max_failures` times; requeues are capped."""
+
+    signal_seconds: int = 300
+    max_requeues: int = 20
+    max_failures: int = 0
+
+
+@dataclass
 class JobConfig:
     """A whole job: name, where its run folders go, and the sections above."""
 
@@ -90,6 +100,7 @@ class JobConfig:
     torchtitan: TorchtitanSpec = field(default_factory=TorchtitanSpec)
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
 
@@ -202,6 +213,12 @@ def _validate(config: JobConfig) -> None:
     window = slurm.port_window
     if len(window) != 2 or not 1024 <= window[0] <= window[1] <= 65535:
         raise ConfigError(where, "slurm.port_window", f"must be [low, high] within 1024..65535, got {window}")
+    for key in ("signal_seconds", "max_requeues", "max_failures"):
+        if getattr(config.preemption, key) < 0:
+            raise ConfigError(where, f"preemption.{key}", f"must be >= 0, got {getattr(config.preemption, key)}")
+    if config.preemption.signal_seconds >= time_limit_minutes(slurm.time) * 60:
+        raise ConfigError(where, "preemption.signal_seconds",
+                          f"{config.preemption.signal_seconds} s is not shorter than slurm.time {slurm.time}")
     if config.checkpoint.interval < 1:
         raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
     for key in ("module", "config"):

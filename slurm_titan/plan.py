@@ -144,7 +144,15 @@ def default_overrides(device: str) -> list[str]:
     return list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
 
 
-def _sbatch_parameters(config: JobConfig, setup: list[str]) -> dict[str, Any]:
+def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:
+    policy = config.preemption
+    return render("node_teardown.sh.tmpl", python=shlex.quote(python),
+                  job_dir=shlex.quote(job_dir),
+                  nodes=str(config.slurm.nodes), max_requeues=str(policy.max_requeues),
+                  max_failures=str(policy.max_failures), signal_seconds=str(policy.signal_seconds)).rstrip("\n").splitlines()
+
+
+def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str]) -> dict[str, Any]:
     slurm = config.slurm
     parameters: dict[str, Any] = {
         "job_name": config.name,
@@ -152,16 +160,17 @@ def _sbatch_parameters(config: JobConfig, setup: list[str]) -> dict[str, Any]:
         "ntasks_per_node": 1,
         "time": time_limit_minutes(slurm.time),
         "setup": setup,
+        "teardown": teardown,
         "stderr_to_stdout": True,
         "srun_args": ["--kill-on-bad-exit=1"],
+        "signal_delay_s": config.preemption.signal_seconds,
     }
     optional = {"partition": slurm.partition, "account": slurm.account, "qos": slurm.qos,
                 "cpus_per_task": slurm.cpus_per_node, "mem": slurm.mem}
     parameters |= {key: value for key, value in optional.items() if value is not None}
     if slurm.exclusive:
         parameters["exclusive"] = True
-    if slurm.extra:
-        parameters["additional_parameters"] = dict(slurm.extra)
+    parameters["additional_parameters"] = {"requeue": True} | slurm.extra
     return parameters
 
 
@@ -185,4 +194,4 @@ def plan_job(config: JobConfig) -> JobPlan:
         rank_argv=rank_argv,
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
-    return JobPlan(config, folder, python, _sbatch_parameters(config, setup), node)
+    return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node)

@@ -117,5 +117,18 @@ def job_state(job_id: str) -> JobState | None:
     return _from_scontrol(job_id) or _from_sacct(job_id)
 
 
+def time_left_seconds(job_id: str) -> int | None:
+    """Seconds until the job's time limit, from `scontrol show job` EndTime; None if unknown."""
+    import datetime
+
+    result = run(["scontrol", "show", "job", "-o", job_id], check=False)
+    end = parse_key_values(result.stdout).get("EndTime", "") if result.returncode == 0 else ""
+    try:
+        ends = datetime.datetime.fromisoformat(end)
+    except ValueError:
+        return None
+    return int((ends - datetime.datetime.now()).total_seconds())
+
+
 def cancel(job_id: str, signal_name: str | None = None) -> None:
     run(["scancel", *(["--signal", signal_name, "--full"] if signal_name else []), job_id])

@@ -2,12 +2,17 @@
 
 It derives the rendezvous from Slurm's variables, starts one training process per device with
 RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, streams each rank's output to
-`<job>/logs/rank-R.log`, stops the node's other ranks when one fails, and exits with the first
-failure's exit code so that Slurm marks the job FAILED.
+`<job>/logs/rank-R.log`, passes Slurm's warning signals on to the ranks, stops the node's other
+ranks when one fails, and reports the node's outcome to `<job>/attempts/<A>/node-<N>.json` for
+the batch script's final decision (`slurm_titan.node.finish`).
+
+Exit code: 0 when the ranks finished or checkpointed for a requeue (so srun's
+`--kill-on-bad-exit` does not cut short another node's upload), the failing rank's code otherwise.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,27 +23,33 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_titan import history, rendezvous
+from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNALS
 from slurm_titan.plan import NodeSpec
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
+RESEND_S = 5.0
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"[slurm-titan {socket.gethostname()}] {message}", flush=True)
+
+
+def node_report_path(job_dir: Path, attempt: int, node_rank: int) -> Path:
+    return job_dir / "attempts" / str(attempt) / f"node-{node_rank}.json"
 
 
 class RankGroup:
     """The training processes of this node."""
 
-    def __init__(self, argv: list[str], rdzv: rendezvous.Rendezvous, log_dir: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         for local_rank in range(rdzv.procs_per_node):
-            env = os.environ | rdzv.process_env(local_rank)
-            rank = int(env["RANK"])
+            rank_env = env | rdzv.process_env(local_rank)
+            rank = int(rank_env["RANK"])
             with (log_dir / f"rank-{rank}.log").open("ab") as log:
-                self.processes[rank] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+                self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT)
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes.values():
@@ -53,19 +64,36 @@ class RankGroup:
             time.sleep(POLL_S)
         self.signal_all(signal.SIGKILL)
 
-    def wait(self) -> int:
-        """Wait for every rank; on the first failure stop the others. Returns the exit code for the node."""
+    def wait(self, pending_signal: list[int]) -> dict[int, int]:
+        """Wait for every rank; on the first failure stop the others. Returns each rank's exit code.
+
+        While a stop signal is pending it is sent again every few seconds: a rank still importing
+        torch when Slurm's signal came installs its handler only later.
+        """
+        last_sent = 0.0
         while True:
             codes = {rank: process.poll() for rank, process in self.processes.items()}
-            failed = {rank: code for rank, code in codes.items() if code not in (None, 0)}
+            failed = {rank: code for rank, code in codes.items() if code not in (None, 0, PREEMPTED_EXIT_CODE)}
             if failed:
                 rank, code = min(failed.items())
-                _say(f"rank {rank} exited with code {code}; stopping the node's other ranks")
+                say(f"rank {rank} exited with code {code}; stopping the node's other ranks")
                 self.stop()
-                return code if code > 0 else 128 - code
-            if all(code == 0 for code in codes.values()):
-                return 0
+                return {rank: process.wait() for rank, process in self.processes.items()}
+            if all(code is not None for code in codes.values()):
+                return codes  # type: ignore[return-value]
+            if pending_signal and time.monotonic() - last_sent > RESEND_S:
+                self.signal_all(pending_signal[0])
+                last_sent = time.monotonic()
             time.sleep(POLL_S)
+
+
+def node_exit_code(rank_codes: dict[int, int]) -> int:
+    """The node's verdict: a failure's code (signals as 128+N), else 75 if any rank checkpointed to stop, else 0."""
+    failures = [code for code in rank_codes.values() if code not in (0, PREEMPTED_EXIT_CODE)]
+    if failures:
+        code = failures[0]
+        return code if code > 0 else 128 - code
+    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in rank_codes.values() else 0
 
 
 class NodeSupervisor:
@@ -73,33 +101,37 @@ class NodeSupervisor:
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
+        self.pending_signal: list[int] = []
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.pending_signal:
+            say(f"got {signal.Signals(signum).name}: the ranks checkpoint at the end of this step, then stop")
+            self.pending_signal.append(signum)
 
     def __call__(self) -> None:
-        spec, env = self.spec, os.environ
+        for signum in STOP_SIGNALS:  # replaces submitit's handlers: every rank must join the save
+            signal.signal(signum, self._on_signal)
+        spec, env = self.spec, dict(os.environ)
         rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window, rendezvous.read_ephemeral_range())
         job_id = env["SLURM_JOB_ID"]
         attempt = int(env.get("SLURM_RESTART_COUNT", "0"))
         job_dir, argv = spec.resolve(job_id)
         first = rdzv.node_rank * rdzv.procs_per_node
-        _say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
-             f"{rdzv.master_addr}:{rdzv.master_port}, world size {rdzv.world_size}, "
-             f"ranks {first}..{first + rdzv.procs_per_node - 1}, device {spec.device}")
+        say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
+            f"{rdzv.master_addr}:{rdzv.master_port}, world size {rdzv.world_size}, "
+            f"ranks {first}..{first + rdzv.procs_per_node - 1}, device {spec.device}")
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
-        ranks = RankGroup(argv, rdzv, job_dir / "logs")
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-            signal.signal(signum, self._forward(ranks))
-        code = ranks.wait()
-        if rdzv.node_rank == 0:
-            history.append_event(job_dir, "end", attempt, exit_code=code, reason="finished" if code == 0 else "failed")
-        _say(f"node {rdzv.node_rank} done: exit code {code}")
-        if code:
-            sys.exit(code)
-
-    @staticmethod
-    def _forward(ranks: RankGroup):  # noqa: ANN205
-        def handler(signum: int, frame: FrameType | None) -> None:
-            _say(f"got signal {signal.Signals(signum).name}; passing it to the ranks")
+        env |= {"SLURM_TITAN_JOB_DIR": str(job_dir), "SLURM_TITAN_ATTEMPT": f"{job_id}.{attempt}"}
+        ranks = RankGroup(argv, env, rdzv, job_dir / "logs")
+        for signum in self.pending_signal:
             ranks.signal_all(signum)
-
-        return handler
+        rank_codes = ranks.wait(self.pending_signal)
+        code = node_exit_code(rank_codes)
+        report = node_report_path(job_dir, attempt, rdzv.node_rank)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps({"host": socket.gethostname(), "exit_code": code,
+                                      "ranks": {str(r): c for r, c in rank_codes.items()}}))
+        say(f"node {rdzv.node_rank} done: exit code {code}" + (" (checkpointed to stop)" if code == PREEMPTED_EXIT_CODE else ""))
+        if code not in (0, PREEMPTED_EXIT_CODE):
+            sys.exit(code)

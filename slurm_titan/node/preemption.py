@@ -1,0 +1,67 @@
+"""Turn Slurm's warning signals into a checkpoint every rank agrees on (runs inside each rank).
+
+Slurm warns before it takes the nodes: the `--signal` signal (USR2) ahead of the time limit or on
+preemption (`preempt_send_user_signal`), SIGTERM when it kills. The handler only sets a flag; at
+the next step boundary `agreed_stop()` combines the flags of all ranks with one all_reduce(MAX),
+so every rank saves the same step and exits with `PREEMPTED_EXIT_CODE`, which tells the node
+supervisor to requeue the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+@dataclass
+class StopRequest:
+    signal_name: str
+    received: float
+
+
+_request: StopRequest | None = None
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _request
+    if _request is None:
+        _request = StopRequest(signal.Signals(signum).name, time.time())
+        print(f"[slurm-titan rank {os.environ.get('RANK', '?')}] got {_request.signal_name}: "
+              "will checkpoint at the end of this step and stop", file=sys.stderr, flush=True)
+
+
+def install_handlers() -> None:
+    """Catch the stop signals; must run first thing in the rank, before torch is imported."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
+
+
+def stop_requested() -> StopRequest | None:
+    return _request
+
+
+def agreed_stop() -> bool:
+    """True on every rank when any rank got a stop signal; a collective: all ranks must call it."""
+    import torch
+    import torch.distributed as dist
+
+    local = 1 if _request is not None else 0
+    if not dist.is_available() or not dist.is_initialized():
+        return bool(local)
+    device = "cpu" if dist.get_backend() == "gloo" else _accelerator()
+    flag = torch.tensor([local], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _accelerator() -> str:
+    from torchtitan.tools.utils import device_module, device_type
+
+    return f"{device_type}:{device_module.current_device()}"
