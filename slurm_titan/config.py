@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from slurm_titan.errors import ConfigError
+from slurm_titan.npu_env import NpuSpec, npu_variables
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
 ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
@@ -69,15 +70,28 @@ class EnvironmentSpec:
     workdir: str | None = None
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    npu: NpuSpec = field(default_factory=NpuSpec)
 
 
 @dataclass
 class CheckpointSpec:
-    """torchtitan's checkpointing: `folder` is where ranks write (node-local disk on a real cluster)."""
+    """Tiered checkpoints: torchtitan saves to `local` (node-local disk on a real cluster), every node
+    uploads its ranks' files to `remote` (a shared path or any fsspec URL, e.g. s3://bucket/run) in
+    the background, and a checkpoint counts only once its commit record is there.
+
+    `{name}` and `{job_id}` in `local` / `remote` are filled in per job. S3 credentials come from
+    the environment (AWS_ACCESS_KEY_ID, ...), never from this file.
+    """
 
     enable: bool = False
     interval: int = 500
-    folder: str | None = None
+    local: str | None = None
+    remote: str | None = None
+    endpoint_url: str | None = None
+    keep_local: int = 2
+    keep_remote: int = 0
+    keep_every: int = 0
+    expected_size_gb: int | None = None
 
 
 @dataclass
@@ -219,8 +233,17 @@ def _validate(config: JobConfig) -> None:
     if config.preemption.signal_seconds >= time_limit_minutes(slurm.time) * 60:
         raise ConfigError(where, "preemption.signal_seconds",
                           f"{config.preemption.signal_seconds} s is not shorter than slurm.time {slurm.time}")
+    for key in ("keep_local", "keep_remote", "keep_every"):
+        if getattr(config.checkpoint, key) < 0:
+            raise ConfigError(where, f"checkpoint.{key}", f"must be >= 0, got {getattr(config.checkpoint, key)}")
+    if config.checkpoint.remote and not config.checkpoint.enable:
+        raise ConfigError(where, "checkpoint.remote", "is set but checkpoint.enable is false")
     if config.checkpoint.interval < 1:
         raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
+    if config.checkpoint.expected_size_gb is not None and config.checkpoint.expected_size_gb < 1:
+        raise ConfigError(where, "checkpoint.expected_size_gb", f"must be >= 1, got {config.checkpoint.expected_size_gb}")
+    if config.environment.device == "npu":
+        npu_variables(config)  # validates environment.npu
     for key in ("module", "config"):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):
             raise ConfigError(where, f"torchtitan.{key}", f"{getattr(config.torchtitan, key)!r} is not a Python name")

@@ -7,6 +7,9 @@ nothing; `str(plan)` is the exact sbatch script plus the command each node runs,
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import shlex
 import sys
 from dataclasses import dataclass
@@ -15,8 +18,9 @@ from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurm_titan import titan_registry
+from slurm_titan import npu_env, titan_registry
 from slurm_titan.config import JobConfig, time_limit_minutes
+from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
 from slurm_titan.templating import export_lines, render
 
@@ -25,6 +29,30 @@ JOB_DIR = "{job_dir}"
 RANK_ENTRY = "slurm_titan.node.rank_entry"
 _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where a job's checkpoints live; `{job_id}` is filled in on the node."""
+
+    local: str
+    remote: str | None
+    endpoint_url: str | None
+    keep_local: int
+    keep_remote: int
+    keep_every: int
+    config_digest: str
+
+    def rank_env(self, job_id: str) -> dict[str, str]:
+        """What the checkpoint hook in every rank reads (no credentials: those come from the environment)."""
+        if not self.remote:
+            return {}
+        env = {"SLURM_TITAN_CKPT_REMOTE": self.remote.replace(JOB_ID, job_id),
+               "SLURM_TITAN_CONFIG_DIGEST": self.config_digest,
+               "SLURM_TITAN_CKPT_KEEP_LOCAL": str(self.keep_local),
+               "SLURM_TITAN_CKPT_KEEP_REMOTE": str(self.keep_remote),
+               "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY": str(self.keep_every)}
+        return env | ({"AWS_ENDPOINT_URL": self.endpoint_url} if self.endpoint_url else {})
 
 
 @dataclass(frozen=True)
@@ -37,11 +65,16 @@ class NodeSpec:
     port_window: tuple[int, int]
     job_dir: str
     rank_argv: tuple[str, ...]
+    checkpoint: CheckpointPlan | None = None
+    preflight: DoctorExpectations | None = None
+
+    def fill(self, text: str, job_id: str) -> str:
+        """`text` with this job's id and folder filled in."""
+        return text.replace(JOB_DIR, self.job_dir).replace(JOB_ID, job_id)
 
     def resolve(self, job_id: str) -> tuple[Path, list[str]]:
         """This job's folder and the rank command with the job's id and folder filled in."""
-        job_dir = self.job_dir.replace(JOB_ID, job_id)
-        return Path(job_dir), [arg.replace(JOB_DIR, job_dir).replace(JOB_ID, job_id) for arg in self.rank_argv]
+        return Path(self.fill(self.job_dir, job_id)), [self.fill(arg, job_id) for arg in self.rank_argv]
 
 
 @dataclass(frozen=True)
@@ -127,8 +160,8 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
         options |= {"hf_assets_path": str(assets / "tokenizer"), "dataloader": {"dataset_path": str(assets / "dataset")}}
     argv = ["--module", titan.module, "--config", titan.config, *flatten_options(options), *flatten_options(titan.args)]
     if ckpt.enable:
-        folder = ckpt.folder.replace("%j", JOB_ID) if ckpt.folder else "checkpoint"
-        argv += flatten_options({"checkpoint": {"enable": True, "interval": ckpt.interval, "folder": folder,
+        argv += flatten_options({"checkpoint": {"enable": True, "interval": ckpt.interval,
+                                                "folder": _checkpoint_local(config),
                                                 "last_save_model_only": False}})
     if override_imports:
         argv += ["--override.imports", ",".join(override_imports)]
@@ -137,11 +170,41 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
     return argv
 
 
-def default_overrides(device: str) -> list[str]:
-    """The project's overrides that every job on this device kind activates."""
+CHECKPOINT_OVERRIDE = "slurm_titan.ckpt.titan_hook.synced_checkpoints"
+
+
+def default_overrides(config: JobConfig) -> list[str]:
+    """The project's overrides every job activates: device kernels, and the checkpoint hook
+    (background upload + commit, coordinated save on preemption) when checkpointing is on."""
     from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
 
-    return list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
+    device = config.environment.device
+    kernels = list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
+    return kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else [])
+
+
+def _fill(template: str, config: JobConfig) -> str:
+    return template.replace("{name}", config.name).replace("%j", JOB_ID)
+
+
+def _checkpoint_local(config: JobConfig) -> str:
+    local = config.checkpoint.local
+    return _fill(local, config) if local else f"{JOB_DIR}/dump/checkpoint"
+
+
+def config_digest(config: JobConfig) -> str:
+    """A digest of what the model and data depend on (the torchtitan section), kept in commit records."""
+    text = json.dumps(dataclasses.asdict(config.torchtitan), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
+    ckpt = config.checkpoint
+    if not ckpt.enable:
+        return None
+    return CheckpointPlan(_checkpoint_local(config), _fill(ckpt.remote, config) if ckpt.remote else None,
+                          ckpt.endpoint_url, ckpt.keep_local, ckpt.keep_remote, ckpt.keep_every,
+                          config_digest(config))
 
 
 def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:
@@ -181,17 +244,19 @@ def plan_job(config: JobConfig) -> JobPlan:
     python = env.python or sys.executable
     workdir = str(Path(env.workdir or ".").absolute())
     job_dir = str(Path(config.runs_dir).absolute() / config.name / JOB_ID)
-    overrides = default_overrides(env.device) + config.torchtitan.override_imports
+    overrides = default_overrides(config) + config.torchtitan.override_imports
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
-    node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | env.env
-    setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
+    npu_setup, npu_vars = npu_env.node_setup(config)
+    node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | env.env
+    setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(npu_setup + env.setup),
                    env_exports=export_lines(node_env), python=shlex.quote(python),
                    titan_module=shlex.quote(config.torchtitan.module),
                    titan_config=shlex.quote(config.torchtitan.config)).rstrip("\n").splitlines()
     node = NodeSpec(
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
         port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
-        rank_argv=rank_argv,
+        rank_argv=rank_argv, checkpoint=(checkpoint := _checkpoint_plan(config)),
+        preflight=DoctorExpectations.from_config(config, checkpoint.local if checkpoint else None),
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
     return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node)

@@ -18,6 +18,12 @@ def preflight(plan: JobPlan) -> None:
     for command in ("sbatch", "srun", "scontrol"):
         slurm.run([command, "--version"])
     slurm.check_resources(plan.config.slurm.partition, plan.config.slurm.nodes)
+    checkpoint = plan.node.checkpoint
+    if checkpoint and checkpoint.remote:
+        from slurm_titan.ckpt.store import open_store
+
+        root = checkpoint.remote.split("{job_id}")[0].rstrip("/")
+        open_store(root, endpoint_url=checkpoint.endpoint_url, check=True, create=True)
 
 
 def prepare_assets(plan: JobPlan) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from s3server import S3Server, s3_server  # noqa: F401  (the session-wide SeaweedFS fixture)
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_TOOL = REPO / "tools" / "local-cluster"
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
@@ -62,17 +64,21 @@ def slurm_env() -> dict:
 
 
 class Cli:
-    """Runs the real `slurm-titan` command against the local cluster, with a private job registry."""
+    """Runs the real `slurm-titan` command against the local cluster and a real S3 store, with a
+    private job registry and runs folder; `submit` gives every job its own remote location."""
 
-    def __init__(self, env: dict, home: Path) -> None:
-        self.env = env | {"SLURM_TITAN_HOME": str(home)}
+    def __init__(self, env: dict, home: Path, s3: S3Server) -> None:
+        self.env = env | s3.env() | {"SLURM_TITAN_HOME": str(home)}
+        self.runs = home / "runs"
+        self.remote = s3.url("runs/{name}/{job_id}")
 
     def __call__(self, *args: Any, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         return run([sys.executable, "-m", "slurm_titan.cli", *args], env=self.env, check=check, timeout=timeout,
                    cwd=REPO)
 
     def submit(self, *args: Any) -> str:
-        out = self("submit", *args).stdout
+        defaults = ["--set", f"runs_dir={self.runs}", "--set", f"checkpoint.remote={self.remote}"]
+        out = self("submit", *defaults, *args).stdout
         match = re.search(r"submitted job (\d+)", out)
         assert match, out
         return match.group(1)
@@ -86,5 +92,5 @@ class Cli:
 
 
 @pytest.fixture
-def cli(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    yield Cli(slurm_env, tmp_path_factory.mktemp("slurm-titan-home"))
+def cli(slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    yield Cli(slurm_env, tmp_path_factory.mktemp("slurm-titan-home"), s3_server)

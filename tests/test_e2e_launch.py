@@ -23,7 +23,7 @@ def job_dir(status: dict) -> Path:
 
 
 def test_two_nodes_train_and_complete(cli: Cli, tmp_path: Path) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "2", "--set", f"runs_dir={tmp_path}")
+    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "2")
     status = cli.wait(job)
     assert status["state"] == "COMPLETED", status
     folder = job_dir(status)
@@ -38,8 +38,7 @@ def test_two_nodes_train_and_complete(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_four_nodes_run_a_few_steps(cli: Cli, tmp_path: Path) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "4", "--set", f"runs_dir={tmp_path}",
-                     "--set", "torchtitan.args.training.steps=3", "--set", "checkpoint.enable=false")
+    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "4", "--set", "torchtitan.args.training.steps=3", "--set", "checkpoint.enable=false")
     status = cli.wait(job)
     assert status["state"] == "COMPLETED", status
     for rank in range(4):
@@ -51,8 +50,7 @@ def test_crashing_training_ends_failed(cli: Cli, tmp_path: Path) -> None:
     broken = tmp_path / "broken-dataset"
     broken.mkdir()
     (broken / "train.jsonl").write_text("this is not json\n")
-    job = cli.submit("configs/debug_cpu.yaml", "--set", f"runs_dir={tmp_path}",
-                     "--set", f"torchtitan.args.dataloader.dataset_path={broken}")
+    job = cli.submit("configs/debug_cpu.yaml", "--set", f"torchtitan.args.dataloader.dataset_path={broken}")
     status = cli.wait(job)
     assert status["state"] == "FAILED", status
     assert "FAILED" in cli("status", job).stdout
@@ -60,8 +58,7 @@ def test_crashing_training_ends_failed(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_unknown_config_of_an_external_module_fails_at_node_start(cli: Cli, tmp_path: Path) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--set", f"runs_dir={tmp_path}",
-                     "--set", "torchtitan.module=torchtitan.models.llama3", "--set", "torchtitan.config=llama3_nope")
+    job = cli.submit("configs/debug_cpu.yaml", "--set", "torchtitan.module=torchtitan.models.llama3", "--set", "torchtitan.config=llama3_nope")
     status = cli.wait(job, timeout=180)
     assert status["state"] == "FAILED"
     first_line = (job_dir(status) / f"{job}_0_log.out").read_text().splitlines()[0]
@@ -69,7 +66,7 @@ def test_unknown_config_of_an_external_module_fails_at_node_start(cli: Cli, tmp_
 
 
 def test_cancel(cli: Cli, tmp_path: Path) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--set", f"runs_dir={tmp_path}")
+    job = cli.submit("configs/debug_cpu.yaml")
     assert cli("cancel", job).stdout.strip() == f"cancelled job {job}"
     assert cli.wait(job, timeout=60)["state"] == "CANCELLED"
 

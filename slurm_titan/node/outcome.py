@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 
 PREFLIGHT_EXIT_CODE = 78  # EX_CONFIG: the node is not fit to run this job; never requeued
+STORAGE_EXIT_CODE = 74  # EX_IOERR: checkpoint storage unreachable before training
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_titan import history, rendezvous
+from slurm_titan.errors import SlurmTitanError
+from slurm_titan.node import resume
+from slurm_titan.node.outcome import STORAGE_EXIT_CODE
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNALS
 from slurm_titan.plan import NodeSpec
 
@@ -123,15 +126,26 @@ class NodeSupervisor:
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
         env |= {"SLURM_TITAN_JOB_DIR": str(job_dir), "SLURM_TITAN_ATTEMPT": f"{job_id}.{attempt}"}
+        report = node_report_path(job_dir, attempt, rdzv.node_rank)
+        if spec.checkpoint:
+            try:
+                env |= resume.prepare(spec.checkpoint, spec.fill(spec.checkpoint.local, job_id), job_id,
+                                      rdzv.world_size, say)
+            except SlurmTitanError as error:
+                say(f"ERROR before training: {error}")
+                self._finish(report, STORAGE_EXIT_CODE, {})
         ranks = RankGroup(argv, env, rdzv, job_dir / "logs")
         for signum in self.pending_signal:
             ranks.signal_all(signum)
         rank_codes = ranks.wait(self.pending_signal)
-        code = node_exit_code(rank_codes)
-        report = node_report_path(job_dir, attempt, rdzv.node_rank)
+        self._finish(report, node_exit_code(rank_codes), rank_codes)
+
+    @staticmethod
+    def _finish(report: Path, code: int, rank_codes: dict[int, int]) -> None:
+        """Write the node's report for the batch script's decision; exit non-zero only on failure."""
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps({"host": socket.gethostname(), "exit_code": code,
                                       "ranks": {str(r): c for r, c in rank_codes.items()}}))
-        say(f"node {rdzv.node_rank} done: exit code {code}" + (" (checkpointed to stop)" if code == PREEMPTED_EXIT_CODE else ""))
+        say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == PREEMPTED_EXIT_CODE else ""))
         if code not in (0, PREEMPTED_EXIT_CODE):
             sys.exit(code)
