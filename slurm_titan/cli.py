@@ -55,6 +55,18 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from slurm_titan.doctor.cli import run
+
+    return run(args)
+
+
+def _check_overrides(args: argparse.Namespace) -> int:
+    from slurm_titan.overrides.check import main as check_main
+
+    return check_main(["--quick"] if args.quick else [])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slurm-titan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slurm-titan {__version__}")
@@ -84,6 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job", help="job id")
     cancel.set_defaults(handler=_cancel)
+
+    from slurm_titan.ckpt.commands import register as register_ckpt
+    from slurm_titan.doctor.cli import add_arguments as add_doctor_arguments
+
+    register_ckpt(commands)
+
+    doctor = commands.add_parser("doctor", help="check this node as every job's preflight does "
+                                                "(NPUs, CANN, driver, versions, disk)")
+    add_doctor_arguments(doctor)
+    doctor.set_defaults(handler=_doctor)
+
+    check = commands.add_parser("check-overrides", help="check the NPU overrides against torchtitan's "
+                                                        "reference maths and torch_npu's documented contracts (CPU)")
+    check.add_argument("--quick", action="store_true", help="fewer random cases")
+    check.set_defaults(handler=_check_overrides)
     return parser
 
 

@@ -241,7 +241,8 @@ def _validate(config: JobConfig) -> None:
     if config.checkpoint.interval < 1:
         raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
     if config.checkpoint.expected_size_gb is not None and config.checkpoint.expected_size_gb < 1:
-        raise ConfigError(where, "checkpoint.expected_size_gb", f"must be >= 1, got {config.checkpoint.expected_size_gb}")
+        raise ConfigError(where, "checkpoint.expected_size_gb",
+                          f"must be >= 1, got {config.checkpoint.expected_size_gb}")
     if config.environment.device == "npu":
         npu_variables(config)  # validates environment.npu
     for key in ("module", "config"):

@@ -25,6 +25,10 @@ class Attempt:
     ended: float | None = None
     exit_code: int | None = None
     reason: str | None = None
+    first_step: int | None = None
+    first_step_time: float | None = None
+    stopped_at_step: int | None = None
+    stop_signal: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,9 +57,19 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
             attempt.started, attempt.hosts = stamp, record.pop("hosts", [])
         elif event == "end":
             attempt.ended, attempt.exit_code, attempt.reason = stamp, record.pop("exit_code", None), record.pop("reason", None)
+        elif event == "first-step":
+            attempt.first_step, attempt.first_step_time = record.pop("step"), stamp
+        elif event == "stopped":
+            attempt.stopped_at_step, attempt.stop_signal = record.pop("step"), record.pop("signal", None)
         attempt.extra.update(record)
     return [attempts[key] for key in sorted(attempts)]
 
 
 def as_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
-    return [asdict(attempt) for attempt in attempts]
+    """Attempts as dicts, each with `time_lost_s`: from its end to the next attempt's first step
+    (Slurm's wait, restore and start-up), the stall a requeue costs."""
+    rows = [asdict(attempt) for attempt in attempts]
+    for row, following in zip(rows, attempts[1:]):
+        if row["ended"] and following.first_step_time:
+            row["time_lost_s"] = round(following.first_step_time - row["ended"], 1)
+    return rows

@@ -252,10 +252,11 @@ def plan_job(config: JobConfig) -> JobPlan:
                    env_exports=export_lines(node_env), python=shlex.quote(python),
                    titan_module=shlex.quote(config.torchtitan.module),
                    titan_config=shlex.quote(config.torchtitan.config)).rstrip("\n").splitlines()
+    checkpoint = _checkpoint_plan(config)
     node = NodeSpec(
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
         port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
-        rank_argv=rank_argv, checkpoint=(checkpoint := _checkpoint_plan(config)),
+        rank_argv=rank_argv, checkpoint=checkpoint,
         preflight=DoctorExpectations.from_config(config, checkpoint.local if checkpoint else None),
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")

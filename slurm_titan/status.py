@@ -49,8 +49,12 @@ def _print(info: dict[str, Any]) -> None:
           f"  nodes={info['nodes'] or '-'} restarts={info['restarts']}"
           + (f" reason={info['reason']}" if info["reason"] and info["reason"] != "None" else ""))
     for attempt in info["attempts"]:
+        steps = f" steps {attempt['first_step'] or '-'}..{attempt['stopped_at_step'] or '-'}"
+        lost = f" lost {attempt['time_lost_s']}s" if "time_lost_s" in attempt else ""
+        stop = f" on {attempt['stop_signal']}" if attempt["stop_signal"] else ""
         print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
-              f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}")
+              f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
+              f"{stop}{steps}{lost}")
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:

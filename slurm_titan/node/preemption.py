@@ -1,7 +1,9 @@
 """Turn Slurm's warning signals into a checkpoint every rank agrees on (runs inside each rank).
 
 Slurm warns before it takes the nodes: the `--signal` signal (USR2) ahead of the time limit or on
-preemption (`preempt_send_user_signal`), SIGTERM when it kills. The handler only sets a flag; at
+preemption (`preempt_send_user_signal`), SIGTERM when it kills. The node supervisor starts the
+ranks with both signals ignored (so one that comes while torch is still importing cannot kill
+them) and leaves a stop file when it gets one, which the rank reads too. The handler only sets a flag; at
 the next step boundary `agreed_stop()` combines the flags of all ranks with one all_reduce(MAX),
 so every rank saves the same step and exits with `PREEMPTED_EXIT_CODE`, which tells the node
 supervisor to requeue the job.
@@ -18,6 +20,7 @@ from types import FrameType
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+STOP_FILE_ENV = "SLURM_TITAN_STOP_FILE"
 
 
 @dataclass
@@ -29,21 +32,35 @@ class StopRequest:
 _request: StopRequest | None = None
 
 
-def _on_signal(signum: int, frame: FrameType | None) -> None:
+def _request_stop(cause: str) -> None:
     global _request
     if _request is None:
-        _request = StopRequest(signal.Signals(signum).name, time.time())
-        print(f"[slurm-titan rank {os.environ.get('RANK', '?')}] got {_request.signal_name}: "
+        _request = StopRequest(cause, time.time())
+        print(f"[slurm-titan rank {os.environ.get('RANK', '?')}] got {cause}: "
               "will checkpoint at the end of this step and stop", file=sys.stderr, flush=True)
 
 
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _request_stop(signal.Signals(signum).name)
+
+
 def install_handlers() -> None:
-    """Catch the stop signals; must run first thing in the rank, before torch is imported."""
+    """Catch the stop signals; run first thing in the rank, before torch is imported."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _on_signal)
 
 
+def ignore_signals() -> None:
+    """For the way out (and the way in, see the supervisor): a late signal must not kill the rank
+    while it exits with its checkpoint saved."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def stop_requested() -> StopRequest | None:
+    stop_file = os.environ.get(STOP_FILE_ENV)
+    if _request is None and stop_file and os.path.exists(stop_file):
+        _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")
     return _request
 
 
@@ -52,7 +69,7 @@ def agreed_stop() -> bool:
     import torch
     import torch.distributed as dist
 
-    local = 1 if _request is not None else 0
+    local = 1 if stop_requested() is not None else 0
     if not dist.is_available() or not dist.is_initialized():
         return bool(local)
     device = "cpu" if dist.get_backend() == "gloo" else _accelerator()

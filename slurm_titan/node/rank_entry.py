@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from slurm_titan.node import preemption
+
 
 def prepare_device(device: str) -> None:
     """Must run before torchtitan is imported: torchtitan picks its device at import."""
@@ -21,6 +23,7 @@ def prepare_device(device: str) -> None:
 
 
 def main() -> None:
+    preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing
     prepare_device(os.environ.get("SLURM_TITAN_DEVICE", "npu"))
     from torchtitan.train import main as torchtitan_main
 

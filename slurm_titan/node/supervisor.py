@@ -25,13 +25,13 @@ from types import FrameType
 from slurm_titan import history, rendezvous
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.node import resume
-from slurm_titan.node.outcome import STORAGE_EXIT_CODE
-from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNALS
+from slurm_titan.doctor import PreflightFailed, run_preflight
+from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, STORAGE_EXIT_CODE
+from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, STOP_SIGNALS, ignore_signals
 from slurm_titan.plan import NodeSpec
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
-RESEND_S = 5.0
 
 
 def say(message: str) -> None:
@@ -52,7 +52,8 @@ class RankGroup:
             rank_env = env | rdzv.process_env(local_rank)
             rank = int(rank_env["RANK"])
             with (log_dir / f"rank-{rank}.log").open("ab") as log:
-                self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT)
+                self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+                                                        preexec_fn=ignore_signals)
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes.values():
@@ -67,13 +68,8 @@ class RankGroup:
             time.sleep(POLL_S)
         self.signal_all(signal.SIGKILL)
 
-    def wait(self, pending_signal: list[int]) -> dict[int, int]:
-        """Wait for every rank; on the first failure stop the others. Returns each rank's exit code.
-
-        While a stop signal is pending it is sent again every few seconds: a rank still importing
-        torch when Slurm's signal came installs its handler only later.
-        """
-        last_sent = 0.0
+    def wait(self) -> dict[int, int]:
+        """Wait for every rank; on the first failure stop the others. Returns each rank's exit code."""
         while True:
             codes = {rank: process.poll() for rank, process in self.processes.items()}
             failed = {rank: code for rank, code in codes.items() if code not in (None, 0, PREEMPTED_EXIT_CODE)}
@@ -84,9 +80,6 @@ class RankGroup:
                 return {rank: process.wait() for rank, process in self.processes.items()}
             if all(code is not None for code in codes.values()):
                 return codes  # type: ignore[return-value]
-            if pending_signal and time.monotonic() - last_sent > RESEND_S:
-                self.signal_all(pending_signal[0])
-                last_sent = time.monotonic()
             time.sleep(POLL_S)
 
 
@@ -104,29 +97,44 @@ class NodeSupervisor:
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
-        self.pending_signal: list[int] = []
+        self.stop_file: Path | None = None
+        self.ranks: RankGroup | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if not self.pending_signal:
-            say(f"got {signal.Signals(signum).name}: the ranks checkpoint at the end of this step, then stop")
-            self.pending_signal.append(signum)
+        """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
+        name = signal.Signals(signum).name
+        if self.stop_file and not self.stop_file.exists():
+            say(f"got {name}: the ranks checkpoint at the end of this step, then stop")
+            self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+            self.stop_file.write_text(name)
+        if self.ranks:
+            self.ranks.signal_all(signum)
 
     def __call__(self) -> None:
-        for signum in STOP_SIGNALS:  # replaces submitit's handlers: every rank must join the save
-            signal.signal(signum, self._on_signal)
         spec, env = self.spec, dict(os.environ)
         rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window, rendezvous.read_ephemeral_range())
         job_id = env["SLURM_JOB_ID"]
         attempt = int(env.get("SLURM_RESTART_COUNT", "0"))
         job_dir, argv = spec.resolve(job_id)
+        self.stop_file = job_dir / "attempts" / str(attempt) / f"stop-node-{rdzv.node_rank}"
+        for signum in STOP_SIGNALS:  # replaces submitit's handlers: every rank must join the save
+            signal.signal(signum, self._on_signal)
         first = rdzv.node_rank * rdzv.procs_per_node
         say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
             f"{rdzv.master_addr}:{rdzv.master_port}, world size {rdzv.world_size}, "
             f"ranks {first}..{first + rdzv.procs_per_node - 1}, device {spec.device}")
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
-        env |= {"SLURM_TITAN_JOB_DIR": str(job_dir), "SLURM_TITAN_ATTEMPT": f"{job_id}.{attempt}"}
+        env |= {"SLURM_TITAN_JOB_DIR": str(job_dir), "SLURM_TITAN_ATTEMPT": f"{job_id}.{attempt}",
+                STOP_FILE_ENV: str(self.stop_file)}
         report = node_report_path(job_dir, attempt, rdzv.node_rank)
+        if spec.preflight:
+            try:
+                run_preflight(job_dir, attempt, rdzv.node_rank, rdzv.num_nodes,
+                              spec.preflight.for_job(lambda text: spec.fill(text, job_id)))
+            except PreflightFailed as failure:  # the same table on every node
+                say(f"ERROR before training: {failure}")
+                self._finish(report, PREFLIGHT_EXIT_CODE, {})
         if spec.checkpoint:
             try:
                 env |= resume.prepare(spec.checkpoint, spec.fill(spec.checkpoint.local, job_id), job_id,
@@ -134,10 +142,8 @@ class NodeSupervisor:
             except SlurmTitanError as error:
                 say(f"ERROR before training: {error}")
                 self._finish(report, STORAGE_EXIT_CODE, {})
-        ranks = RankGroup(argv, env, rdzv, job_dir / "logs")
-        for signum in self.pending_signal:
-            ranks.signal_all(signum)
-        rank_codes = ranks.wait(self.pending_signal)
+        self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs")
+        rank_codes = self.ranks.wait()
         self._finish(report, node_exit_code(rank_codes), rank_codes)
 
     @staticmethod

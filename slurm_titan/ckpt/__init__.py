@@ -1,0 +1,22 @@
+"""Checkpoint storage for slurm-titan: upload, commit, catalog, verify, restore, retention.
+
+torchtitan writes each checkpoint as DCP shards into ``<local>/step-N/`` on fast node-local
+disk; :mod:`slurm_titan.ckpt.sync` uploads every rank's own files to the run's remote
+location in the background and rank 0 writes the commit record last, atomically.
+A checkpoint is *complete* only when its commit record exists.
+
+Modules (each with one job):
+
+- :mod:`.layout`     names of things inside a checkpoint location
+- :mod:`.checksum`   file checksums (xxh3_128, or sha256 without xxhash)
+- :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
+- :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
+- :mod:`.transfer`   fast checksummed upload/download of one file
+- :mod:`.sync`       per-rank background uploader and rank-0 committer
+- :mod:`.catalog`    list / show / verify / restore
+- :mod:`.retention`  which checkpoints to keep, and pruning
+- :mod:`.commands`   the ``slurm-titan ckpt ...`` CLI
+- :mod:`.titan_hook` the torchtitan ``@override`` (the only module importing torch)
+
+Nothing here but ``titan_hook`` imports torch or torchtitan, so the CLI stays light.
+"""

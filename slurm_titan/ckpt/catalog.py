@@ -1,0 +1,373 @@
+"""What a checkpoint location holds: list, show, verify, restore.
+
+``list_checkpoints`` takes a constant number of LIST requests however many checkpoints the
+location holds: one listing of the root (the ``step-N/`` folders) and one of the catalog
+(entries whose names carry each committed checkpoint's world size, file count and bytes).
+Only a step folder without a catalog entry (an upload in progress or interrupted, or a plain
+torchtitan folder) costs one more listing of that folder.
+
+A checkpoint is complete only if its commit record exists. ``restore`` never restores an
+incomplete one, verifies every checksum while downloading, and -- asked for the newest --
+falls back to the previous complete checkpoint when the newest turns out corrupt, saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from slurm_titan.errors import StorageError
+
+from . import layout
+from .manifest import Manifest
+from .store import Store
+from .transfer import checksum_many, download_many
+
+log = logging.getLogger("slurm_titan.ckpt.catalog")
+
+ByteProgress = Callable[[int, int], None]
+"""progress(done_bytes, total_bytes)."""
+
+
+class CorruptCheckpoint(StorageError):
+    """A committed checkpoint whose files are missing, truncated or fail their checksum."""
+
+    def __init__(self, message: str, bad: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.bad = bad
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    complete: bool
+    time: float | None
+    """Commit time (complete) or time of the newest file (incomplete), Unix seconds."""
+    size: int | None
+    """Bytes of checkpoint data (receipts and records not counted)."""
+    files: int | None
+    world_size: int | None
+    where: str
+    detail: str = ""
+    catalog_entries: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return "complete" if self.complete else "incomplete"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "status": self.status,
+            "complete": self.complete,
+            "time": None if self.time is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time)),
+            "size": self.size,
+            "files": self.files,
+            "world_size": self.world_size,
+            "where": self.where,
+            "detail": self.detail,
+        }
+
+
+def list_checkpoints(store: Store) -> list[CheckpointInfo]:
+    """Every checkpoint of the location, oldest first."""
+    top = store.ls("")
+    step_dirs = {}
+    has_meta = False
+    for e in top:
+        if not e.is_dir:
+            continue
+        s = layout.parse_step_dir(e.name)
+        if s is not None:
+            step_dirs[s] = e
+        elif e.name == layout.META_DIR:
+            has_meta = True
+    catalog: dict[int, tuple[tuple[int, int, int, int], float | None, list[str]]] = {}
+    if has_meta:
+        for e in store.ls(layout.CATALOG_DIR):
+            parsed = layout.parse_catalog_entry(e.name)
+            if parsed is None:
+                continue
+            step = parsed[0]
+            prev = catalog.get(step)
+            names = (prev[2] if prev else []) + [e.path]
+            if prev is None or (e.mtime or 0) >= (prev[1] or 0):
+                catalog[step] = (parsed, e.mtime, names)
+            else:
+                catalog[step] = (prev[0], prev[1], names)
+    out = []
+    for step in sorted(step_dirs):
+        where = store.url(layout.step_dir(step))
+        if step in catalog:
+            (_, ws, nfiles, nbytes), mtime, names = catalog[step]
+            out.append(CheckpointInfo(step, True, mtime, nbytes, nfiles, ws, where, catalog_entries=names))
+            continue
+        info = _inspect_step(store, step, where)
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def _inspect_step(store: Store, step: int, where: str) -> CheckpointInfo | None:
+    """One listing of a step folder that has no catalog entry (None if it holds no file)."""
+    prefix = layout.step_dir(step) + "/"
+    entries = store.find(layout.step_dir(step))
+    if not entries:
+        return None
+    data = [e for e in entries if not layout.is_meta(e.path[len(prefix):])]
+    meta = [e for e in entries if layout.is_meta(e.path[len(prefix):])]
+    commit = next((e for e in meta if e.path == layout.commit_path(step)), None)
+    receipts = [e for e in meta if e.path.startswith(layout.receipt_dir(step) + "/")]
+    newest = max((e.mtime or 0 for e in entries), default=0) or None
+    size = sum(e.size for e in data)
+    if commit is not None:
+        return CheckpointInfo(step, True, commit.mtime, size, len(data), len(receipts) or None, where,
+                              detail="no catalog entry")
+    if receipts:
+        detail = f"{len(receipts)} rank receipt(s); upload in progress or interrupted"
+    elif any(e.path == prefix + ".metadata" for e in data):
+        detail = "torchtitan checkpoint without a commit record"
+    else:
+        detail = "no commit record"
+    return CheckpointInfo(step, False, newest, size, len(data), None, where, detail=detail)
+
+
+def newest_complete(infos: list[CheckpointInfo]) -> CheckpointInfo | None:
+    done = [i for i in infos if i.complete]
+    return max(done, key=lambda i: i.step) if done else None
+
+
+def read_manifest(store: Store, step: int) -> Manifest:
+    """The commit record of ``step`` (StorageError if there is none or it is malformed)."""
+    path = layout.commit_path(step)
+    try:
+        blob = store.cat(path)
+    except FileNotFoundError:
+        raise StorageError(f"{store.url(layout.step_dir(step))}: no commit record: checkpoint step {step} "
+                           f"is incomplete or does not exist") from None
+    return Manifest.from_json(blob, where=store.url(path), step=step)
+
+
+def _pick_step(store: Store, step: int | None, infos: list[CheckpointInfo] | None = None) -> int:
+    if step is not None:
+        return step
+    infos = list_checkpoints(store) if infos is None else infos
+    newest = newest_complete(infos)
+    if newest is None:
+        raise StorageError(f"{store.location}: no complete checkpoint")
+    return newest.step
+
+
+def _check_listing(store: Store, m: Manifest) -> list[tuple[str, str]]:
+    """Missing or wrongly sized files of a checkpoint, from one listing of its folder."""
+    prefix = layout.step_dir(m.step) + "/"
+    sizes = {e.path[len(prefix):]: e.size for e in store.find(layout.step_dir(m.step))}
+    bad = []
+    for f in m.files:
+        got = sizes.get(f.path)
+        if got is None:
+            bad.append((f.path, "missing"))
+        elif got != f.size:
+            kind = "truncated" if got < f.size else "too large"
+            bad.append((f.path, f"{kind}: {got} bytes, expected {f.size}"))
+    return bad
+
+
+@dataclass
+class VerifyReport:
+    step: int
+    files: int
+    bytes: int
+    bad: list[tuple[str, str]]
+    where: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+
+def verify(store: Store, step: int | None = None, progress: ByteProgress | None = None) -> VerifyReport:
+    """Recompute every checksum of a committed checkpoint (default: the newest complete one).
+
+    The report names each bad file: missing, truncated, or a checksum mismatch."""
+    step = _pick_step(store, step)
+    m = read_manifest(store, step)
+    bad = _check_listing(store, m)
+    names_bad = {p for p, _ in bad}
+    todo = [f for f in m.files if f.path not in names_bad]
+    total = sum(f.size for f in todo)
+    counter = _Counter(total, progress)
+    results = checksum_many(store, [(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
+                            counter.add)
+    for f, r in zip(todo, results):
+        if isinstance(r, BaseException):
+            bad.append((f.path, f"cannot read: {r}"))
+        elif r[0] != f.size:
+            bad.append((f.path, f"truncated: read {r[0]} bytes, expected {f.size}"))
+        elif r[1] != f.checksum:
+            bad.append((f.path, f"checksum mismatch ({m.algorithm} {r[1][:12]}..., expected {f.checksum[:12]}...)"))
+    return VerifyReport(step, len(m.files), m.total_bytes, sorted(bad), store.url(layout.step_dir(step)))
+
+
+class _Counter:
+    def __init__(self, total: int, progress: ByteProgress | None) -> None:
+        self.total, self.done, self.progress = total, 0, progress
+        self.lock = threading.Lock()
+        if progress:
+            progress(0, total)
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            done = self.done
+        if self.progress:
+            self.progress(done, self.total)
+
+
+@dataclass
+class RestoreResult:
+    step: int
+    path: str
+    """The restored step folder (``<dest>/step-N``)."""
+    bytes: int
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    """Newer complete checkpoints that were corrupt, with why."""
+    reused: bool = False
+    """The destination already held an intact copy; nothing was downloaded."""
+
+
+def restore(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
+            notify: Callable[[str], None] | None = None) -> RestoreResult:
+    """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
+
+    ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete
+    one, and so on (each fallback is logged and passed to ``notify``). An explicit step that
+    is incomplete or corrupt is refused. The folder appears under its final name only once
+    every file is verified, together with its commit record (so ``dest`` is itself a
+    location that ``list``/``verify`` understand).
+    """
+    infos = list_checkpoints(store)
+    by_step = {i.step: i for i in infos}
+    if step is not None:
+        info = by_step.get(step)
+        if info is None:
+            raise StorageError(f"{store.location}: no checkpoint step {step}")
+        if not info.complete:
+            raise StorageError(f"{info.where}: checkpoint step {step} is incomplete ({info.detail}); refusing to "
+                               f"restore it")
+        candidates = [step]
+    else:
+        candidates = sorted((i.step for i in infos if i.complete), reverse=True)
+        if not candidates:
+            raise StorageError(f"{store.location}: no complete checkpoint to restore")
+    skipped: list[tuple[int, str]] = []
+    for n, s in enumerate(candidates):
+        try:
+            result = _restore_one(store, s, dest, progress)
+            result.skipped = skipped
+            return result
+        except CorruptCheckpoint as e:
+            if step is not None:
+                raise
+            skipped.append((s, str(e)))
+            if n + 1 < len(candidates):
+                msg = f"checkpoint step {s} is corrupt ({e}); falling back to step {candidates[n + 1]}"
+            else:
+                msg = f"checkpoint step {s} is corrupt ({e}); no older complete checkpoint left"
+            log.warning(msg)
+            if notify:
+                notify(msg)
+    raise StorageError(f"{store.location}: every complete checkpoint is corrupt: "
+                       + "; ".join(f"step {s}: {why}" for s, why in skipped))
+
+
+def _describe_bad(store: Store, step: int, bad: list[tuple[str, str]]) -> str:
+    head = ", ".join(f"{p}: {why}" for p, why in bad[:5])
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return f"{store.url(layout.step_dir(step))}: {len(bad)} bad file(s): {head}{more}"
+
+
+def _inside(base: str, rel: str) -> str:
+    path = os.path.normpath(os.path.join(base, rel))
+    if os.path.commonpath([base, path]) != base:
+        raise StorageError(f"refusing to write {rel!r} outside {base}")
+    return path
+
+
+def _local_copy_ok(folder: str, m: Manifest) -> bool:
+    from .checksum import hash_file
+
+    try:
+        with open(os.path.join(folder, layout.META_DIR, "commit.json"), "rb") as f:
+            local = Manifest.from_json(f.read(), step=m.step)
+    except (OSError, StorageError):
+        return False
+    if {(f.path, f.size, f.checksum) for f in local.files} != {(f.path, f.size, f.checksum) for f in m.files}:
+        return False
+    for f in m.files:
+        p = _inside(folder, f.path)
+        try:
+            if os.path.getsize(p) != f.size or hash_file(p, m.algorithm) != (f.size, f.checksum):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _restore_one(store: Store, step: int, dest: str, progress: ByteProgress | None) -> RestoreResult:
+    m = read_manifest(store, step)
+    dest = os.path.abspath(dest)
+    final = os.path.join(dest, layout.step_dir(step))
+    if os.path.isdir(final) and _local_copy_ok(final, m):
+        log.info("checkpoint step %d is already intact in %s", step, final)
+        if progress:
+            progress(m.total_bytes, m.total_bytes)
+        return RestoreResult(step, final, m.total_bytes, reused=True)
+    bad = _check_listing(store, m)
+    if bad:
+        raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
+    os.makedirs(dest, exist_ok=True)
+    free = shutil.disk_usage(dest).free
+    if free < m.total_bytes:
+        raise StorageError(f"{dest}: not enough free space to restore step {step}: "
+                           f"{m.total_bytes / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB free")
+    tmp = os.path.join(dest, f".restore-{layout.step_dir(step)}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        counter = _Counter(m.total_bytes, progress)
+        items = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in m.files]
+        results = download_many(store, items, counter.add, m.algorithm)
+        bad = []
+        for f, (size, digest) in zip(m.files, results):
+            if size != f.size:
+                bad.append((f.path, f"truncated: read {size} bytes, expected {f.size}"))
+            elif digest != f.checksum:
+                bad.append((f.path, "checksum mismatch"))
+        if bad:
+            raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
+        meta = os.path.join(tmp, layout.META_DIR)
+        os.makedirs(meta, exist_ok=True)
+        with open(os.path.join(meta, "commit.json"), "wb") as f:
+            f.write(m.to_json())
+        old = None
+        if os.path.lexists(final):
+            old = os.path.join(dest, f".old-{layout.step_dir(step)}-{os.getpid()}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with contextlib.suppress(OSError):
+        fd = os.open(dest, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return RestoreResult(step, final, m.total_bytes)

@@ -1,0 +1,56 @@
+"""File checksums: xxh3_128 (xxhash, ~9 GB/s on one core, releases the GIL), else sha256."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol
+
+from slurm_titan.errors import StorageError
+
+try:  # xxhash comes with datasets/wandb in the training venv; tiny wheel otherwise.
+    import xxhash as _xxhash
+except ImportError:  # pragma: no cover - depends on the environment
+    _xxhash = None
+
+DEFAULT_ALGORITHM = "xxh3_128" if _xxhash is not None else "sha256"
+CHUNK = 8 << 20
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(algorithm: str = DEFAULT_ALGORITHM) -> Hasher:
+    if algorithm == "xxh3_128":
+        if _xxhash is None:
+            raise StorageError(
+                "checksums of this checkpoint are xxh3_128: install the 'xxhash' package to verify it"
+            )
+        return _xxhash.xxh3_128()
+    if algorithm in ("sha256", "blake2b", "md5", "sha1"):
+        return hashlib.new(algorithm)
+    raise StorageError(f"unknown checksum algorithm {algorithm!r}")
+
+
+def hash_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:
+    h = new_hasher(algorithm)
+    h.update(data)
+    return h.hexdigest()
+
+
+def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
+    """(size, hex digest) of a local file, read in 8 MiB chunks."""
+    h = new_hasher(algorithm)
+    size = 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            size += n
+    return size, h.hexdigest()

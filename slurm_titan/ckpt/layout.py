@@ -1,0 +1,87 @@
+"""Names of the objects in a checkpoint location (relative, '/'-separated paths).
+
+    <root>/step-<N>/...                                 torchtitan's DCP files (.metadata, __R_I.distcp)
+    <root>/step-<N>/.slurm-titan/receipts/rank-<R>.json  per-rank upload receipt
+    <root>/step-<N>/.slurm-titan/commit.json             the commit record, written last, atomically
+    <root>/.slurm-titan/catalog/step-<N>.w<W>.f<F>.b<B>  catalog entry written right after the commit
+
+The catalog entry's name carries the checkpoint's world size, file count and byte count, so
+that listing a location takes a constant number of LIST requests (one of the root, one of
+the catalog) however many checkpoints it holds; the commit record stays the truth.
+"""
+
+from __future__ import annotations
+
+import re
+
+META_DIR = ".slurm-titan"
+"""Directory (inside each step folder and at the root) holding slurm-titan's own records."""
+
+CATALOG_DIR = f"{META_DIR}/catalog"
+
+_STEP_DIR_RE = re.compile(r"^step-(\d+)$")
+_CATALOG_RE = re.compile(r"^step-(\d+)\.w(\d+)\.f(\d+)\.b(\d+)$")
+_RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
+_RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
+_RECEIPT_RE = re.compile(r"^rank-(\d+)\.json$")
+
+
+def step_dir(step: int) -> str:
+    return f"step-{int(step)}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a ``step-N`` folder name, or None."""
+    m = _STEP_DIR_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def commit_path(step: int) -> str:
+    return f"{step_dir(step)}/{META_DIR}/commit.json"
+
+
+def receipt_dir(step: int) -> str:
+    return f"{step_dir(step)}/{META_DIR}/receipts"
+
+
+def receipt_path(step: int, rank: int) -> str:
+    return f"{receipt_dir(step)}/rank-{int(rank):05d}.json"
+
+
+def parse_receipt_name(name: str) -> int | None:
+    m = _RECEIPT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def catalog_entry(step: int, world_size: int, files: int, nbytes: int) -> str:
+    return f"{CATALOG_DIR}/step-{int(step)}.w{int(world_size)}.f{int(files)}.b{int(nbytes)}"
+
+
+def parse_catalog_entry(name: str) -> tuple[int, int, int, int] | None:
+    """(step, world_size, files, bytes) from a catalog entry's base name, or None."""
+    m = _CATALOG_RE.match(name)
+    return tuple(int(g) for g in m.groups()) if m else None  # type: ignore[return-value]
+
+
+def is_meta(rel_in_step: str) -> bool:
+    """Whether a path inside a step folder is slurm-titan's own (receipts, commit)."""
+    return rel_in_step == META_DIR or rel_in_step.startswith(META_DIR + "/")
+
+
+def file_owner(name: str) -> int:
+    """The global rank that uploads a file of a DCP step folder.
+
+    ``__R_I.distcp`` and ``__R.metadata`` belong to rank R; every other file (``.metadata``,
+    anything torchtitan adds) belongs to rank 0.
+    """
+    base = name.rsplit("/", 1)[-1]
+    if "/" not in name:
+        m = _RANK_DATA_RE.match(base) or _RANK_META_RE.match(base)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def is_temporary(name: str) -> bool:
+    """Files a DCP save leaves only while it runs (``.metadata.tmp``)."""
+    return name.endswith(".tmp")

@@ -1,0 +1,442 @@
+"""Per-rank background upload of checkpoints, and rank 0's commit.
+
+Every rank runs one :class:`CheckpointSync`. After torchtitan's save of step N returns on a
+rank, ``submit(N)`` queues the upload of that rank's own files of ``<local>/step-N/``
+(``__R_*.distcp``; rank 0 also ``.metadata`` and anything else) and returns at once; a
+background thread uploads them (retrying with exponential backoff while the store is
+unreachable) and then writes the rank's receipt (files, sizes, checksums).
+
+Rank 0 also runs a committer thread: for each step, in order, it waits until the receipts of
+all ``world_size`` ranks (of this attempt) exist, checks every file's size against one
+listing of the step folder, and only then writes the commit record, last and atomically
+(S3: conditional PUT; directory: tmp + link), followed by the catalog entry and remote
+retention. A checkpoint without a commit record is incomplete: never listed complete,
+never restored.
+
+``wait(step, timeout)`` blocks until this rank's part of the step (and, on rank 0, the
+commit) is done: the preemption path calls it before the job lets go of the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from slurm_titan.errors import StorageError
+
+from . import layout
+from .checksum import DEFAULT_ALGORITHM
+from .manifest import FileEntry, Manifest, ManifestError, Receipt, utc_iso
+from .store import Store, open_store
+from .transfer import LocalFileError, upload_many
+
+log = logging.getLogger("slurm_titan.ckpt.sync")
+
+
+def default_attempt() -> str:
+    """An id shared by all ranks of one run attempt and different for the next attempt.
+
+    SLURM_TITAN_ATTEMPT if set; else the Slurm job id + restart count (+ torchelastic restart
+    count); else torchelastic's run id; else '' (receipts of any attempt are accepted).
+    """
+    if os.environ.get("SLURM_TITAN_ATTEMPT"):
+        return os.environ["SLURM_TITAN_ATTEMPT"]
+    parts = []
+    if os.environ.get("SLURM_JOB_ID"):
+        parts.append(f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_RESTART_COUNT', '0')}")
+    elif os.environ.get("TORCHELASTIC_RUN_ID"):
+        parts.append(f"elastic-{os.environ['TORCHELASTIC_RUN_ID']}")
+    if parts and os.environ.get("TORCHELASTIC_RESTART_COUNT"):
+        parts.append(f"r{os.environ['TORCHELASTIC_RESTART_COUNT']}")
+    return ".".join(parts)
+
+
+@dataclass
+class _Step:
+    step: int
+    saved_at: str
+    uploaded: threading.Event = field(default_factory=threading.Event)
+    committed: threading.Event = field(default_factory=threading.Event)
+    status: str = "queued"
+    error: str = ""
+
+
+class CheckpointSync:
+    """Background uploader (every rank) and committer (rank 0) for one run.
+
+    Args:
+        remote: the run's remote location (URL or path) or an open :class:`Store`.
+        local_folder: torchtitan's checkpoint folder on this node (holds ``step-N/``).
+        rank, world_size: global rank and world size of the training job.
+        config_digest: recorded in the commit record (SLURM_TITAN_CONFIG_DIGEST).
+        attempt: id of this run attempt (default :func:`default_attempt`); receipts of other
+            attempts are ignored by the committer.
+        keep_local: keep this many newest step folders on local disk (0: keep all); a step's
+            local files are deleted only after this rank uploaded them.
+        keep_remote, keep_remote_every: remote retention applied by rank 0 after each commit
+            (0: keep all).
+
+    Raises StorageError (one line) at construction if the remote is unreachable.
+    """
+
+    def __init__(self, remote: str | Store, local_folder: str, *, rank: int = 0, world_size: int = 1,
+                 config_digest: str = "", attempt: str | None = None, keep_local: int = 0,
+                 keep_remote: int = 0, keep_remote_every: int = 0, endpoint_url: str | None = None,
+                 storage_options: dict | None = None, retry_initial: float = 1.0, retry_max: float = 60.0,
+                 poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"bad rank {rank} / world size {world_size}")
+        self.store = remote if isinstance(remote, Store) else open_store(
+            remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True)
+        self.local_folder = os.path.abspath(local_folder)
+        self.rank, self.world_size = rank, world_size
+        self.config_digest = config_digest
+        self.attempt = default_attempt() if attempt is None else attempt
+        self.keep_local, self.keep_remote, self.keep_remote_every = keep_local, keep_remote, keep_remote_every
+        self.retry_initial, self.retry_max, self.poll_interval = retry_initial, retry_max, poll_interval
+        self.algorithm = algorithm
+        self.host = socket.gethostname()
+        self._steps: dict[int, _Step] = {}
+        self._lock = threading.Lock()
+        self._uploads: queue.Queue[int | None] = queue.Queue()
+        self._commits: queue.Queue[int | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._closed = False
+        self._uploaded_steps: set[int] = set()
+        self._uploader = threading.Thread(target=self._upload_loop, name=f"ckpt-upload-r{rank}", daemon=True)
+        self._committer = (threading.Thread(target=self._commit_loop, name="ckpt-commit", daemon=True)
+                           if rank == 0 else None)
+        self._started = False
+
+    # ------------------------------------------------------------------------------ API
+    def submit(self, step: int) -> None:
+        """Queue the upload of this rank's files of ``<local>/step-N`` (returns at once)."""
+        step = int(step)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("CheckpointSync is closed")
+            if step in self._steps:
+                log.warning("checkpoint step %d was already submitted; ignoring", step)
+                return
+            self._steps[step] = _Step(step, utc_iso())
+            if not self._started:
+                self._uploader.start()
+                if self._committer is not None:
+                    self._committer.start()
+                self._started = True
+        self._uploads.put(step)
+
+    def wait(self, step: int | None = None, timeout: float | None = None) -> bool:
+        """Block until this rank's upload (rank 0: and the commit) of ``step`` is done.
+
+        ``step=None`` waits for every submitted step. True if it finished successfully, False
+        on timeout or failure (see :meth:`status`). A step never submitted counts as done.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            steps = [self._steps[s] for s in sorted(self._steps)] if step is None else (
+                [self._steps[step]] if step in self._steps else [])
+        ok = True
+        for st in steps:
+            ev = st.committed if self.rank == 0 else st.uploaded
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not ev.wait(left):
+                return False
+            ok = ok and not st.error
+        return ok
+
+    def status(self, step: int) -> str:
+        """queued | uploading | uploaded | committed | already-committed | failed: <why> | unknown."""
+        st = self._steps.get(step)
+        if st is None:
+            return "unknown"
+        return f"failed: {st.error}" if st.error else st.status
+
+    def in_flight(self) -> set[int]:
+        """Steps submitted here whose upload/commit has not finished (never pruned)."""
+        with self._lock:
+            ev = "committed" if self.rank == 0 else "uploaded"
+            return {s for s, st in self._steps.items() if not getattr(st, ev).is_set()}
+
+    def submitted(self, step: int) -> bool:
+        with self._lock:
+            return int(step) in self._steps
+
+    @property
+    def latest_submitted(self) -> int | None:
+        with self._lock:
+            return max(self._steps) if self._steps else None
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish pending uploads and commits (up to ``timeout`` s), then stop the threads.
+
+        Returns True if everything submitted was uploaded (rank 0: committed)."""
+        with self._lock:
+            self._closed = True
+            started = self._started
+        if not started:
+            return True
+        if not self._uploader.is_alive() and (self._committer is None or not self._committer.is_alive()):
+            return self.wait(None, 0)  # closed before
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._uploads.put(None)
+        done = self._join(self._uploader, deadline)
+        if self._committer is not None:
+            self._commits.put(None)
+            done = self._join(self._committer, deadline) and done
+        if not done:
+            self._stop.set()
+            log.error("checkpoint uploads still pending at close (gave up after %.0f s): steps %s",
+                      timeout or 0, sorted(self.in_flight()))
+            return False
+        return self.wait(None, 0)
+
+    @staticmethod
+    def _join(t: threading.Thread, deadline: float | None) -> bool:
+        while t.is_alive():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            t.join(60 if left is None else min(left, 60))
+            if t.is_alive() and left is None:
+                log.info("waiting for checkpoint uploads to finish (%s)", t.name)
+        return True
+
+    # ------------------------------------------------------------------------------ retry
+    def _retrying(self, what: str, fn, step: _Step):
+        """Run fn() until it succeeds; StorageErrors are retried with exponential backoff."""
+        delay, tries, last_log = self.retry_initial, 0, 0.0
+        while True:
+            try:
+                out = fn()
+                if tries:
+                    log.warning("checkpoint step %d: %s succeeded after %d retries", step.step, what, tries)
+                return out
+            except (LocalFileError, ManifestError):
+                raise
+            except Exception as e:  # noqa: BLE001 - storage backends raise anything
+                if self._stop.is_set():
+                    raise StorageError(f"{what}: given up at close: {e}") from None
+                tries += 1
+                now = time.monotonic()
+                if tries == 1 or now - last_log > 60:
+                    transient = getattr(e, "transient", None)
+                    log.log(logging.WARNING if transient is not False else logging.ERROR,
+                            "checkpoint step %d: %s failed (try %d, retrying in %.1f s): %s",
+                            step.step, what, tries, delay, e)
+                    last_log = now
+                if self._stop.wait(delay):
+                    raise StorageError(f"{what}: given up at close: {e}") from None
+                delay = min(delay * 2, self.retry_max)
+
+    # ------------------------------------------------------------------------------ upload
+    def _own_files(self, step: int) -> list[tuple[str, str]]:
+        """[(local path, path inside step-N)] of the files this rank uploads."""
+        root = os.path.join(self.local_folder, layout.step_dir(step))
+        if not os.path.isdir(root):
+            raise LocalFileError(f"local checkpoint folder {root} does not exist")
+        out = []
+        for dirpath, dirs, files in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
+            if rel_dir and layout.is_meta(rel_dir):
+                dirs[:] = []
+                continue
+            dirs[:] = [d for d in dirs if not layout.is_meta(f"{rel_dir}/{d}".lstrip("/"))]
+            for name in files:
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if layout.is_temporary(rel) or name.startswith(".part-"):
+                    continue
+                if layout.file_owner(rel) == self.rank:
+                    out.append((os.path.join(dirpath, name), rel))
+        return sorted(out, key=lambda x: x[1])
+
+    def _upload_loop(self) -> None:
+        while True:
+            step = self._uploads.get()
+            if step is None:
+                return
+            st = self._steps[step]
+            try:
+                self._upload_step(st)
+            except Exception as e:  # noqa: BLE001 - never kill the thread
+                st.error = st.error or str(e)
+                log.error("checkpoint step %d: upload failed: %s", step, e)
+            finally:
+                st.uploaded.set()
+                if self.rank != 0 or st.error or st.status == "already-committed":
+                    st.committed.set()
+            if self.rank == 0 and not st.committed.is_set():
+                self._commits.put(step)
+            if not st.error:
+                self._uploaded_steps.add(step)
+                try:
+                    self._prune_local()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("local checkpoint cleanup failed: %s", e)
+
+    def _upload_step(self, st: _Step) -> None:
+        step = st.step
+        st.status = "uploading"
+        if self._retrying("checking the commit record", lambda: self.store.exists(layout.commit_path(step)), st):
+            log.warning("checkpoint step %d is already committed at %s; keeping that one, not uploading",
+                        step, self.store.url(layout.step_dir(step)))
+            st.status = "already-committed"
+            return
+        began = time.monotonic()
+        try:
+            files = self._own_files(step)
+            entries = self._retrying(
+                f"upload of {len(files)} file(s)",
+                lambda: upload_many(self.store, [(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
+                                    algorithm=self.algorithm), st)
+        except LocalFileError as e:
+            st.error = f"rank {self.rank}: {e}"
+            receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,
+                              uploaded_at=utc_iso(), saved_at=st.saved_at, failed=st.error)
+            self._retrying("writing the failure receipt",
+                           lambda: self.store.put_bytes(layout.receipt_path(step, self.rank), receipt.to_json()), st)
+            raise
+        prefix = layout.step_dir(step) + "/"
+        entries = [FileEntry(e.path[len(prefix):], e.size, e.checksum) for e in entries]  # paths inside step-N
+        receipt = Receipt(step, self.rank, self.world_size, self.attempt, entries, self.algorithm,
+                          uploaded_at=utc_iso(), saved_at=st.saved_at)
+        self._retrying("writing the receipt",
+                       lambda: self.store.put_bytes(layout.receipt_path(step, self.rank), receipt.to_json()), st)
+        nbytes = sum(e.size for e in entries)
+        secs = time.monotonic() - began
+        log.info("checkpoint step %d: rank %d uploaded %d file(s), %.1f MiB in %.1f s (%.0f MiB/s)", step,
+                 self.rank, len(entries), nbytes / 2**20, secs, nbytes / 2**20 / max(secs, 1e-6))
+        st.status = "uploaded"
+
+    # ------------------------------------------------------------------------------ commit
+    def _commit_loop(self) -> None:
+        while True:
+            step = self._commits.get()
+            if step is None:
+                return
+            st = self._steps[step]
+            try:
+                self._commit_step(st)
+            except Exception as e:  # noqa: BLE001
+                st.error = st.error or str(e)
+                log.error("checkpoint step %d: not committed: %s", step, e)
+            finally:
+                st.committed.set()
+            if st.status == "committed" and (self.keep_remote or self.keep_remote_every):
+                try:
+                    from .retention import prune
+
+                    prune(self.store, self.keep_remote, self.keep_remote_every, protected=self.in_flight())
+                except Exception as e:  # noqa: BLE001
+                    log.warning("remote checkpoint retention failed: %s", e)
+
+    def _gather_receipts(self, step: int) -> list[Receipt] | None:
+        """All world_size receipts of this attempt, or None while some are still missing."""
+        entries = self.store.ls(layout.receipt_dir(step))
+        names = {e.name for e in entries}
+        wanted = [layout.receipt_path(step, r) for r in range(self.world_size)]
+        if any(p.rsplit("/", 1)[-1] not in names for p in wanted):
+            return None
+        extra = [e.path for e in entries if (layout.parse_receipt_name(e.name) or 0) >= self.world_size]
+        if extra:  # left by an earlier attempt with more ranks
+            self.store.rm_files(extra)
+        blobs = self.store.cat_many(wanted)
+        receipts = []
+        for path in wanted:
+            blob = blobs.get(path)
+            if blob is None:
+                return None
+            r = Receipt.from_json(blob, where=self.store.url(path))
+            if r.step != step or (self.attempt and r.attempt != self.attempt):
+                return None  # left by an earlier attempt; this attempt's rank will overwrite it
+            receipts.append(r)
+        return receipts
+
+    def _commit_step(self, st: _Step) -> None:
+        step = st.step
+        delay = min(0.2, self.poll_interval)
+        waited_since, last_log = time.monotonic(), time.monotonic()
+        while True:
+            receipts = self._retrying("reading receipts", lambda: self._gather_receipts(step), st)
+            if receipts is not None:
+                break
+            if self._stop.wait(delay):
+                raise StorageError("given up at close while waiting for the other ranks' uploads")
+            delay = min(delay * 1.5, self.poll_interval)
+            if time.monotonic() - last_log > 300:
+                log.info("checkpoint step %d: still waiting for the other ranks' uploads (%.0f s)", step,
+                         time.monotonic() - waited_since)
+                last_log = time.monotonic()
+        failed = [r for r in receipts if r.failed]
+        if failed:
+            raise StorageError(f"rank {failed[0].rank} could not upload: {failed[0].failed}; step {step} "
+                               f"stays incomplete")
+        files = [f for r in receipts for f in r.files]
+        seen: set[str] = set()
+        for f in files:
+            if f.path in seen:
+                raise StorageError(f"file {f.path} was uploaded by two ranks; step {step} stays incomplete")
+            seen.add(f.path)
+        listing = self._retrying("listing the step folder", lambda: self.store.find(layout.step_dir(step)), st)
+        sizes = {e.path: e.size for e in listing}
+        for f in files:
+            got = sizes.get(f"{layout.step_dir(step)}/{f.path}")
+            if got != f.size:
+                raise StorageError(f"{self.store.url(layout.step_dir(step))}/{f.path}: store has "
+                                   f"{'no such file' if got is None else f'{got} bytes'}, expected {f.size}; "
+                                   f"step {step} stays incomplete")
+        manifest = Manifest(
+            step=step, world_size=self.world_size, files=files, algorithm=self.algorithm,
+            config_digest=self.config_digest, attempt=self.attempt,
+            saved_at=receipts[0].saved_at or st.saved_at, committed_at=utc_iso(),
+            extra={"committed_by": self.host},
+        )
+        created = self._retrying("writing the commit record",
+                                 lambda: self.store.create_bytes(layout.commit_path(step), manifest.to_json()), st)
+        if not created:
+            log.warning("checkpoint step %d was committed by someone else meanwhile; keeping theirs", step)
+            st.status = "already-committed"
+            return
+        entry = layout.catalog_entry(step, self.world_size, len(files), manifest.total_bytes)
+        self._retrying("writing the catalog entry",
+                       lambda: self.store.put_bytes(entry, b'{"step": %d}\n' % step), st)
+        st.status = "committed"
+        log.info("checkpoint step %d committed: %d file(s), %.1f MiB at %s", step, len(files),
+                 manifest.total_bytes / 2**20, self.store.url(layout.step_dir(step)))
+
+    # ------------------------------------------------------------------------------ local
+    def _prune_local(self) -> None:
+        """Delete this rank's files of older local steps, keeping the newest ``keep_local``."""
+        if self.keep_local <= 0 or not os.path.isdir(self.local_folder):
+            return
+        steps = sorted(s for s in (layout.parse_step_dir(n) for n in os.listdir(self.local_folder)) if s is not None)
+        keep = set(steps[-self.keep_local:])
+        for s in steps:
+            if s in keep:
+                continue
+            root = os.path.join(self.local_folder, layout.step_dir(s))
+            if os.path.exists(os.path.join(root, layout.META_DIR, "commit.json")):
+                shutil.rmtree(root, ignore_errors=True)  # a restored copy: complete remotely
+                continue
+            if s not in self._uploaded_steps:
+                continue  # never delete what this process has not uploaded
+            try:
+                for lp, _ in self._own_files(s):
+                    try:
+                        os.unlink(lp)
+                    except FileNotFoundError:
+                        pass
+            except LocalFileError:
+                continue
+            for dirpath, _dirs, _files in os.walk(root, topdown=False):
+                try:
+                    os.rmdir(dirpath)
+                except OSError:
+                    pass

@@ -1,0 +1,237 @@
+"""torchtitan hook: upload every checkpoint to the run's remote location in the background.
+
+Activate with ``--override.imports slurm_titan.ckpt.titan_hook.synced_checkpoints`` (the
+log then says ``Applied 1 override(s)``). It replaces torchtitan's ``CheckpointManager``
+with :class:`SyncedCheckpointManager`, which after torchtitan's own save of step N on this
+rank (node-local ``checkpoint.folder``) calls ``CheckpointSync.submit(N)``; training goes on
+while the files upload, and rank 0 commits the checkpoint once every rank's files are up.
+
+Settings come from the environment (the node launcher sets them):
+
+- ``SLURM_TITAN_CKPT_REMOTE``: the remote location (URL or path); unset: no upload at all
+  (torchtitan behaves exactly as without the hook).
+- ``SLURM_TITAN_CONFIG_DIGEST``: recorded in every commit record.
+- ``SLURM_TITAN_CKPT_KEEP_LOCAL``: newest step folders kept on local disk (default:
+  ``checkpoint.keep_latest_k``; 0 keeps all). Local files go only once uploaded.
+- ``SLURM_TITAN_CKPT_KEEP_REMOTE`` / ``SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY``: remote
+  retention applied by rank 0 after each commit (0: keep all).
+- ``SLURM_TITAN_CKPT_CLOSE_TIMEOUT``: seconds ``close()`` waits for pending uploads
+  (default: until done).
+- S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
+
+This is the only module of ``slurm_titan.ckpt`` that imports torch/torchtitan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torchtitan.components.checkpointer import DATALOADER, AsyncMode, CheckpointManager
+from torchtitan.config import derive, override
+from torchtitan.tools.logging import logger
+
+from slurm_titan.errors import ConfigError
+from slurm_titan.node import preemption, progress
+from slurm_titan.node.resume import SKIP_DATALOADER_ENV
+
+from .sync import CheckpointSync
+
+log = logging.getLogger("slurm_titan.ckpt.titan_hook")
+
+ENV_REMOTE = "SLURM_TITAN_CKPT_REMOTE"
+ENV_DIGEST = "SLURM_TITAN_CONFIG_DIGEST"
+ENV_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
+ENV_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
+ENV_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
+ENV_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
+
+_active: weakref.ReferenceType[SyncedCheckpointManager] | None = None
+_active_lock = threading.Lock()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError("environment", name, f"not an integer: {raw!r}") from None
+    if value < 0:
+        raise ConfigError("environment", name, f"must be >= 0, got {value}")
+    return value
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class SyncedCheckpointManager(CheckpointManager):
+    """torchtitan's CheckpointManager plus background upload and commit of every checkpoint."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        pass
+
+    def __init__(self, config: Config, **kwargs) -> None:
+        self.sync: CheckpointSync | None = None
+        self._sync_closed = False
+        self._force_save = False
+        super().__init__(config, **kwargs)
+        if os.environ.get(SKIP_DATALOADER_ENV) and DATALOADER not in self.exclude_from_loading:
+            self.exclude_from_loading = [*self.exclude_from_loading, DATALOADER]
+            logger.warning("slurm-titan: the world size changed since the checkpoint was saved: model and optimizer "
+                           "are resharded; the data loader state is NOT loaded (data restarts from the beginning)")
+        if not self.enable or self.load_only:
+            return
+        remote = os.environ.get(ENV_REMOTE, "").strip()
+        if not remote:
+            log.info("%s is not set: checkpoints stay in %s only", ENV_REMOTE, self.folder)
+            return
+        rank, world = _rank_world()
+        keep_local = _env_int(ENV_KEEP_LOCAL, config.keep_latest_k)
+        self.sync = CheckpointSync(
+            remote,
+            self.folder,
+            rank=rank,
+            world_size=world,
+            config_digest=os.environ.get(ENV_DIGEST, ""),
+            keep_local=keep_local,
+            keep_remote=_env_int(ENV_KEEP_REMOTE, 0),
+            keep_remote_every=_env_int(ENV_KEEP_REMOTE_EVERY, 0),
+        )
+        global _active
+        with _active_lock:
+            _active = weakref.ref(self)
+        log.info("checkpoints of %s are uploaded to %s in the background (keep %s local, %s remote)",
+                 self.folder, self.sync.store.location, keep_local or "all",
+                 _env_int(ENV_KEEP_REMOTE, 0) or "all")
+
+    # -- preemption: every step boundary -------------------------------------------------
+    def save(self, curr_step: int, last_step: bool = False) -> bool:
+        """torchtitan calls this after every step. All ranks first agree whether any got a stop
+        signal (one all_reduce); if so they save this step, wait for its commit and exit so that
+        the job requeues (see slurm_titan.node.preemption)."""
+        progress.note_step(curr_step)
+        if last_step or not preemption.agreed_stop():
+            return super().save(curr_step, last_step)
+        request = preemption.stop_requested()
+        reason = request.signal_name if request else "another rank's signal"
+        logger.info(f"slurm-titan: stop requested ({reason}) during step {curr_step}: saving step {curr_step}")
+        self.save_now(curr_step)
+        committed = self.wait_for_commit(curr_step)
+        logger.info(f"slurm-titan: checkpoint step {curr_step} "
+                    f"{'committed' if committed else 'NOT committed: the job resumes from an older one'}; "
+                    "exiting for requeue")
+        progress.note_stop(curr_step, reason, committed)
+        preemption.ignore_signals()
+        raise SystemExit(preemption.PREEMPTED_EXIT_CODE)
+
+    # -- saving -------------------------------------------------------------------------
+    def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
+        if self._force_save and self.enable and not self.load_only:
+            return True
+        return super()._should_save(curr_step, last_step)
+
+    def save_now(self, curr_step: int) -> bool:
+        """Save a full checkpoint of ``curr_step`` now, whatever the interval (every rank must call
+        it, like any DCP save), and queue its upload. For the preemption path."""
+        if self.sync is not None and self.sync.submitted(curr_step):
+            return True  # saved (and queued) already: rewriting its files mid-upload would be wrong
+        self._force_save = True
+        try:
+            return super().save(curr_step, last_step=False)  # torchtitan's save: no second stop check
+        finally:
+            self._force_save = False
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        saved = super()._save(curr_step, last_step)
+        if not saved or self.sync is None:
+            return saved
+        if last_step and self.last_save_model_only:
+            log.warning("step %d: the final model-only checkpoint is not uploaded (training cannot resume "
+                        "from it); pass --checkpoint.no-last-save-model-only to upload a full one", curr_step)
+            return saved
+        fut = self.save_future if (self.async_mode != AsyncMode.DISABLED and not last_step) else None
+        if isinstance(fut, Future) or (fut is not None and hasattr(fut, "add_done_callback")):
+            sync = self.sync
+
+            def after_write(f, step: int = curr_step) -> None:
+                if f.cancelled() or f.exception() is not None:
+                    log.error("step %d: the checkpoint save failed, not uploading it: %s", step,
+                              None if f.cancelled() else f.exception())
+                    return
+                sync.submit(step)
+
+            fut.add_done_callback(after_write)
+        else:
+            self.sync.submit(curr_step)
+        return saved
+
+    def _purge_stale_checkpoints(self) -> None:
+        # With an upload running, local retention is the uploader's job: it deletes a local
+        # step only after this rank's files of it are uploaded (torchtitan's purge would not wait).
+        if self.sync is None:
+            super()._purge_stale_checkpoints()
+
+    # -- waiting / closing ----------------------------------------------------------------
+    def wait_for_commit(self, step: int | None = None, timeout: float | None = None) -> bool:
+        """Block until this rank's upload (rank 0: and the commit) of ``step`` is done
+        (default: every step saved so far). True on success; True if nothing is uploaded."""
+        if self.sync is None:
+            return True
+        if self.save_future is not None:
+            try:
+                self.save_future.result(timeout)
+            except Exception as e:  # noqa: BLE001
+                log.error("the last checkpoint save failed: %s", e)
+                return False
+        return self.sync.wait(step, timeout)
+
+    def _close(self) -> None:
+        try:
+            if self.sync is not None and not self._sync_closed:
+                self._sync_closed = True
+                if self.save_future is not None:
+                    try:
+                        self.save_future.result()
+                    except Exception as e:  # noqa: BLE001
+                        log.error("the last checkpoint save failed: %s", e)
+                raw = os.environ.get(ENV_CLOSE_TIMEOUT, "").strip()
+                timeout = float(raw) if raw else None
+                if not self.sync.close(timeout):
+                    log.error("some checkpoint uploads did not finish: %s",
+                              {s: self.sync.status(s) for s in sorted(self.sync.in_flight())} or "see above")
+        finally:
+            super()._close()
+
+
+def active_manager() -> SyncedCheckpointManager | None:
+    """The SyncedCheckpointManager of this process that uploads, if any."""
+    with _active_lock:
+        return _active() if _active is not None else None
+
+
+def wait_for_commit(step: int | None = None, timeout: float | None = None) -> bool:
+    """For the preemption path: block until this rank's upload of ``step`` (rank 0: and its
+    commit) is done; ``step=None``: every step saved so far. True on success, or if this
+    process uploads nothing; False on timeout or failure."""
+    mgr = active_manager()
+    return True if mgr is None else mgr.wait_for_commit(step, timeout)
+
+
+@override(
+    target=CheckpointManager.Config,
+    exact=True,
+    description="slurm-titan: upload each checkpoint in the background and commit it atomically",
+)
+def synced_checkpoints(cfg: CheckpointManager.Config) -> SyncedCheckpointManager.Config:
+    return derive(cfg, SyncedCheckpointManager.Config)

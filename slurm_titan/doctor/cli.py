@@ -1,0 +1,83 @@
+"""`slurm-titan doctor [--config CONFIG] [--json]`: the preflight checks of this node, by hand.
+
+Without a config it checks what needs none (npu-smi, every chip's health, CANN, torch_npu); with one, also
+the job's device count, visible devices, interfaces, ports and checkpoint disk. Exit 0 when all pass,
+PREFLIGHT_EXIT_CODE otherwise. Cross-node checks need a job: they run in every job's preflight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from slurm_titan.doctor.checks import node_failures
+from slurm_titan.doctor.expectations import GB, DoctorExpectations
+from slurm_titan.doctor.facts import NodeFacts, collect_facts
+from slurm_titan.doctor.report import format_table
+from slurm_titan.errors import SlurmTitanError
+from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="job config (YAML) whose expectations to check this node against")
+    parser.add_argument("--json", action="store_true", help="machine-readable output: facts and failures")
+
+
+def expectations(config_path: str | None) -> DoctorExpectations:
+    """The job's own preflight expectations (as `submit` plans them), or the config-free ones."""
+    if config_path is None:
+        return DoctorExpectations(device=os.environ.get("SLURM_TITAN_DEVICE", "npu"))
+    from slurm_titan.config import load_config
+    from slurm_titan.plan import plan_job
+
+    node = plan_job(load_config(config_path)).node
+    return node.preflight.for_job(lambda text: node.fill(text, "doctor"))
+
+
+def describe(facts: NodeFacts) -> str:
+    """The facts a person looks at first, a few lines."""
+    versions = ", ".join(f"{name} {version or '-'}" for name, version in facts.versions.items())
+    lines = [f"node {facts.label}, device {facts.device}", versions]
+    if facts.device == "npu":
+        smi = facts.npu_smi
+        firmware = ", ".join(sorted(set(facts.firmware.values()))) or "-"
+        count = "-" if facts.device_count is None else facts.device_count
+        lines.append(f"driver {smi.driver_version if smi else '-'}, firmware {firmware}, "
+                     f"CANN {facts.cann_version or '-'}, torch_npu sees {count} device(s)")
+        for chip in smi.chips if smi else ():
+            hbm = f"{chip.hbm_used_mb}/{chip.hbm_total_mb} MB HBM" if chip.hbm_total_mb else "HBM -"
+            lines.append(f"  NPU {chip.npu_id} chip {chip.chip_id}: {chip.name} {chip.health}, "
+                         f"{chip.temp_c if chip.temp_c is not None else '-'} C, {hbm}")
+    if facts.disk_free_bytes is not None:
+        lines.append(f"checkpoint disk: {facts.disk_free_bytes / GB:.1f} GB free at {facts.disk_path}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    expect = expectations(args.config)
+    facts = collect_facts(expect, node_rank=0)
+    failures = node_failures(facts, expect)
+    if args.json:
+        print(json.dumps({"facts": facts.to_json(), "failures": [asdict(f) for f in failures]}, indent=1))
+    else:
+        print(describe(facts))
+        print(f"\n{format_table(failures)}" if failures else "all checks passed")
+    return PREFLIGHT_EXIT_CODE if failures else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slurm-titan doctor", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except SlurmTitanError as error:
+        print(f"slurm-titan doctor: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Commit records, receipts, names, retention rules, error messages: no storage needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.catalog import CheckpointInfo
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Receipt, check_relpath, config_digest
+from slurm_titan.ckpt.retention import plan_retention
+from slurm_titan.ckpt.store import describe, redact, scrub
+from slurm_titan.errors import StorageError
+
+
+@pytest.mark.parametrize("path", ["__0_0.distcp", ".metadata", "sharded/model-00001.safetensors", "a.b/c"])
+def test_relpath_accepts_paths_inside_the_step(path):
+    assert check_relpath(path) == path
+
+
+@pytest.mark.parametrize("path", [
+    "../x", "a/../../x", "..", "/etc/passwd", "~/x", "a//b", "./a", "a/./b", "a\\b", "", "C:x",
+    ".slurm-titan/commit.json", "x\x00y", 5, None,
+])
+def test_relpath_refuses_paths_leaving_the_step(path):
+    with pytest.raises(ManifestError):
+        check_relpath(path)
+
+
+def _manifest(**kw) -> Manifest:
+    args = dict(step=100, world_size=2, algorithm="xxh3_128", config_digest="sha256:abc", attempt="a1",
+                files=[FileEntry("__0_0.distcp", 10, "aa"), FileEntry("__1_0.distcp", 11, "bb"),
+                       FileEntry(".metadata", 3, "cc")])
+    args.update(kw)
+    return Manifest(**args)
+
+
+def test_manifest_round_trip():
+    m = _manifest(saved_at="2026-01-01T00:00:00Z", committed_at="2026-01-01T00:00:01Z")
+    back = Manifest.from_json(m.to_json(), step=100)
+    assert back.files == sorted(m.files, key=lambda f: f.path)
+    assert (back.step, back.world_size, back.total_bytes, back.config_digest) == (100, 2, 24, "sha256:abc")
+    with pytest.raises(ManifestError, match="expected 7"):
+        Manifest.from_json(m.to_json(), step=7)
+
+
+@pytest.mark.parametrize("bad_path", ["../../outside", "/abs/file", "a/../../b"])
+def test_manifest_with_escaping_path_is_refused(bad_path):
+    body = json.loads(_manifest().to_json())
+    body["files"][0]["path"] = bad_path
+    with pytest.raises(ManifestError, match="refusing file path"):
+        Manifest.from_json(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda b: b.update(format="other/1"),
+    lambda b: b.update(step=-1),
+    lambda b: b.update(world_size=0),
+    lambda b: b["files"].append(dict(b["files"][0])),
+    lambda b: b["files"][0].update(size=-5),
+    lambda b: b["files"][0].update(checksum=""),
+    lambda b: b.update(files="x"),
+])
+def test_malformed_manifest_is_refused(mutate):
+    body = json.loads(_manifest().to_json())
+    mutate(body)
+    with pytest.raises(ManifestError):
+        Manifest.from_json(json.dumps(body).encode())
+    with pytest.raises(StorageError):  # ManifestError is a StorageError: the CLI prints one line
+        Manifest.from_json(b"{not json")
+
+
+def test_receipt_round_trip():
+    r = Receipt(5, 1, 2, "att", [FileEntry("__1_0.distcp", 4, "ff")], "xxh3_128", failed="")
+    back = Receipt.from_json(r.to_json())
+    assert back == r
+
+
+def test_config_digest_is_stable():
+    assert config_digest({"b": 1, "a": [1, 2]}) == config_digest({"a": [1, 2], "b": 1})
+    assert config_digest({"a": 1}) != config_digest({"a": 2})
+
+
+def test_layout_names():
+    assert layout.parse_step_dir("step-120") == 120
+    assert layout.parse_step_dir("step-12x") is None
+    assert layout.parse_step_dir(".uncommitted-5-1") is None
+    entry = layout.catalog_entry(7, 8, 9, 12345)
+    assert layout.parse_catalog_entry(entry.rsplit("/", 1)[1]) == (7, 8, 9, 12345)
+    assert layout.file_owner("__3_0.distcp") == 3
+    assert layout.file_owner("__12_4.distcp") == 12
+    assert layout.file_owner("__5.metadata") == 5
+    assert layout.file_owner(".metadata") == 0
+    assert layout.file_owner("sharded/__3_0.distcp") == 0
+
+
+def _info(step, complete, t=0.0):
+    return CheckpointInfo(step, complete, t, 1, 1, 1, f"x/step-{step}")
+
+
+def test_retention_keeps_last_k_complete_and_never_counts_incomplete():
+    infos = [_info(10, True), _info(20, True), _info(25, False), _info(30, True), _info(40, False)]
+    plan = plan_retention(infos, keep_last=2)
+    assert plan.delete == [10, 25]  # 25: incomplete and older than the newest complete (30)
+    assert plan.keep == [20, 30, 40]  # 40: incomplete but newer: may still be uploading
+    assert "newest complete" in plan.reasons[30]
+
+
+def test_retention_keep_every_and_newest_complete():
+    infos = [_info(s, True) for s in (100, 200, 300, 400, 500)] + [_info(600, False)]
+    plan = plan_retention(infos, keep_last=1, keep_every=200)
+    assert plan.keep == [200, 400, 500, 600]
+    assert plan.delete == [100, 300]
+
+
+def test_retention_never_deletes_newest_complete_or_protected_or_fresh_incomplete():
+    infos = [_info(1, False, t=1000.0), _info(2, True), _info(3, False, t=900.0), _info(4, True), _info(5, False)]
+    plan = plan_retention(infos, keep_last=1, protected={2}, grace=60, now=1030.0)
+    assert 4 in plan.keep and 2 in plan.keep  # newest complete; protected (upload in progress)
+    assert 1 in plan.keep  # incomplete but written 30 s ago (< grace)
+    assert plan.delete == [3]
+    # with no complete checkpoint at all nothing is deleted
+    assert plan_retention([_info(1, False), _info(2, False)], keep_last=1).delete == []
+
+
+def test_error_messages_hide_credentials(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "TOPSECRETVALUE123")
+    assert redact("s3://user:pw@bucket/x?X-Amz-Signature=abc") == "s3://***@bucket/x"
+    assert "TOPSECRETVALUE123" not in scrub("denied for TOPSECRETVALUE123")
+    msg = describe(RuntimeError("boom\nsecond line TOPSECRETVALUE123"))
+    assert "\n" not in msg and "TOPSECRETVALUE123" not in msg
+
+
+def test_cli_modules_do_not_import_torch():
+    code = ("import sys; import slurm_titan.ckpt.commands, slurm_titan.ckpt.catalog, slurm_titan.ckpt.sync, "
+            "slurm_titan.ckpt.retention, slurm_titan.ckpt.resume, slurm_titan.ckpt.store; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan')]; print(bad); "
+            "sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

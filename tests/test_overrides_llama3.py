@@ -1,0 +1,72 @@
+"""The overrides applied to llama3_debugmodel through torchtitan's own override mechanism."""
+
+import pytest
+import torch
+from torchtitan.config import apply_overrides
+from torchtitan.config.manager import ConfigManager
+from torchtitan.models.common.attention import FlexAttention
+from torchtitan.models.common.nn_modules import RMSNorm
+from torchtitan.models.common.rope import ComplexRoPE
+
+from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
+from slurm_titan.overrides.npu_attention import NpuFusedAttention
+from slurm_titan.overrides.npu_norm import NpuRMSNorm
+from slurm_titan.overrides.npu_rope import NpuComplexRoPE
+
+
+def _debugmodel_config(targets: tuple[str, ...]):
+    """Parse like torchtitan's CLI, then apply overrides in the trainer's order."""
+    config = ConfigManager().parse_args(
+        ["--module", "llama3", "--config", "llama3_debugmodel", "--override.imports", ",".join(targets)]
+    )
+    config.model_spec.model.update_from_config(config=config)
+    return config, apply_overrides(config.override, config)
+
+
+@pytest.fixture(scope="module")
+def npu_config():
+    return _debugmodel_config(DEFAULT_NPU_OVERRIDES)
+
+
+def test_npu_defaults_replace_attention_rope_and_norms(npu_config):
+    config, applied = npu_config
+    model = config.model_spec.model
+    assert len(applied) == 6 + 6 + 13  # per layer: attention, rope, 2 norms; plus the final norm
+    for layer in model.layers:
+        assert type(layer.attention.inner_attention) is NpuFusedAttention.Config
+        assert type(layer.attention.rope) is NpuComplexRoPE.Config
+        assert type(layer.attention_norm) is type(layer.ffn_norm) is NpuRMSNorm.Config
+    assert type(model.norm) is NpuRMSNorm.Config
+    assert not any(model.traverse(FlexAttention.Config))
+    rope = model.layers[0].attention.rope
+    assert (rope.theta, rope.scaling, rope.max_seq_len) == (500000, "llama", config.training.seq_len)
+
+
+def test_cpu_defaults_replace_attention_only():
+    config, applied = _debugmodel_config(DEFAULT_CPU_OVERRIDES)
+    model = config.model_spec.model
+    assert len(applied) == len(model.layers)
+    assert type(model.layers[0].attention.rope) is ComplexRoPE.Config
+    assert type(model.norm) is RMSNorm.Config
+
+
+def test_debugmodel_trains_on_cpu_with_per_document_masking(npu_config):
+    config, _ = npu_config
+    torch.manual_seed(0)
+    model = config.model_spec.model.build()
+    model.init_states(buffer_device=torch.device("cpu"))
+    positions = torch.cat([torch.arange(40), torch.arange(24)]).repeat(2, 1)
+    tokens = torch.randint(0, 2048, (2, 64))
+    edited = tokens.clone()
+    edited[:, 50] = (edited[:, 50] + 1) % 2048  # a token of the second document
+
+    def logits(tokens: torch.Tensor) -> torch.Tensor:
+        return model(tokens, positions=positions, attention_masks=model.get_attention_masks(positions))
+
+    out = logits(tokens)
+    out.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+    with torch.no_grad():
+        changed = (logits(edited) - out).abs().amax(dim=(0, 2))
+    assert changed[:50].max() == 0  # the first document (and earlier tokens) cannot see it
+    assert changed[50:].min() > 0

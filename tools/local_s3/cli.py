@@ -1,0 +1,77 @@
+"""tools/local-s3 up|down|env|status: a local SeaweedFS S3 store on loopback.
+
+Environment: SLURM_TITAN_S3_PORT (8333), SLURM_TITAN_S3_DIR (/var/tmp/slurm-titan-s3),
+SLURM_TITAN_S3_BUCKET (slurm-titan), SLURM_TITAN_S3_ACCESS_KEY / SLURM_TITAN_S3_SECRET_KEY
+(a test key pair), SLURM_TITAN_WEED (the weed binary).
+
+    eval "$(tools/local-s3 up)"      # start (if needed), wait until ready, print export lines
+    tools/local-s3 env               # print the export lines only
+    tools/local-s3 down              # stop it; nothing keeps running
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from local_s3.seaweed import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, Server  # noqa: E402
+
+
+def server() -> Server:
+    return Server(
+        port=int(os.environ.get("SLURM_TITAN_S3_PORT", "8333")),
+        data_dir=os.environ.get("SLURM_TITAN_S3_DIR", "/var/tmp/slurm-titan-s3"),
+        bucket=os.environ.get("SLURM_TITAN_S3_BUCKET", "slurm-titan"),
+        access_key=os.environ.get("SLURM_TITAN_S3_ACCESS_KEY", DEFAULT_ACCESS_KEY),
+        secret_key=os.environ.get("SLURM_TITAN_S3_SECRET_KEY", DEFAULT_SECRET_KEY),
+    )
+
+
+def print_env(s: Server) -> None:
+    for k, v in s.env().items():
+        print(f"export {k}={shlex.quote(v)}")
+    print(f"# bucket: s3://{s.bucket}/   data: {s.data_dir}")
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0] if argv else "help"
+    s = server()
+    if cmd == "up":
+        Path(s.data_dir).mkdir(parents=True, exist_ok=True)
+        pid = s.running_pid()
+        if pid is None:
+            from local_s3.seaweed import ports_free
+
+            if not ports_free(s.port):
+                print(f"local-s3: ports {s.port}..{s.port + 4} (and +10000) are in use; set SLURM_TITAN_S3_PORT",
+                      file=sys.stderr)
+                return 1
+            s.start()
+            print(f"local-s3: SeaweedFS started on {s.endpoint} (log {s.log_file})", file=sys.stderr)
+        else:
+            s.wait_ready(30)
+            print(f"local-s3: already running on {s.endpoint} (pid {pid})", file=sys.stderr)
+        print_env(s)
+        return 0
+    if cmd == "down":
+        if s.running_pid() is None:
+            print("local-s3: not running", file=sys.stderr)
+        s.stop()
+        return 0
+    if cmd == "env":
+        print_env(s)
+        return 0
+    if cmd == "status":
+        pid = s.running_pid()
+        print(f"running (pid {pid}) on {s.endpoint}" if pid else "not running")
+        return 0 if pid else 3
+    print(__doc__.strip())
+    return 0 if cmd in ("help", "-h", "--help") else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
