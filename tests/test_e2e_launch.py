@@ -32,7 +32,7 @@ def test_two_nodes_train_and_complete(cli: Cli, tmp_path: Path) -> None:
     assert rank0[max(rank0)] < rank0[1] - 1.0, rank0
     node_logs = cli("logs", job).stdout
     assert "node 0/2" in node_logs and "node 1/2" in node_logs
-    assert {"[slurm-titan n1]", "[slurm-titan n2]"} <= set(re.findall(r"\[slurm-titan n\d\]", node_logs))
+    assert {"n1", "n2"} <= set(re.findall(r"\[slurm-titan (n\d) ", node_logs))
     assert re.search(r"Applied [1-9]\d* override\(s\)", cli("logs", job, "--rank", "1").stdout)
     assert [a["exit_code"] for a in status["attempts"]] == [0]
 

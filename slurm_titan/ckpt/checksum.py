@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _xxhash = None
 
 DEFAULT_ALGORITHM = "xxh3_128" if _xxhash is not None else "sha256"
-CHUNK = 8 << 20
+CHUNK = 256 << 10  # small enough to stay in cache between the read and the hash
 
 
 class Hasher(Protocol):
@@ -41,7 +41,7 @@ def hash_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:
 
 
 def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
-    """(size, hex digest) of a local file, read in 8 MiB chunks."""
+    """(size, hex digest) of a local file."""
     h = new_hasher(algorithm)
     size = 0
     buf = bytearray(CHUNK)

@@ -23,11 +23,12 @@ from typing import Any, Callable
 
 from slurm_titan.errors import StorageError
 
+from . import fastget
 from .checksum import CHUNK, DEFAULT_ALGORITHM, Hasher, new_hasher
 from .manifest import FileEntry
 from .store import Progress, Store
 
-_LOCAL_BUF = 8 << 20
+_LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
 MAX_PARTS = 9000
 
 
@@ -334,6 +335,8 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
     progress = _locked(progress)
     if not items:
         return []
+    if fastget.enabled(store):
+        return fastget.read_many(store, [(r, lp, s) for r, lp, s in items], algorithm, progress)
     if store.is_s3:
         with store.errors("download failed"):
             return _run(store, lambda sem: _gather_limited(
@@ -370,6 +373,9 @@ def checksum_many(store: Store, items: list[tuple[str, int | None]], algorithm: 
     progress = _locked(progress)
     if not items:
         return []
+    if fastget.enabled(store):
+        return fastget.read_many(store, [(r, None, s) for r, s in items], algorithm, progress,
+                                 return_exceptions=True)
     if store.is_s3:
         async def guarded(sem: asyncio.Semaphore, r: str, s: int | None) -> Any:
             try:

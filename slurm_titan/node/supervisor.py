@@ -35,7 +35,10 @@ POLL_S = 0.5
 
 
 def say(message: str) -> None:
-    print(f"[slurm-titan {socket.gethostname()}] {message}", flush=True)
+    """One line of the node log: `[slurm-titan HOST HH:MM:SS.mmm] message`."""
+    now = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+    print(f"[slurm-titan {socket.gethostname()} {stamp}] {message}", flush=True)
 
 
 def node_report_path(job_dir: Path, attempt: int, node_rank: int) -> Path:

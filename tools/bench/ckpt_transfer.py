@@ -296,7 +296,6 @@ def bench_list(args, srv, results: dict) -> None:
     print(f"ckpt list: {n} checkpoints x {k} files ({len(objs)} objects): {lists} LIST request(s), "
           f"{total_requests} request(s) in all, {secs:.2f} s  (a recursive listing: "
           f"{store2.request_counts.get('ListObjectsV2', 0)} LIST requests, {naive:.2f} s) [{load()}]", flush=True)
-    drop_prefix(loc)
 
 
 def main() -> int:

@@ -1,0 +1,32 @@
+"""Helpers shared by the end-to-end tests: read training logs and steer a running job."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from conftest import Cli, run, wait_for
+
+STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
+
+
+def step_losses(log: Path) -> list[tuple[int, str]]:
+    """Every (step, loss) line of a rank log, in order, across attempts (loss kept as printed)."""
+    return [(int(m.group(1)), m.group(2)) for m in STEP.finditer(log.read_text(errors="replace"))]
+
+
+def job_dir(cli: Cli, job_id: str) -> Path:
+    return Path(cli.status(job_id)["job_dir"])
+
+
+def wait_for_log(path: Path, text: str, timeout: float = 300) -> None:
+    wait_for(lambda: path.exists() and text in path.read_text(errors="replace"), timeout, f"{text!r} in {path}", 0.5)
+
+
+def checkpoints(cli: Cli, location: str) -> list[dict]:
+    return json.loads(cli("ckpt", "list", location, "--json").stdout)["checkpoints"]
+
+
+def scontrol(cli: Cli, *args: str) -> str:
+    return run(["scontrol", *args], env=cli.env).stdout
