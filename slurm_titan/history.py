@@ -28,6 +28,7 @@ class Attempt:
     first_step: int | None = None
     first_step_time: float | None = None
     stopped_at_step: int | None = None
+    stopped_time: float | None = None
     stop_signal: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -61,6 +62,7 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
             attempt.first_step, attempt.first_step_time = record.pop("step"), stamp
         elif event == "stopped":
             attempt.stopped_at_step, attempt.stop_signal = record.pop("step"), record.pop("signal", None)
+            attempt.stopped_time = stamp
         attempt.extra.update(record)
     return [attempts[key] for key in sorted(attempts)]
 
@@ -70,6 +72,9 @@ def as_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
     (Slurm's wait, restore and start-up), the stall a requeue costs."""
     rows = [asdict(attempt) for attempt in attempts]
     for row, following in zip(rows, attempts[1:]):
-        if row["ended"] and following.first_step_time:
-            row["time_lost_s"] = round(following.first_step_time - row["ended"], 1)
+        if row["reason"] is None:  # killed before the batch script could record its end
+            row["reason"] = "requeued by Slurm"
+        last_alive = row["ended"] or row["stopped_time"]
+        if last_alive and following.first_step_time:
+            row["time_lost_s"] = round(following.first_step_time - last_alive, 1)
     return rows

@@ -55,7 +55,7 @@ def test_corrupt_shard_is_named_and_restore_falls_back(finished_run: tuple[Cli, 
     fs.pipe_file(shard, b"garbage" * 10)
     verify = cli("ckpt", "verify", remote_of(cli, job), "--step", "12", check=False)
     assert verify.returncode != 0 and "__1_0.distcp" in verify.stdout + verify.stderr
-    resumed = cli.submit(*CONFIG[:2], "--set", "torchtitan.args.training.steps=13",
+    resumed = cli.submit(CONFIG[0], "--set", "torchtitan.args.training.steps=13",
                          "--set", f"checkpoint.remote={remote_of(cli, job)}")
     status = cli.wait(resumed)
     assert status["state"] == "COMPLETED"

@@ -576,6 +576,13 @@ def s3_storage_options(endpoint_url: str | None = None, extra: dict[str, Any] | 
         "max_pool_connections": 64,
         "retries": {"max_attempts": 2, "mode": "standard"},
     }
+    if os.environ.get("SLURM_TITAN_CKPT_S3_CHECKSUMS", "0") != "1":
+        # Every file is checksummed end to end (xxh3, in the commit record, verified on each
+        # restore): botocore's own per-request CRC32 and SHA-256 payload signing would double
+        # the client's CPU per byte (measured 4.7 -> 2.4 CPU s/GiB uploading on SeaweedFS).
+        config_kwargs.update(request_checksum_calculation="when_required",
+                             response_checksum_validation="when_required",
+                             s3={"payload_signing_enabled": False})
     client_kwargs: dict[str, Any] = {}
     if endpoint and not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
         client_kwargs["region_name"] = "us-east-1"

@@ -132,8 +132,7 @@ class SyncedCheckpointManager(CheckpointManager):
                     f"{'committed' if committed else 'NOT committed: the job resumes from an older one'}; "
                     "exiting for requeue")
         progress.note_stop(curr_step, reason, committed)
-        preemption.ignore_signals()
-        raise SystemExit(preemption.PREEMPTED_EXIT_CODE)
+        preemption.exit_for_requeue()
 
     # -- saving -------------------------------------------------------------------------
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:

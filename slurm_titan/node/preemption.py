@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import NoReturn
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
@@ -55,6 +56,15 @@ def ignore_signals() -> None:
     while it exits with its checkpoint saved."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def exit_for_requeue() -> NoReturn:
+    """Leave at once once the checkpoint is committed: a normal interpreter shutdown of a large
+    torch process takes seconds (measured 6-7 s here) that count against Slurm's grace time."""
+    ignore_signals()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED_EXIT_CODE)
 
 
 def stop_requested() -> StopRequest | None:

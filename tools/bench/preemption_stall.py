@@ -74,6 +74,8 @@ PHASES: list[tuple[str, str, str, int]] = [
     ("save (DCP, local disk)", "stop", "saved", 1),
     ("upload + commit", "saved", "committed", 1),
     ("exit (ranks, srun, decision)", "committed", "ended", 1),
+    ("ranks exit (-> 'node done')", "committed", "node_done", 2),
+    ("srun returns + batch decision", "node_done", "ended", 2),
     ("exit -> first step of attempt 1", "ended", "first_step", 0),
     ("Slurm's wait (-> 'attempt 1:')", "ended", "supervisor", 1),
     ("requeue + pending + batch", "ended", "submitit", 2),
@@ -157,6 +159,7 @@ def milestones(run: Run) -> dict[str, float | None]:
     m["stop"] = first_after(rank0, r"slurm-titan: stop requested", m["delivered"])
     m["saved"] = first_after(rank0, r"Finished saving the checkpoint", m["stop"])
     m["committed"] = first_after(rank0, r"checkpoint step \d+ committed", m["saved"])
+    m["node_done"] = first_after(node0, r"^node done", m["committed"])
     m["ended"] = a0.ended
     m["submitit"] = first_after(node0, r"^Starting with JobEnvironment", a0.ended)
     m["supervisor"] = a1.started
@@ -265,12 +268,12 @@ def one_repeat(bench: Bench, runs: list[Run]) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    def med(values: list[float | None]) -> str:
+    def med(values: list[float | None], digits: int = 1) -> str:
         vals = [v for v in values if v is not None]
         if not vals:
             return "-"
-        spread = f"  ({min(vals):.1f}-{max(vals):.1f})" if len(vals) > 1 else ""
-        return f"{statistics.median(vals):7.1f}{spread}"
+        spread = f"  ({min(vals):.{digits}f}-{max(vals):.{digits}f})" if len(vals) > 1 else ""
+        return f"{statistics.median(vals):7.{digits}f}{spread}"
 
     rows = [f"{'  ' * indent + label:<42}{med([r['phases_s'][label] for r in results])}"
             for label, _, _, indent in PHASES]
@@ -282,7 +285,7 @@ def table(results: list[dict[str, Any]]) -> str:
         rows.append(f"{'reference ' + key:<42}{med([r['reference'][key] for r in results])}")
     for key in ("wall_s", "running_s"):
         rows.append(f"{'ratio preempted/reference ' + key:<42}"
-                    f"{med([r['ratio_preempted_over_reference'][key] for r in results])}")
+                    f"{med([r['ratio_preempted_over_reference'][key] for r in results], 2)}")
     return "\n".join(["seconds (median over repeats, min-max)", *rows])
 
 

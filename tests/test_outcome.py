@@ -1,0 +1,84 @@
+"""Why an attempt ended and whether it requeues: the decision table, the node reports, the history."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_titan import history
+from slurm_titan.node.finish import attempt_exit_code
+from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, RequeuePolicy, decide
+from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
+from slurm_titan.node.supervisor import node_exit_code, node_report_path
+
+POLICY = RequeuePolicy(max_requeues=3, max_failures=1)
+
+
+@pytest.mark.parametrize(
+    ("code", "attempt", "failures", "near_limit", "reason", "requeue"),
+    [
+        (0, 0, 0, False, "finished", False),
+        (PREEMPTED_EXIT_CODE, 0, 0, False, "preempted", True),
+        (PREEMPTED_EXIT_CODE, 1, 0, True, "timed out", True),
+        (PREEMPTED_EXIT_CODE, 3, 0, False, "preempted", False),  # max_requeues reached
+        (1, 0, 0, False, "failed", True),  # max_failures=1 allows one retry
+        (1, 1, 1, False, "failed", False),
+        (PREFLIGHT_EXIT_CODE, 0, 0, False, "preflight failed", False),
+        (PREFLIGHT_EXIT_CODE, 0, 0, True, "preflight failed", False),
+    ],
+)
+def test_decision_table(code: int, attempt: int, failures: int, near_limit: bool, reason: str, requeue: bool) -> None:
+    outcome = decide(code, attempt, failures, near_limit, POLICY)
+    assert (outcome.reason, outcome.requeue) == (reason, requeue)
+
+
+def test_crash_is_not_requeued_by_default() -> None:
+    assert decide(1, 0, 0, False, RequeuePolicy(20, 0)).requeue is False
+
+
+@pytest.mark.parametrize(
+    ("ranks", "node"),
+    [({0: 0, 1: 0}, 0), ({0: PREEMPTED_EXIT_CODE, 1: PREEMPTED_EXIT_CODE}, PREEMPTED_EXIT_CODE),
+     ({0: PREEMPTED_EXIT_CODE, 1: 0}, PREEMPTED_EXIT_CODE), ({0: 0, 1: -9}, 137), ({0: 3, 1: -15}, 3)],
+)
+def test_node_verdict(ranks: dict[int, int], node: int) -> None:
+    assert node_exit_code(ranks) == node
+
+
+def _report(job_dir: Path, node: int, code: int) -> None:
+    path = node_report_path(job_dir, 0, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host": f"n{node}", "exit_code": code, "ranks": {}}))
+
+
+def test_attempt_code_from_node_reports(tmp_path: Path) -> None:
+    _report(tmp_path, 0, PREEMPTED_EXIT_CODE)
+    assert attempt_exit_code(tmp_path, 0, 2, 0) == 1  # node 1 never reported: killed, so failed
+    _report(tmp_path, 1, 0)
+    assert attempt_exit_code(tmp_path, 0, 2, 0) == PREEMPTED_EXIT_CODE
+    _report(tmp_path, 1, 9)
+    assert attempt_exit_code(tmp_path, 0, 2, 137) == 9
+
+
+def test_history_records_attempts_and_time_lost(tmp_path: Path) -> None:
+    history.append_event(tmp_path, "start", 0, hosts=["n1", "n2"])
+    history.append_event(tmp_path, "first-step", 0, step=1)
+    history.append_event(tmp_path, "stopped", 0, step=9, signal="SIGUSR2", committed=True)
+    history.append_event(tmp_path, "end", 0, exit_code=75, reason="preempted")
+    history.append_event(tmp_path, "start", 1, hosts=["n3", "n4"])
+    history.append_event(tmp_path, "first-step", 1, step=10)
+    with (tmp_path / history.HISTORY_FILE).open("a") as out:
+        out.write("{half a line\n")
+    first, second = history.as_dicts(history.read_attempts(tmp_path))
+    assert (first["first_step"], first["stopped_at_step"], first["stop_signal"], first["reason"]) == (1, 9, "SIGUSR2", "preempted")
+    assert first["time_lost_s"] >= 0
+    assert (second["hosts"], second["first_step"], second["ended"]) == (["n3", "n4"], 10, None)
+
+
+def test_attempt_killed_before_its_end_record_reads_as_requeued(tmp_path: Path) -> None:
+    history.append_event(tmp_path, "start", 0, hosts=["n1"])
+    history.append_event(tmp_path, "stopped", 0, step=4, signal="SIGTERM", committed=True)
+    history.append_event(tmp_path, "start", 1, hosts=["n1"])
+    history.append_event(tmp_path, "first-step", 1, step=5)
+    first, _ = history.as_dicts(history.read_attempts(tmp_path))
+    assert first["reason"] == "requeued by Slurm" and "time_lost_s" in first
