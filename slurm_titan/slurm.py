@@ -118,16 +118,23 @@ def job_state(job_id: str) -> JobState | None:
 
 
 def time_left_seconds(job_id: str) -> int | None:
-    """Seconds until the job's time limit, from `scontrol show job` EndTime; None if unknown."""
+    """Seconds until the job's own time limit (StartTime + TimeLimit); None if unknown or unlimited.
+
+    Not EndTime: a preempted job's EndTime is pulled in to now + GraceTime, which would make a
+    preemption look like the time limit.
+    """
     import datetime
 
+    from slurm_titan.config import time_limit_minutes
+
     result = run(["scontrol", "show", "job", "-o", job_id], check=False)
-    end = parse_key_values(result.stdout).get("EndTime", "") if result.returncode == 0 else ""
+    fields = parse_key_values(result.stdout) if result.returncode == 0 else {}
     try:
-        ends = datetime.datetime.fromisoformat(end)
+        started = datetime.datetime.fromisoformat(fields.get("StartTime", ""))
+        limit = datetime.timedelta(minutes=time_limit_minutes(fields.get("TimeLimit", "")))
     except ValueError:
         return None
-    return int((ends - datetime.datetime.now()).total_seconds())
+    return int((started + limit - datetime.datetime.now()).total_seconds())
 
 
 def cancel(job_id: str, signal_name: str | None = None) -> None:

@@ -15,7 +15,7 @@ from conftest import Cli, run
 from e2e_runs import checkpoints, job_dir, scontrol, step_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-STEPS = 40  # long enough that a time-limit signal (which Slurm may send up to ~60 s early) lands mid-run
+STEPS = 60  # long enough that a time-limit signal (which Slurm may send up to ~60 s early) lands mid-run
 CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=100"]
 
 

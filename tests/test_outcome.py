@@ -82,3 +82,18 @@ def test_attempt_killed_before_its_end_record_reads_as_requeued(tmp_path: Path) 
     history.append_event(tmp_path, "first-step", 1, step=5)
     first, _ = history.as_dicts(history.read_attempts(tmp_path))
     assert first["reason"] == "requeued by Slurm" and "time_lost_s" in first
+
+
+def test_missing_scontrol_is_an_error_not_a_silent_non_requeue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    from slurm_titan.node import finish
+
+    _report(tmp_path, 0, PREEMPTED_EXIT_CODE)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a compute node without Slurm's client commands
+    monkeypatch.setenv("SLURM_JOB_ID", "123")
+    monkeypatch.setattr(finish, "near_time_limit", lambda job_id, seconds: False)
+    code = finish.main(["--job-dir", str(tmp_path), "--srun-exit-code", "0", "--nodes", "1", "--max-requeues", "5",
+                        "--max-failures", "0", "--signal-seconds", "60"])
+    assert code == finish.REQUEUE_FAILED_EXIT_CODE
+    assert "ERROR: scontrol not found on PATH" in capsys.readouterr().out
+    assert [a.reason for a in history.read_attempts(tmp_path)] == ["preempted"]

@@ -115,10 +115,16 @@ class NodeSupervisor:
 
     def __call__(self) -> None:
         spec, env = self.spec, dict(os.environ)
-        rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window, rendezvous.read_ephemeral_range())
         job_id = env["SLURM_JOB_ID"]
         attempt = int(env.get("SLURM_RESTART_COUNT", "0"))
         job_dir, argv = spec.resolve(job_id)
+        report = node_report_path(job_dir, attempt, int(env.get("SLURM_NODEID", "0")))
+        try:
+            rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window,
+                                             rendezvous.read_ephemeral_range())
+        except rendezvous.RendezvousError as error:
+            say(f"ERROR before training: {error}")
+            self._finish(report, 1, {})
         self.stop_file = job_dir / "attempts" / str(attempt) / f"stop-node-{rdzv.node_rank}"
         for signum in STOP_SIGNALS:  # replaces submitit's handlers: every rank must join the save
             signal.signal(signum, self._on_signal)
@@ -130,7 +136,6 @@ class NodeSupervisor:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
         env |= {"SLURM_TITAN_JOB_DIR": str(job_dir), "SLURM_TITAN_ATTEMPT": f"{job_id}.{attempt}",
                 STOP_FILE_ENV: str(self.stop_file)}
-        report = node_report_path(job_dir, attempt, rdzv.node_rank)
         if spec.preflight:
             try:
                 run_preflight(job_dir, attempt, rdzv.node_rank, rdzv.num_nodes,
