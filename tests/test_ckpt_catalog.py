@@ -163,6 +163,7 @@ def _fake_committed(store, steps, files_per_step=2):
         store.fs.pipe({store.full(rel): data for rel, data in objs.items()})
 
 
+@pytest.mark.s3
 def test_list_uses_a_constant_number_of_list_requests(s3_env, tmp_path):
     counts = {}
     for n in (5, 200):
@@ -179,22 +180,30 @@ def test_list_uses_a_constant_number_of_list_requests(s3_env, tmp_path):
     assert counts[200].get("ListObjectsV2", 0) <= 3 and sum(counts[200].values()) <= 3, counts
 
 
-@pytest.mark.parametrize("fast_get", ["1", "0"])
-def test_s3_download_paths(s3_env, tmp_path, monkeypatch, fast_get):
-    """Both S3 download paths (http.client with presigned URLs; aiobotocore) restore, verify, and
-    report a vanished object as one line."""
+@pytest.mark.s3
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_s3_transfer_paths(s3_env, tmp_path, monkeypatch, fast):
+    """Both S3 transfer paths (http.client with presigned URLs; aiobotocore) upload multipart,
+    restore, verify, and report a vanished object as one line."""
     from slurm_titan.ckpt.store import TransferConfig
     from slurm_titan.ckpt.transfer import download_many
     from slurm_titan.errors import StorageError
 
-    monkeypatch.setenv("SLURM_TITAN_CKPT_FAST_GET", fast_get)
+    import slurm_titan.ckpt.s3http as s3http
+    from slurm_titan.ckpt.transfer import upload_many
+
+    monkeypatch.setenv("SLURM_TITAN_CKPT_FAST_S3", fast)
+    monkeypatch.setattr(s3http, "_RANGED_MIN", 1 << 20)
     location = s3_env.fresh_url()
     files = _commit_steps(location, tmp_path / "local", [1], world_size=2, size=3 << 20)[1]
-    # small parts, so that multi-part ranges are exercised with small objects
-    store = open_store(location, transfer=TransferConfig(part_size=1 << 20, concurrency=4, file_concurrency=2))
-    import slurm_titan.ckpt.fastget as fastget
-
-    monkeypatch.setattr(fastget, "_RANGED_MIN", 1 << 20)
+    # small parts, so that multipart uploads and ranged downloads happen with small objects
+    store = open_store(location, transfer=TransferConfig(part_size=5 << 20, concurrency=3, file_concurrency=2))
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(11 << 20))
+    [entry] = upload_many(store, [(str(big), "step-1/__9_0.distcp")])
+    assert entry.size == 11 << 20 and store.cat("step-1/__9_0.distcp") == big.read_bytes()
+    store.rm_files(["step-1/__9_0.distcp"])
+    store.transfer.part_size = 1 << 20
     result = restore(store, str(tmp_path / "dest"))
     for name, data in files.items():
         assert (tmp_path / "dest" / "step-1" / name).read_bytes() == data

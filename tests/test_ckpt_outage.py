@@ -13,7 +13,8 @@ from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.store import open_store
 from slurm_titan.ckpt.sync import CheckpointSync
 
-pytestmark = pytest.mark.skipif(not weed_available(), reason="SeaweedFS 'weed' binary not available")
+pytestmark = [pytest.mark.s3,
+              pytest.mark.skipif(not weed_available(), reason="SeaweedFS 'weed' binary not available")]
 
 
 def test_upload_survives_a_store_outage(tmp_path, monkeypatch):

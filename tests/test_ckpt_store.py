@@ -58,6 +58,7 @@ def test_cli_reports_unreachable_store(monkeypatch, capsys):
     assert err.startswith("slurm-titan: s3://bucket/run:") and len(err.splitlines()) == 1
 
 
+@pytest.mark.s3
 def test_bad_credentials_and_missing_bucket(s3_env, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "definitely-the-wrong-secret")
     with pytest.raises(StorageError) as e:
@@ -68,6 +69,7 @@ def test_bad_credentials_and_missing_bucket(s3_env, monkeypatch):
         open_store("s3://no-such-bucket-here/run")
 
 
+@pytest.mark.s3
 def test_explicit_storage_options_are_not_shown(s3_server, monkeypatch):
     clean_env(monkeypatch)
     opts = dict(s3_server.storage_options(), secret="wrong-" + s3_server.secret_key)

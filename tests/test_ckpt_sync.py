@@ -149,6 +149,7 @@ def test_remote_and_local_retention(location, tmp_path):
     assert sorted(os.listdir(local / "step-50")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
+@pytest.mark.s3
 def test_credentials_never_in_records_or_logs(s3_env, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="slurm_titan")
     location = s3_env.fresh_url()

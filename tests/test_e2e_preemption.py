@@ -67,7 +67,7 @@ def test_c_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, s
     preemptor: list[str] = []
 
     def preempt(job: str) -> None:
-        preemptor.append(run(["sbatch", "--parsable", "-p", "high", "--exclusive", "-N4", "-J", "preemptor",
+        preemptor.append(run(["sbatch", "--parsable", "-p", "high", "--exclusive", "-N4", "-J", "preemptor", "-o", "/dev/null",
                               "--wrap", "sleep 5"], env=cli.env).stdout.strip())
 
     status = interrupted_run(cli, preempt)

@@ -34,27 +34,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("list", help="checkpoints of a location, oldest first")
     common(sp)
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sp.set_defaults(handler=cmd_list)
+    sp.set_defaults(handler=cmd_list, func=cmd_list)
 
     sp = sub.add_parser("show", help="the commit record of one checkpoint")
     common(sp)
     sp.add_argument("step", metavar="STEP", type=int)
     sp.add_argument("--json", action="store_true", help="print the commit record as JSON")
-    sp.set_defaults(handler=cmd_show)
+    sp.set_defaults(handler=cmd_show, func=cmd_show)
 
     sp = sub.add_parser("restore", help="download a complete checkpoint, verifying checksums")
     common(sp)
     sp.add_argument("--step", type=int, help="the step (default: newest complete; falls back if corrupt)")
     sp.add_argument("--to", required=True, metavar="DIR", help="destination folder (gets DIR/step-N/)")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
-    sp.set_defaults(handler=cmd_restore)
+    sp.set_defaults(handler=cmd_restore, func=cmd_restore)
 
     sp = sub.add_parser("verify", help="recompute every checksum of a checkpoint")
     common(sp)
     sp.add_argument("--step", type=int, help="the step (default: the newest complete)")
     sp.add_argument("--all", action="store_true", help="verify every complete checkpoint")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
-    sp.set_defaults(handler=cmd_verify)
+    sp.set_defaults(handler=cmd_verify, func=cmd_verify)
 
     sp = sub.add_parser("prune", help="delete old checkpoints (keeps the newest complete one always)")
     common(sp)
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--grace", type=float, default=900.0, metavar="SECONDS",
                     help="leave incomplete checkpoints written less than this long ago (default 900)")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
-    sp.set_defaults(handler=cmd_prune)
+    sp.set_defaults(handler=cmd_prune, func=cmd_prune)
 
 
 def _open(args: argparse.Namespace) -> Any:

@@ -60,11 +60,11 @@ class Entry:
 class TransferConfig:
     """Tuning of uploads/downloads (defaults measured on SeaweedFS over loopback, 2 cores)."""
 
-    part_size: int = 8 << 20
+    part_size: int = 16 << 20
     """Multipart part size (S3) and range size for downloads; grown for files so large that
     they would need more than 9,000 parts (S3 allows 10,000)."""
-    concurrency: int = 16
-    """Parts in flight per store (bounds memory to concurrency x part_size)."""
+    concurrency: int = 8
+    """Parts in flight (upload memory is bounded by concurrency x part_size = 128 MiB)."""
     file_concurrency: int = 4
     """Files moved at once."""
 
@@ -575,6 +575,7 @@ def s3_storage_options(endpoint_url: str | None = None, extra: dict[str, Any] | 
         "read_timeout": 300,
         "max_pool_connections": 64,
         "retries": {"max_attempts": 2, "mode": "standard"},
+        "signature_version": "s3v4",
     }
     if os.environ.get("SLURM_TITAN_CKPT_S3_CHECKSUMS", "0") != "1":
         # Every file is checksummed end to end (xxh3, in the commit record, verified on each

@@ -2,10 +2,11 @@
 
 Every byte is hashed exactly once, on the way through (no second read):
 
-- S3: uploads are our own multipart pipeline on s3fs's client: the file is read and hashed
-  part by part in a worker thread while up to ``concurrency`` parts are in flight (a sliding
-  window, unlike s3fs's put which waits for each batch). Downloads are parallel ranged GETs
-  written with pwrite and hashed in order as they land.
+- S3: :mod:`.s3http` (http.client threads, presigned URLs) by default; else (proxies, or
+  SLURM_TITAN_CKPT_FAST_S3=0) our own multipart pipeline on s3fs's aiobotocore client: the
+  file is read and hashed part by part while up to ``concurrency`` parts are in flight (a
+  sliding window, unlike s3fs's put which waits for each batch); downloads are parallel
+  ranged GETs written with pwrite and hashed in order as they land.
 - local directories: read into a reusable buffer, hash, write to a temporary name, fsync,
   rename; several files at once.
 - any other fsspec backend: streamed through ``fs.open``.
@@ -23,13 +24,14 @@ from typing import Any, Callable
 
 from slurm_titan.errors import StorageError
 
-from . import fastget
+from . import s3http
 from .checksum import CHUNK, DEFAULT_ALGORITHM, Hasher, new_hasher
 from .manifest import FileEntry
 from .store import Progress, Store
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
 MAX_PARTS = 9000
+_GENERIC_CHUNK = 8 << 20  # through fs.open() of other fsspec backends
 
 
 class LocalFileError(StorageError):
@@ -133,7 +135,7 @@ async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, se
         raise LocalFileError(f"cannot read {local_path}: {e.strerror}") from None
     with f:
         size = os.fstat(f.fileno()).st_size
-        part_size = max(store.transfer.part_size, -(-size // MAX_PARTS))
+        part_size = max(store.transfer.part_size, 5 << 20, -(-size // MAX_PARTS))
         if size <= part_size:
             async with sem:
                 data = await asyncio.to_thread(_read_hash, f, size + 1, h)
@@ -296,6 +298,8 @@ def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress |
     progress = _locked(progress)
     if not items:
         return []
+    if s3http.enabled(store):
+        return s3http.upload_many(store, items, algorithm, progress)
     if store.is_s3:
         with store.errors("upload failed"):
             return _run(store, lambda sem: _gather_limited(
@@ -318,7 +322,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress |
             raise LocalFileError(f"cannot read {lp}: {e.strerror}") from None
         with fin, store.errors(f"cannot upload {r}"):
             with store.fs.open(store.full(r), "wb") as fout:
-                while chunk := fin.read(_LOCAL_BUF):
+                while chunk := fin.read(_GENERIC_CHUNK):
                     h.update(chunk)
                     fout.write(chunk)
                     size += len(chunk)
@@ -335,8 +339,8 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
     progress = _locked(progress)
     if not items:
         return []
-    if fastget.enabled(store):
-        return fastget.read_many(store, [(r, lp, s) for r, lp, s in items], algorithm, progress)
+    if s3http.enabled(store):
+        return s3http.read_many(store, [(r, lp, s) for r, lp, s in items], algorithm, progress)
     if store.is_s3:
         with store.errors("download failed"):
             return _run(store, lambda sem: _gather_limited(
@@ -357,7 +361,7 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
         size = 0
         os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
         with store.errors(f"cannot download {r}"), store.fs.open(store.full(r), "rb") as fin, open(lp, "wb") as fout:
-            while chunk := fin.read(_LOCAL_BUF):
+            while chunk := fin.read(_GENERIC_CHUNK):
                 h.update(chunk)
                 fout.write(chunk)
                 size += len(chunk)
@@ -373,9 +377,9 @@ def checksum_many(store: Store, items: list[tuple[str, int | None]], algorithm: 
     progress = _locked(progress)
     if not items:
         return []
-    if fastget.enabled(store):
-        return fastget.read_many(store, [(r, None, s) for r, s in items], algorithm, progress,
-                                 return_exceptions=True)
+    if s3http.enabled(store):
+        return s3http.read_many(store, [(r, None, s) for r, s in items], algorithm, progress,
+                                return_exceptions=True)
     if store.is_s3:
         async def guarded(sem: asyncio.Semaphore, r: str, s: int | None) -> Any:
             try:
@@ -395,7 +399,7 @@ def checksum_many(store: Store, items: list[tuple[str, int | None]], algorithm: 
             h = new_hasher(algorithm)
             size = 0
             with store.fs.open(store.full(r), "rb") as fin:
-                while chunk := fin.read(_LOCAL_BUF):
+                while chunk := fin.read(_GENERIC_CHUNK):
                     h.update(chunk)
                     size += len(chunk)
                     progress(len(chunk))

@@ -163,11 +163,16 @@ def run_ref(ref_venv: Path, tool: str, bucket: str, prefix: str, src: Path, dst:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def our_upload(location: str, local: Path, step: int, transfer) -> None:
+def opened(location: str, transfer):
+    """An open store (client created outside the timed region, like the references' clients)."""
     from slurm_titan.ckpt.store import open_store
+
+    return open_store(location, create=True, transfer=transfer)
+
+
+def our_upload(store, local: Path, step: int) -> None:
     from slurm_titan.ckpt.sync import CheckpointSync
 
-    store = open_store(location, create=True, transfer=transfer)
     s = CheckpointSync(store, str(local), rank=0, world_size=1, attempt="bench", poll_interval=0.05)
     s.submit(step)
     ok = s.wait(step, timeout=3600)
@@ -176,11 +181,9 @@ def our_upload(location: str, local: Path, step: int, transfer) -> None:
         raise RuntimeError(f"upload failed: {s.status(step)}")
 
 
-def our_restore(location: str, step: int, dest: Path, transfer, sync: bool) -> None:
+def our_restore(store, step: int, dest: Path, sync: bool) -> None:
     from slurm_titan.ckpt.catalog import restore
-    from slurm_titan.ckpt.store import open_store
 
-    store = open_store(location, transfer=transfer)
     restore(store, str(dest), step=step)
     if sync:
         os.sync()
@@ -236,9 +239,10 @@ def bench_directory(args, src_root: Path, step: int, nbytes: int, transfer, resu
             shutil.rmtree(p, ignore_errors=True)
         os.sync()
         cp_up.append(timed(lambda: sh(f"cp -r {src_root}/step-{step} {cpdst} && sync")))
-        ours_up.append(timed(lambda: our_upload(str(remote), src_root, step, transfer)))
+        store = opened(str(remote), transfer)
+        ours_up.append(timed(lambda: our_upload(store, src_root, step)))
         cp_dn.append(timed(lambda: sh(f"cp -r {remote}/step-{step} {work}/dir-cp-back && sync")))
-        ours_dn.append(timed(lambda: our_restore(str(remote), step, work / "dir-restore", transfer, sync=True)))
+        ours_dn.append(timed(lambda: our_restore(store, step, work / "dir-restore", sync=True)))
         for p in (remote, cpdst, work / "dir-restore", work / "dir-cp-back"):
             shutil.rmtree(p, ignore_errors=True)
     report("dir upload", ours_up, {"cp -r + sync": cp_up}, nbytes, 0.9, results)
@@ -257,8 +261,9 @@ def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, result
     for rnd in range(args.rounds):
         loc = srv.url(f"bench-ours-{rnd}")
         shutil.rmtree(work / "s3-restore", ignore_errors=True)
-        ours_up.append(timed(lambda: our_upload(loc, src_root, step, transfer), "s3 upload/ours"))
-        ours_dn.append(timed(lambda: our_restore(loc, step, work / "s3-restore", transfer, sync=False), "s3 restore/ours"))
+        store = opened(loc, transfer)
+        ours_up.append(timed(lambda: our_upload(store, src_root, step), "s3 upload/ours"))
+        ours_dn.append(timed(lambda: our_restore(store, step, work / "s3-restore", sync=False), "s3 restore/ours"))
         drop_prefix(loc)
         shutil.rmtree(work / "s3-restore", ignore_errors=True)
         for tool in tools:
