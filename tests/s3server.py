@@ -30,7 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from local_s3.seaweed import Server, find_weed, free_port  # noqa: E402
+from local_s3.seaweed import Server, find_weed, free_port
 
 
 def weed_available() -> bool:

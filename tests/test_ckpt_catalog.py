@@ -9,7 +9,12 @@ import pytest
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.catalog import CorruptCheckpoint, list_checkpoints, restore, verify
+from slurm_titan.ckpt.catalog import (
+    CorruptCheckpoint,
+    list_checkpoints,
+    restore,
+    verify,
+)
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
 from slurm_titan.ckpt.commands import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
@@ -169,7 +174,7 @@ def test_list_uses_a_constant_number_of_list_requests(s3_env, tmp_path):
     for n in (5, 200):
         location = s3_env.fresh_url("many")
         store = open_store(location)
-        _fake_committed(store, range(1, n + 1))
+        _fake_committed(store, range(1, n + 1), files_per_step=1)
         store.put_bytes(f"step-{n + 1}/__0_0.distcp", b"partial")  # one incomplete: one more listing
         store.count_requests()
         infos = list_checkpoints(store)
@@ -185,12 +190,10 @@ def test_list_uses_a_constant_number_of_list_requests(s3_env, tmp_path):
 def test_s3_transfer_paths(s3_env, tmp_path, monkeypatch, fast):
     """Both S3 transfer paths (http.client with presigned URLs; aiobotocore) upload multipart,
     restore, verify, and report a vanished object as one line."""
+    from slurm_titan.ckpt import s3http
     from slurm_titan.ckpt.store import TransferConfig
-    from slurm_titan.ckpt.transfer import download_many
+    from slurm_titan.ckpt.transfer import download_many, upload_many
     from slurm_titan.errors import StorageError
-
-    import slurm_titan.ckpt.s3http as s3http
-    from slurm_titan.ckpt.transfer import upload_many
 
     monkeypatch.setenv("SLURM_TITAN_CKPT_FAST_S3", fast)
     monkeypatch.setattr(s3http, "_RANGED_MIN", 1 << 20)

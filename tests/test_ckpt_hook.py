@@ -12,16 +12,16 @@ from s3server import location, s3_env, s3_server  # noqa: F401 - fixtures
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
-import torch.distributed as dist  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torchtitan.components.checkpointer import BaseCheckpointManager, CheckpointManager  # noqa: E402
-from torchtitan.config import Configurable  # noqa: E402
-from torchtitan.config.override import OverrideConfig, apply_overrides  # noqa: E402
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torchtitan.components.checkpointer import BaseCheckpointManager, CheckpointManager
+from torchtitan.config import Configurable
+from torchtitan.config.override import OverrideConfig, apply_overrides
 
-from slurm_titan.ckpt import titan_hook  # noqa: E402
-from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, restore, verify  # noqa: E402
-from slurm_titan.ckpt.store import open_store  # noqa: E402
-from slurm_titan.ckpt.sync import CheckpointSync  # noqa: E402
+from slurm_titan.ckpt import titan_hook
+from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, restore, verify
+from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.sync import CheckpointSync
 
 
 class _Stateful:

@@ -10,7 +10,14 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Receipt, check_relpath, config_digest
+from slurm_titan.ckpt.manifest import (
+    FileEntry,
+    Manifest,
+    ManifestError,
+    Receipt,
+    check_relpath,
+    config_digest,
+)
 from slurm_titan.ckpt.retention import plan_retention
 from slurm_titan.ckpt.store import describe, redact, scrub
 from slurm_titan.errors import StorageError

@@ -30,13 +30,13 @@ def test_upload_survives_a_store_outage(tmp_path, monkeypatch):
             s.submit(10)
         assert all(s.wait(10, timeout=30) for s in syncs)
 
-        srv.stop()  # the store is unreachable from here on
+        srv.server.stop(timeout=0.5)  # the store dies (SIGKILL if it lingers): unreachable from here on
         write_fake_step(local, 20, 2, size=200_000)
         write_fake_step(local, 30, 2)
         for step in (20, 30):
             for s in syncs:
                 s.submit(step)  # returns at once: training would go on
-        time.sleep(2.0)
+        time.sleep(1.0)
         assert not any(s.wait(20, timeout=0.1) for s in syncs)
         assert syncs[0].status(20) in ("uploading", "uploaded") and syncs[1].status(20) == "uploading"
 

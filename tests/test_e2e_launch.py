@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def job_dir(status: dict) -> Path:
     return Path(status["job_dir"])
 
 
-def test_two_nodes_train_and_complete(cli: Cli, tmp_path: Path) -> None:
+def test_two_nodes_train_and_complete(cli: Cli) -> None:
     job = cli.submit("configs/debug_cpu.yaml", "--nodes", "2")
     status = cli.wait(job)
     assert status["state"] == "COMPLETED", status
@@ -37,8 +38,9 @@ def test_two_nodes_train_and_complete(cli: Cli, tmp_path: Path) -> None:
     assert [a["exit_code"] for a in status["attempts"]] == [0]
 
 
-def test_four_nodes_run_a_few_steps(cli: Cli, tmp_path: Path) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "4", "--set", "torchtitan.args.training.steps=3", "--set", "checkpoint.enable=false")
+def test_four_nodes_run_a_few_steps(cli: Cli) -> None:
+    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "4", "--set", "torchtitan.args.training.steps=3",
+                     "--set", "checkpoint.enable=false", "--set", "checkpoint.remote=null")
     status = cli.wait(job)
     assert status["state"] == "COMPLETED", status
     for rank in range(4):
@@ -57,15 +59,16 @@ def test_crashing_training_ends_failed(cli: Cli, tmp_path: Path) -> None:
     assert "exited with code" in cli("logs", job).stdout
 
 
-def test_unknown_config_of_an_external_module_fails_at_node_start(cli: Cli, tmp_path: Path) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--set", "torchtitan.module=torchtitan.models.llama3", "--set", "torchtitan.config=llama3_nope")
+def test_unknown_config_of_an_external_module_fails_at_node_start(cli: Cli) -> None:
+    job = cli.submit("configs/debug_cpu.yaml", "--set", "torchtitan.module=torchtitan.models.llama3",
+                     "--set", "torchtitan.config=llama3_nope")
     status = cli.wait(job, timeout=180)
     assert status["state"] == "FAILED"
     first_line = (job_dir(status) / f"{job}_0_log.out").read_text().splitlines()[0]
     assert first_line.startswith("slurm-titan: torchtitan config 'llama3_nope' not found")
 
 
-def test_cancel(cli: Cli, tmp_path: Path) -> None:
+def test_cancel(cli: Cli) -> None:
     job = cli.submit("configs/debug_cpu.yaml")
     assert cli("cancel", job).stdout.strip() == f"cancelled job {job}"
     assert cli.wait(job, timeout=60)["state"] == "CANCELLED"
@@ -81,15 +84,15 @@ def test_cancel(cli: Cli, tmp_path: Path) -> None:
 def test_cluster_refusals_submit_nothing(cli: Cli, tmp_path: Path, args: list[str], message: str) -> None:
     before = run(["squeue", "-h", "-o", "%i"], env=cli.env).stdout
     result = cli("submit", "configs/debug_cpu.yaml", "--set", f"runs_dir={tmp_path}", *args, check=False)
-    assert (result.returncode, result.stderr) == (3, message + "\n")
+    assert (result.returncode, result.stderr) == (3, f"{message}\n")
     assert run(["squeue", "-h", "-o", "%i"], env=cli.env).stdout == before
     assert not any(tmp_path.iterdir())
 
 
-def test_missing_sbatch_is_named(cli: Cli, tmp_path: Path) -> None:
+def test_missing_sbatch_is_named(cli: Cli) -> None:
     bin_dir = Path(os.__file__).parent  # any folder without Slurm's commands
     env = cli.env | {"PATH": str(bin_dir)}
-    result = run([os.sys.executable, "-m", "slurm_titan.cli", "submit", "configs/debug_cpu.yaml"], env=env,
+    result = run([sys.executable, "-m", "slurm_titan.cli", "submit", "configs/debug_cpu.yaml"], env=env,
                  check=False, cwd=REPO)
     assert result.returncode == 3
     assert result.stderr.startswith("slurm-titan: sbatch not found on PATH")

@@ -11,10 +11,12 @@ Modules (each with one job):
 - :mod:`.checksum`   file checksums (xxh3_128, or sha256 without xxhash)
 - :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
 - :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
-- :mod:`.transfer`   fast checksummed upload/download of one file
+- :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
+- :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
 - :mod:`.sync`       per-rank background uploader and rank-0 committer
 - :mod:`.catalog`    list / show / verify / restore
 - :mod:`.retention`  which checkpoints to keep, and pruning
+- :mod:`.resume`     before a (re)start: newest complete checkpoint onto a node's local disk
 - :mod:`.commands`   the ``slurm-titan ckpt ...`` CLI
 - :mod:`.titan_hook` the torchtitan ``@override`` (the only module importing torch)
 

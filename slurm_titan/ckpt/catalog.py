@@ -18,8 +18,9 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from slurm_titan.errors import StorageError
 
@@ -322,7 +323,7 @@ def _local_copy_ok(folder: str, m: Manifest) -> bool:
 def _clean_leftovers(dest: str) -> None:
     """Remove temporary folders of restores that were killed (their process is gone)."""
     for name in os.listdir(dest):
-        if not (name.startswith(".restoring-") or name.startswith(".replaced-")):
+        if not name.startswith((".restoring-", ".replaced-")):
             continue
         try:
             pid = int(name.rsplit("-", 1)[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Protocol
 
 from slurm_titan.errors import StorageError
@@ -40,8 +41,9 @@ def hash_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:
     return h.hexdigest()
 
 
-def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
-    """(size, hex digest) of a local file."""
+def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM,
+              progress: Callable[[int], object] | None = None) -> tuple[int, str]:
+    """(size, hex digest) of a local file; `progress(n)` after each chunk of n bytes."""
     h = new_hasher(algorithm)
     size = 0
     buf = bytearray(CHUNK)
@@ -53,4 +55,6 @@ def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
                 break
             h.update(view[:n])
             size += n
+            if progress is not None:
+                progress(n)
     return size, h.hexdigest()

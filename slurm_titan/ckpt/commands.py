@@ -23,7 +23,11 @@ EXIT_BAD_CHECKPOINT = 5
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``ckpt`` command (with its subcommands) to the CLI's subparsers."""
     p = subparsers.add_parser("ckpt", help="list, show, verify, restore and prune checkpoints",
-                              description=__doc__.split("\n\n")[0])
+                              description="List, show, verify, restore and prune the checkpoints of a location: "
+                                          "a run's remote URL (s3://bucket/prefix, any fsspec URL) or path, or a "
+                                          "local checkpoint folder. S3 endpoint and credentials come from "
+                                          "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or "
+                                          "--endpoint-url.")
     sub = p.add_subparsers(dest="ckpt_command", metavar="COMMAND")
     sub.required = True
 

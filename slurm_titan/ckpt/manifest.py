@@ -31,7 +31,7 @@ def check_relpath(path: object, where: str = "record") -> str:
     if not isinstance(path, str) or not path:
         raise ManifestError(f"{where}: file path {path!r} is not a non-empty string")
     bad = None
-    if path.startswith("/") or path.startswith("~"):
+    if path.startswith(("/", "~")):
         bad = "is absolute"
     elif "\\" in path or "\x00" in path:
         bad = "contains a backslash or NUL"

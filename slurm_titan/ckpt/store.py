@@ -20,9 +20,9 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from slurm_titan.errors import StorageError
@@ -132,10 +132,8 @@ def is_transient(exc: BaseException) -> bool:
                 "IncompleteReadError", "ResponseStreamingError", "HTTPClientError", "ConnectionError",
                 "TimeoutError", "ProxyConnectionError", "ServerTimeoutError"}:
         return True
-    if isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
-                                                  errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE):
-        return True
-    return False
+    return isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
+                                                      errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE)
 
 
 def describe(exc: BaseException, endpoint: str | None = None) -> str:
@@ -614,7 +612,7 @@ def open_store(location: str, *, endpoint_url: str | None = None, storage_option
     if "://" not in location or location.startswith("file://"):
         from fsspec.implementations.local import LocalFileSystem
 
-        path = location[len("file://"):] if location.startswith("file://") else location
+        path = location.removeprefix("file://")
         root = os.path.abspath(os.path.expanduser(path))
         store = Store(LocalFileSystem(), root, root if "://" not in location else shown, "file", transfer=transfer)
     else:

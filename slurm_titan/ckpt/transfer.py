@@ -19,13 +19,14 @@ import contextlib
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from slurm_titan.errors import StorageError
 
 from . import s3http
-from .checksum import CHUNK, DEFAULT_ALGORITHM, Hasher, new_hasher
+from .checksum import DEFAULT_ALGORITHM, Hasher, hash_file, new_hasher
 from .manifest import FileEntry
 from .store import Progress, Store
 
@@ -95,22 +96,6 @@ def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: b
             if atomic:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-    return size, h.hexdigest()
-
-
-def _hash_local(path: str, algorithm: str, progress: Progress) -> tuple[int, str]:
-    h = new_hasher(algorithm)
-    size = 0
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
-            progress(n)
     return size, h.hexdigest()
 
 
@@ -395,7 +380,7 @@ def checksum_many(store: Store, items: list[tuple[str, int | None]], algorithm: 
         r, _ = item
         try:
             if store.is_local:
-                return _hash_local(store.full(r), algorithm, progress)
+                return hash_file(store.full(r), algorithm, progress)
             h = new_hasher(algorithm)
             size = 0
             with store.fs.open(store.full(r), "rb") as fin:

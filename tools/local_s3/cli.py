@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_s3.seaweed import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, Server  # noqa: E402
+from local_s3.seaweed import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, Server
 
 
 def server() -> Server:

@@ -237,7 +237,7 @@ class Server:
     def request(self, method: str, path: str, query: str = "", body: bytes = b"") -> tuple[int, bytes]:
         """A SigV4-signed request to the S3 gateway (stdlib only)."""
         host = f"127.0.0.1:{self.port}"
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
         payload = hashlib.sha256(body).hexdigest()
         canon_query = "&".join(sorted(query.split("&"))) if query else ""
