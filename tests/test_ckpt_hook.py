@@ -75,7 +75,7 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     for step in range(1, 7):
         mgr.save(step)
     assert mgr.save_now(7)  # the preemption path: off-interval, full checkpoint
-    assert titan_hook.wait_for_commit(7, timeout=60)
+    assert mgr.wait_for_commit(7, timeout=60)
     mgr.close()
     store = open_store(location)
     infos = list_checkpoints(store)
@@ -102,7 +102,7 @@ def test_hook_without_remote_is_plain_torchtitan(tmp_path, monkeypatch, one_rank
     assert mgr.sync is None
     for step in (1, 2, 3):
         mgr.save(step)
-    assert titan_hook.wait_for_commit(3) is True
+    assert mgr.wait_for_commit(3) is True
     mgr.close()
     assert os.path.isfile(tmp_path / "dump" / "ckpt" / "step-3" / ".metadata")
 

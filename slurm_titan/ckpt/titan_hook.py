@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -51,8 +49,6 @@ ENV_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
 ENV_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
 ENV_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
 
-_active: weakref.ReferenceType[SyncedCheckpointManager] | None = None
-_active_lock = threading.Lock()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -108,9 +104,6 @@ class SyncedCheckpointManager(CheckpointManager):
             keep_remote=_env_int(ENV_KEEP_REMOTE, 0),
             keep_remote_every=_env_int(ENV_KEEP_REMOTE_EVERY, 0),
         )
-        global _active
-        with _active_lock:
-            _active = weakref.ref(self)
         log.info("checkpoints of %s are uploaded to %s in the background (keep %s local, %s remote)",
                  self.folder, self.sync.store.location, keep_local or "all",
                  _env_int(ENV_KEEP_REMOTE, 0) or "all")
@@ -211,20 +204,6 @@ class SyncedCheckpointManager(CheckpointManager):
                               {s: self.sync.status(s) for s in sorted(self.sync.in_flight())} or "see above")
         finally:
             super()._close()
-
-
-def active_manager() -> SyncedCheckpointManager | None:
-    """The SyncedCheckpointManager of this process that uploads, if any."""
-    with _active_lock:
-        return _active() if _active is not None else None
-
-
-def wait_for_commit(step: int | None = None, timeout: float | None = None) -> bool:
-    """For the preemption path: block until this rank's upload of ``step`` (rank 0: and its
-    commit) is done; ``step=None``: every step saved so far. True on success, or if this
-    process uploads nothing; False on timeout or failure."""
-    mgr = active_manager()
-    return True if mgr is None else mgr.wait_for_commit(step, timeout)
 
 
 @override(

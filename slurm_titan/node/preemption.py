@@ -46,9 +46,17 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def install_handlers() -> None:
-    """Catch the stop signals; run first thing in the rank, before torch is imported."""
+    """Catch the stop signals; run first thing in the rank, before torch is imported.
+
+    A signal that came while the rank still ignored them is in the supervisor's stop file, read
+    once here: the supervisor writes that file before it passes a signal on, so any later signal
+    reaches the handler itself.
+    """
     for signum in STOP_SIGNALS:
         signal.signal(signum, _on_signal)
+    stop_file = os.environ.get(STOP_FILE_ENV)
+    if stop_file and os.path.exists(stop_file):
+        _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")
 
 
 def ignore_signals() -> None:
@@ -68,9 +76,6 @@ def exit_for_requeue() -> NoReturn:
 
 
 def stop_requested() -> StopRequest | None:
-    stop_file = os.environ.get(STOP_FILE_ENV)
-    if _request is None and stop_file and os.path.exists(stop_file):
-        _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")
     return _request
 
 
@@ -79,7 +84,7 @@ def agreed_stop() -> bool:
     import torch
     import torch.distributed as dist
 
-    local = 1 if stop_requested() is not None else 0
+    local = 1 if _request is not None else 0
     if not dist.is_available() or not dist.is_initialized():
         return bool(local)
     device = "cpu" if dist.get_backend() == "gloo" else _accelerator()
