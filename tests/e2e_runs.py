@@ -30,3 +30,13 @@ def checkpoints(cli: Cli, location: str) -> list[dict]:
 
 def scontrol(cli: Cli, *args: str) -> str:
     return run(["scontrol", *args], env=cli.env).stdout
+
+
+def job_field(cli: Cli, job_id: str, key: str) -> int:
+    """A numeric field of `scontrol show job`: a count (Restarts=1) or a duration in seconds (RunTime=00:01:05)."""
+    value = re.search(rf"\b{key}=(\S+)", scontrol(cli, "show", "job", job_id)).group(1)
+    if ":" not in value:
+        return int(value)
+    days, _, clock = value.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds

@@ -7,15 +7,16 @@ the signal came), and every loss after the resume equals the uninterrupted run's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
 
-from conftest import Cli, run
-from e2e_runs import checkpoints, job_dir, scontrol, step_losses, wait_for_log
+from conftest import Cli, run, wait_for
+from e2e_runs import checkpoints, job_dir, job_field, scontrol, step_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-STEPS = 60  # long enough that a time-limit signal (which Slurm may send up to ~60 s early) lands mid-run
+STEPS = 60  # long enough that a signal sent at step 6, or at Slurm's next check after it, lands mid-run
 CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=100"]
 
 
@@ -79,10 +80,18 @@ def test_c_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, s
 
 
 def test_d_time_limit(cli: Cli, reference: dict[int, str]) -> None:
-    # The --signal comes signal_seconds before the 3-minute limit (slurmctld may send it up to
-    # ~60 s earlier); each attempt saves the step it is on and requeues itself.
-    job = cli.submit(*CONFIG, "--time", "00:03:00", "--set", "preemption.signal_seconds=70")
-    status = cli.wait(job, timeout=1500)
+    # How fast a machine trains must not decide whether the limit lands mid-run, so the limit is
+    # cut once step 6 is logged: to the next whole minute at least 70 s away, which is within
+    # signal_seconds + slurmctld's 30 s look-ahead, so the --signal comes at its next check
+    # (<= 30 s) with >= 40 s left. While the job waits to rerun, the limit goes back up.
+    job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100")
+    wait_for_log(job_dir(cli, job) / "logs/rank-0.log", "step:  6")
+    minutes = math.ceil((job_field(cli, job, "RunTime") + 70) / 60)
+    scontrol(cli, "update", f"JobId={job}", f"TimeLimit={minutes}")
+    wait_for(lambda: job_field(cli, job, "Restarts") >= 1 and "JobState=PENDING" in scontrol(cli, "show", "job", job),
+             300, f"job {job} back in the queue", 0.5)
+    scontrol(cli, "update", f"JobId={job}", "TimeLimit=10")
+    status = cli.wait(job, timeout=900)
     assert_zero_lost_steps(cli, status, reference, {"timed out"})
 
 
