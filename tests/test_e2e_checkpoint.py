@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from conftest import Cli, run
-from e2e_runs import checkpoints, job_dir, step_losses
+from conftest import Cli, run, wait_for
+from e2e_runs import checkpoints, job_dir, step_losses, wait_for_log
 from s3server import S3Server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -97,3 +97,23 @@ def test_store_gone_when_the_job_starts(cli: Cli) -> None:
     node_log = (job_dir(cli, job) / f"{job}_0_log.out").read_text()
     assert "ERROR before training" in node_log and endpoint.split("//")[1] in node_log
     assert not (job_dir(cli, job) / "logs/rank-0.log").exists()
+
+
+def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The store dies after the first checkpoint is committed and comes back 4 saves later:
+    # training goes on meanwhile, the uploads are retried, every checkpoint ends complete.
+    with S3Server() as private:
+        cli = Cli(slurm_env, tmp_path_factory.mktemp("outage"), private)
+        job = cli.submit(CONFIG[0], "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4")
+        remote, rank0 = remote_of(cli, job), job_dir(cli, job) / "logs/rank-0.log"
+        wait_for(lambda: [c["step"] for c in checkpoints(cli, remote) if c["complete"]] == [4], 300,
+                 "step 4 committed", interval=0.5)
+        private.stop()
+        wait_for_log(rank0, "step: 20", timeout=300)  # 8, 12, 16 and 20 saved while the store was down
+        private.start()
+        status = cli.wait(job)
+        assert status["state"] == "COMPLETED", status
+        assert [step for step, _ in step_losses(rank0)] == list(range(1, 25))
+        listed = checkpoints(cli, remote)
+        assert [(c["step"], c["complete"]) for c in listed] == [(s, True) for s in (4, 8, 12, 16, 20, 24)]
+        assert cli("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
