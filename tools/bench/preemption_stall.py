@@ -28,43 +28,33 @@ the wait for nodes before the first start (another job on the cluster moves that
 preemption). The 1-min load average (sampled while each job runs) and other jobs in the queue are
 recorded with each run: on 2 shared cores other work moves every figure.
 
-Job state comes from ``slurm_titan.status.describe`` in this process (what ``slurm-titan status
---json`` prints), so that polling starts no Python process. Everything goes to a private
-SLURM_TITAN_HOME, runs folder and remote under a temporary folder, removed at the end with the
-jobs' node-local checkpoint folders (unless --keep).
+Everything goes to a private SLURM_TITAN_HOME, runs folder and remote under a temporary folder,
+removed at the end with the jobs' node-local checkpoint folders (unless --keep).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import os
-import re
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slurm_titan import history, registry, status  # noqa: E402
+from bench_jobs import (  # noqa: E402
+    STEP,
+    Bench,
+    Run,
+    bench_parser,
+    first_after,
+    median_spread,
+    read_lines,
+    rounded,
+    run_repeats,
+)
 
-CONFIG = "configs/debug_cpu.yaml"
-FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-TITAN = re.compile(r"^\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - \S+ - \w+ - (.*)$")
-SUBMITIT = re.compile(r"^submitit \w+ \((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\) - (.*)$")
-SAY = re.compile(r"^\[slurm-titan \S+ (\d\d:\d\d:\d\d)\.(\d{3})\] (.*)$")
-STEP = re.compile(r"^step:\s*(\d+)\s+loss:")
+from slurm_titan import history  # noqa: E402
 
 # (label, from milestone, to milestone, indent): the rows of the table, in order
 PHASES: list[tuple[str, str, str, int]] = [
@@ -90,65 +80,6 @@ PHASES: list[tuple[str, str, str, int]] = [
 ]
 
 
-@dataclass
-class Line:
-    t: float
-    text: str
-
-
-@dataclass
-class Run:
-    """One job as this bench saw it."""
-
-    job: str
-    job_dir: Path
-    submitted: float
-    signalled: float | None = None
-    load: list[float] = field(default_factory=list)
-    other_jobs: int = 0
-    state: str = "?"
-    attempts: list[history.Attempt] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        first, last = self.attempts[0] if self.attempts else None, self.attempts[-1] if self.attempts else None
-        ended = last.ended if last else None
-        return {"job": self.job, "state": self.state, "attempts": len(self.attempts),
-                "wall_s": _round(ended - self.submitted if ended else None),
-                "queued_s": _round(first.started - self.submitted if first and first.started else None),
-                "running_s": _round(ended - first.started if ended and first and first.started else None),
-                "load_1min_mean": _round(statistics.fmean(self.load) if self.load else None, 2),
-                "other_jobs_in_queue": self.other_jobs}
-
-
-def _round(value: float | None, digits: int = 1) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _epoch(date_time: str, millis: str) -> float:
-    return dt.datetime.strptime(date_time, "%Y-%m-%d %H:%M:%S").timestamp() + int(millis) / 1000
-
-
-def read_lines(path: Path, around: float) -> list[Line]:
-    """The stamped lines of a rank or node log, as epoch times (local clock). Supervisor lines
-    carry no date: theirs is the one that puts them closest after `around` (the submit time)."""
-    day = dt.datetime.fromtimestamp(around).date()
-    lines = []
-    for raw in path.read_text(errors="replace").splitlines():
-        raw = ANSI.sub("", raw)
-        if m := TITAN.match(raw) or SUBMITIT.match(raw):
-            lines.append(Line(_epoch(m.group(1), m.group(2)), m.group(3)))
-        elif m := SAY.match(raw):
-            t = _epoch(f"{day} {m.group(1)}", m.group(2))
-            lines.append(Line(t + 86400 if t < around - 3600 else t, m.group(3)))
-    return lines
-
-
-def first_after(lines: list[Line], pattern: str, after: float | None) -> float | None:
-    if after is None:
-        return None
-    return next((ln.t for ln in lines if ln.t >= after and re.search(pattern, ln.text)), None)
-
-
 def milestones(run: Run) -> dict[str, float | None]:
     """The preempted run's milestones (epoch seconds), each searched after the one before."""
     rank0 = read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted)
@@ -172,7 +103,7 @@ def milestones(run: Run) -> dict[str, float | None]:
 
 
 def phases(m: dict[str, float | None]) -> dict[str, float | None]:
-    return {label: _round(m[b] - m[a] if m[a] is not None and m[b] is not None else None, 2)  # type: ignore[operator]
+    return {label: rounded(m[b] - m[a] if m[a] is not None and m[b] is not None else None, 2)  # type: ignore[operator]
             for label, a, b, _ in PHASES}
 
 
@@ -183,83 +114,33 @@ def reference_figures(run: Run) -> dict[str, float | None]:
     a0 = run.attempts[0] if run.attempts else history.Attempt(0)
     startup = a0.first_step_time - a0.started if a0.first_step_time and a0.started else None
     step_s = (steps[-1] - steps[1]) / (len(steps) - 2) if len(steps) > 2 else None
-    return {"startup_s": _round(startup, 2), "step_s": _round(step_s, 2)}
+    return {"startup_s": rounded(startup, 2), "step_s": rounded(step_s, 2)}
 
 
-class Bench:
-    def __init__(self, args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
-        self.args, self.work, self.env = args, work, env
-        self.remote = f"{args.remote_base}/{{job_id}}"
-        self.live: set[str] = set()  # submitted and not seen finished: cancelled on the way out
+def preempted(bench: Bench, *sets: str) -> Run:
+    """Submit; once rank 0 logged step --at-step, send what Slurm sends on preemption; wait for the end."""
+    run = bench.submit(*sets)
+    log, want = run.job_dir / "logs" / "rank-0.log", bench.args.at_step
 
-    def submit(self) -> Run:
-        cmd = [sys.executable, "-m", "slurm_titan.cli", "submit", CONFIG,
-               "--set", f"torchtitan.args.training.steps={self.args.steps}", "--set", "checkpoint.interval=1000",
-               "--set", f"runs_dir={self.work / 'runs'}", "--set", f"checkpoint.remote={self.remote}"]
-        submitted = time.time()
-        out = subprocess.run(cmd, env=self.env, cwd=REPO, text=True, capture_output=True, timeout=120)
-        match = re.search(r"submitted job (\d+)", out.stdout)
-        if out.returncode != 0 or not match:
-            raise RuntimeError(f"submit failed ({out.returncode}): {out.stdout}{out.stderr}")
-        job = match.group(1)
-        self.live.add(job)
-        others = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, text=True, capture_output=True)
-        return Run(job, registry.load(job).folder, submitted,
-                   other_jobs=len([j for j in others.stdout.split() if j != job]))
+    def reached() -> bool:
+        return log.exists() and any((m := STEP.match(ln.text)) and int(m.group(1)) >= want
+                                    for ln in read_lines(log, run.submitted))
 
-    def wait(self, run: Run, until: Callable[[], bool] | None = None, interval: float = 2.0) -> None:
-        """Poll until the job ends (or until `until()` is true); samples the load average."""
-        deadline = time.monotonic() + self.args.timeout
-        while time.monotonic() < deadline:
-            run.load.append(os.getloadavg()[0])
-            if until is not None:
-                if until():
-                    return
-            elif (state := status.describe(run.job)["state"]) in FINISHED:
-                run.state = state
-                self.live.discard(run.job)
-                run.attempts = history.read_attempts(run.job_dir)
-                return
-            time.sleep(0.2 if until else interval)
-        raise TimeoutError(f"job {run.job}: still waiting after {self.args.timeout}s")
-
-    def reference(self) -> Run:
-        run = self.submit()
-        self.wait(run)
-        return run
-
-    def preempted(self) -> Run:
-        run = self.submit()
-        log, want = run.job_dir / "logs" / "rank-0.log", self.args.at_step
-
-        def reached() -> bool:
-            return log.exists() and any((m := STEP.match(ln.text)) and int(m.group(1)) >= want
-                                        for ln in read_lines(log, run.submitted))
-
-        self.wait(run, reached)
-        run.signalled = time.time()
-        subprocess.run(["scancel", "--signal=USR2", run.job], env=self.env, check=True, timeout=60)
-        self.wait(run)
-        return run
-
-    def cleanup(self, runs: list[Run]) -> None:
-        for job in self.live:
-            subprocess.run(["scancel", job], env=self.env, check=False)
-        if self.args.keep:
-            return
-        scratch = Path(os.environ.get("SLURM_TITAN_CLUSTER_DIR", "/var/tmp/slurm-titan-cluster")) / "nodes"
-        for run in runs:
-            for folder in scratch.glob(f"*/scratch/*/{run.job}"):
-                shutil.rmtree(folder, ignore_errors=True)
+    bench.wait(run, reached)
+    run.signalled = time.time()
+    subprocess.run(["scancel", "--signal=USR2", run.job], env=bench.env, check=True, timeout=60)
+    bench.wait(run)
+    return run
 
 
-def one_repeat(bench: Bench, runs: list[Run]) -> dict[str, Any]:
-    ref = bench.reference()
+def one_repeat(bench: Bench, runs: list[Run], _index: int) -> dict[str, Any]:
+    sets = ("checkpoint.interval=1000", f"checkpoint.remote={bench.args.remote_base}/{{job_id}}")
+    ref = bench.run_to_end(*sets)
     runs.append(ref)
-    pre = bench.preempted()
+    pre = preempted(bench, *sets)
     runs.append(pre)
     r, p = ref.summary(), pre.summary()
-    ratio = {key: _round(p[key] / r[key], 2) if p[key] and r[key] else None for key in ("wall_s", "running_s")}
+    ratio = {key: rounded(p[key] / r[key], 2) if p[key] and r[key] else None for key in ("wall_s", "running_s")}
     a0 = pre.attempts[0] if pre.attempts else history.Attempt(0)
     a1 = pre.attempts[1] if len(pre.attempts) > 1 else history.Attempt(1)
     return {"reference": r | reference_figures(ref), "preempted": p, "phases_s": phases(milestones(pre)),
@@ -268,13 +149,7 @@ def one_repeat(bench: Bench, runs: list[Run]) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    def med(values: list[float | None], digits: int = 1) -> str:
-        vals = [v for v in values if v is not None]
-        if not vals:
-            return "-"
-        spread = f"  ({min(vals):.{digits}f}-{max(vals):.{digits}f})" if len(vals) > 1 else ""
-        return f"{statistics.median(vals):7.{digits}f}{spread}"
-
+    med = median_spread
     rows = [f"{'  ' * indent + label:<42}{med([r['phases_s'][label] for r in results])}"
             for label, _, _, indent in PHASES]
     rows.append("")
@@ -290,48 +165,10 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    ap = bench_parser(__doc__)
     ap.add_argument("--at-step", type=int, default=6, help="signal once rank 0 logged this step (default 6)")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--remote", choices=["dir", "s3"], default="dir", help="checkpoint remote (default dir)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one job")
-    ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder and node-local checkpoints")
     args = ap.parse_args()
-    if "SLURM_CONF" not in os.environ:
-        ap.error('run `eval "$(tools/local-cluster env)"` first')
-    work = Path(tempfile.mkdtemp(prefix="bench-stall-"))
-    os.environ["SLURM_TITAN_HOME"] = str(work / "home")  # for status.describe / registry in this process
-    env = dict(os.environ)
-    server = None
-    if args.remote == "s3":
-        from local_s3.seaweed import Server, free_port
-
-        server = Server(port=free_port(), data_dir=str(work / "s3"), bucket="slurm-titan-bench").start(
-            die_with_parent=True)
-        env |= server.env()
-        args.remote_base = "s3://slurm-titan-bench/runs"
-    else:
-        args.remote_base = str(work / "remote")
-    print(f"work folder {work}; {args.steps} steps, USR2 at step {args.at_step}, remote {args.remote}; "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
-    bench, runs, results = Bench(args, work, env), [], []
-    try:
-        for i in range(args.repeats):
-            results.append(one_repeat(bench, runs))
-            print(f"repeat {i + 1}: {json.dumps(results[-1])}", flush=True)
-    finally:
-        bench.cleanup(runs)
-        if server is not None:
-            server.stop()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    print(table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "at_step": args.at_step, "remote": args.remote,
-                                               "cpus": os.cpu_count(), "repeats": results}, indent=1))
-    return 0
+    return run_repeats(args, "bench-stall-", {"at_step": args.at_step}, one_repeat, table)
 
 
 if __name__ == "__main__":

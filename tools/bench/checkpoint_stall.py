@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Benchmark: what the background upload of checkpoints costs training (issue 4: <= 1.05x).
+
+    eval "$(tools/local-cluster env)"
+    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3]
+
+Each repeat submits configs/debug_cpu.yaml (2 nodes) twice, one job after the other, in
+alternating order, both saving a checkpoint every --interval steps to node-local disk:
+
+- local only: ``checkpoint.remote=null``: torchtitan's save and nothing else;
+- with remote: every checkpoint is also uploaded, in the background, to a folder or to a private
+  SeaweedFS (--remote s3), and committed once every shard is there.
+
+From rank 0's ``[titan]`` step lines it takes the training time (step 1 -> the last step), the
+median time of a step that follows a save (the save is in it) and of the other steps, and from
+the run's history the running time (the first start -> the end, which includes waiting for the
+last checkpoint's upload). It reports with-remote / local-only for each (1.00 = the upload costs
+nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
+every figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_jobs import (  # noqa: E402
+    Bench,
+    Run,
+    bench_parser,
+    median_spread,
+    rounded,
+    run_repeats,
+    step_times,
+)
+
+VARIANTS = ("local only", "with remote")
+FIGURES = ("train_s", "step_after_save_s", "other_step_s", "running_s")
+
+
+def figures(run: Run, interval: int) -> dict[str, Any]:
+    t = step_times(run.job_dir / "logs" / "rank-0.log", run.submitted)
+    last = max(t, default=0)
+    gaps = {s: t[s + 1] - t[s] for s in t if s + 1 in t and s >= 2}  # step 1 -> 2 carries warm-up
+    after_save = [gap for s, gap in gaps.items() if s % interval == 0]
+    other = [gap for s, gap in gaps.items() if s % interval != 0]
+    return run.summary() | {
+        "train_s": rounded(t[last] - t[1] if 1 in t else None, 2),
+        "step_after_save_s": rounded(statistics.median(after_save) if after_save else None, 3),
+        "other_step_s": rounded(statistics.median(other) if other else None, 3),
+        "steps_logged": len(t)}
+
+
+def one_repeat(bench: Bench, runs: list[Run], index: int) -> dict[str, Any]:
+    interval = bench.args.interval
+    sets = {"local only": ("checkpoint.remote=null",),
+            "with remote": (f"checkpoint.remote={bench.args.remote_base}/{{job_id}}",)}
+    result: dict[str, Any] = {}
+    for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+        run = bench.run_to_end(f"checkpoint.interval={interval}", *sets[variant])
+        runs.append(run)
+        result[variant] = figures(run, interval)
+    local, remote = result["local only"], result["with remote"]
+    result["ratio"] = {key: rounded(remote[key] / local[key], 3) if remote[key] and local[key] else None
+                       for key in FIGURES}
+    return result
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = [f"{'':<20}{'local only':>27}{'with remote':>27}{'with / local':>27}"]
+    for key in (*FIGURES, "load_1min_mean"):
+        cells = [median_spread([r[v][key] for r in results], 3) for v in VARIANTS]
+        ratio = median_spread([r["ratio"][key] for r in results], 3) if key in FIGURES else ""
+        rows.append(f"{key:<20}{cells[0]:>27}{cells[1]:>27}{ratio:>27}")
+    states = sorted({r[v]["state"] for r in results for v in VARIANTS})
+    return "\n".join(["seconds (median over repeats, min-max); job states: " + ", ".join(states), *rows])
+
+
+def main() -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--interval", type=int, default=2, help="checkpoint every N steps (default 2)")
+    args = ap.parse_args()
+    return run_repeats(args, "bench-upload-stall-", {"interval": args.interval}, one_repeat, table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
