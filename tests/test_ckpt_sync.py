@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import pytest
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
@@ -167,3 +168,15 @@ def test_credentials_never_in_records_or_logs(s3_env, tmp_path, caplog):
     text = caplog.text + "".join(b.decode() for b in blobs.values()) + repr(store)
     assert s3_env.secret_key not in text and s3_env.access_key not in text
     assert "committed" in caplog.text
+
+
+def test_upload_and_commit_threads_yield_the_cpu_to_training(tmp_path):
+    local = tmp_path / "local"
+    syncs = _ranks(str(tmp_path / "remote"), local, world_size=1, nice=7)
+    write_fake_step(local, 10, world_size=1)
+    syncs[0].submit(10)
+    assert syncs[0].wait(timeout=30)
+    training = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for thread in (syncs[0]._uploader, syncs[0]._committer):
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, training + 7), thread.name
+    _close(syncs)
