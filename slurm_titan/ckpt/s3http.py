@@ -22,6 +22,7 @@ proxy is configured (http.client does not do proxies).
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import os
 import queue
@@ -70,8 +71,6 @@ class _Http:
         self.local = threading.local()
         self.all: list[http.client.HTTPConnection] = []
         self.lock = threading.Lock()
-        cafile = os.environ.get("AWS_CA_BUNDLE")
-        self.ssl = ssl.create_default_context(cafile=cafile) if cafile else None
 
     def conn(self, url: Any, fresh: bool = False) -> http.client.HTTPConnection:
         conns = getattr(self.local, "conns", None)
@@ -83,7 +82,8 @@ class _Http:
             if conn is not None:
                 conn.close()
             if url.scheme == "https":
-                conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=300, context=self.ssl)
+                conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=300,
+                                                   context=_ssl_context(os.environ.get("AWS_CA_BUNDLE") or None))
             else:
                 conn = http.client.HTTPConnection(url.hostname, url.port, timeout=300)
             conns[key] = conn
@@ -137,6 +137,37 @@ class _Http:
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+
+@functools.lru_cache(maxsize=4)
+def _ssl_context(cafile: str | None) -> ssl.SSLContext:
+    """One TLS context per CA bundle for the process: loading a bundle costs ~50 ms of CPU."""
+    return ssl.create_default_context(cafile=cafile)
+
+
+class _SpareBuffers:
+    """Part buffers kept from one upload to the next: a rank uploads every checkpoint, and
+    allocating (and faulting in) concurrency x part_size each time costs CPU that training wants.
+    Holds at most ``limit`` buffers (the largest)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.free: list[bytearray] = []
+        self.lock = threading.Lock()
+
+    def take(self, size: int) -> bytearray:
+        with self.lock:
+            for i, buf in enumerate(self.free):
+                if len(buf) >= size:
+                    return self.free.pop(i)
+        return bytearray(size)
+
+    def keep(self, bufs: list[bytearray]) -> None:
+        with self.lock:
+            self.free = sorted(self.free + bufs, key=len, reverse=True)[:self.limit]
+
+
+_spare = _SpareBuffers(limit=8)
 
 
 def _xml_code(body: bytes) -> str:
@@ -313,7 +344,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
         except queue.Empty:
             if made < conc:
                 made += 1
-                return bytearray(size)
+                return _spare.take(size)
             buf = buffers.get()
         if len(buf) < size:
             buf = bytearray(size)
@@ -405,6 +436,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 open_mpus.remove((bucket, key, upload_id))
     finally:
         http.close()
+        _spare.keep([buffers.get_nowait() for _ in range(buffers.qsize())])
         for bucket, key, upload_id in open_mpus:  # failed: do not leave parts behind
             with contextlib.suppress(Exception):
                 fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)

@@ -64,7 +64,8 @@ class TransferConfig:
     """Multipart part size (S3) and range size for downloads; grown for files so large that
     they would need more than 9,000 parts (S3 allows 10,000)."""
     concurrency: int = 8
-    """Parts in flight (upload memory is bounded by concurrency x part_size = 128 MiB)."""
+    """Parts in flight (upload memory is bounded by concurrency x part_size = 128 MiB; the S3 path
+    keeps up to 8 part buffers for the next upload)."""
     file_concurrency: int = 4
     """Files moved at once."""
 
