@@ -100,9 +100,17 @@ def first_after(lines: list[Line], pattern: str, after: float | None) -> float |
 class Bench:
     """Submits configs/debug_cpu.yaml variants to the local cluster and follows them to the end."""
 
-    def __init__(self, args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
-        self.args, self.work, self.env = args, work, env
+    def __init__(self, args: argparse.Namespace, work: Path, env: dict[str, str], server: Any = None) -> None:
+        self.args, self.work, self.env, self.server = args, work, env, server
         self.live: set[str] = set()  # submitted and not seen finished: cancelled on the way out
+
+    def store_cpu_s(self) -> float | None:
+        """CPU seconds the private S3 server (--remote s3) has used so far; None without one."""
+        pid = self.server.running_pid() if self.server is not None else None
+        if pid is None:
+            return None
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def submit(self, *sets: str) -> Run:
         """Submit with `--set` each of `sets` (KEY=VALUE) after the steps and a private runs folder."""
@@ -188,13 +196,13 @@ def run_repeats(args: argparse.Namespace, prefix: str, settings: dict[str, Any],
     print(f"work folder {work}; {args.steps} steps, remote {args.remote}, "
           + ", ".join(f"{k} {v}" for k, v in settings.items())
           + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
-    bench, runs, results = Bench(args, work, env), [], []
+    bench, runs, results = Bench(args, work, env, server), [], []
     try:
         for i in range(args.repeats):
             results.append(one_repeat(bench, runs, i))
             print(f"repeat {i + 1}: {json.dumps(results[-1])}", flush=True)
     finally:
-        _finish_work(bench, runs, work, server)
+        _finish_work(bench, runs, work)
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": args.steps, "remote": args.remote, **settings,
@@ -225,9 +233,9 @@ def _start_work(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, 
     return work, env, server
 
 
-def _finish_work(bench: Bench, runs: list[Run], work: Path, server: Any) -> None:
+def _finish_work(bench: Bench, runs: list[Run], work: Path) -> None:
     bench.cleanup(runs)
-    if server is not None:
-        server.stop()
+    if bench.server is not None:
+        bench.server.stop()
     if not bench.args.keep:
         shutil.rmtree(work, ignore_errors=True)

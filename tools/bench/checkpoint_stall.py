@@ -16,7 +16,9 @@ median time of a step that follows a save (the save is in it) and of the other s
 the run's history the running time (the first start -> the end, which includes waiting for the
 last checkpoint's upload). It reports with-remote / local-only for each (1.00 = the upload costs
 nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
-every figure.
+every figure. With --remote s3 the store runs on the same cores as the training ranks (on a
+cluster it runs elsewhere), so the CPU seconds it used during each run are reported too
+(store_cpu_s): that much of any stall is the store's, not the uploader's.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ def one_repeat(bench: Bench, runs: list[Run], index: int) -> dict[str, Any]:
             "with remote": (f"checkpoint.remote={bench.args.remote_base}/{{job_id}}",)}
     result: dict[str, Any] = {}
     for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+        cpu_before = bench.store_cpu_s()
         run = bench.run_to_end(f"checkpoint.interval={interval}", *sets[variant])
         runs.append(run)
-        result[variant] = figures(run, interval)
+        cpu_after = bench.store_cpu_s()
+        result[variant] = figures(run, interval) | {
+            "store_cpu_s": rounded(cpu_after - cpu_before, 2) if cpu_before is not None else None}
     local, remote = result["local only"], result["with remote"]
     result["ratio"] = {key: rounded(remote[key] / local[key], 3) if remote[key] and local[key] else None
                        for key in FIGURES}
@@ -72,7 +77,7 @@ def one_repeat(bench: Bench, runs: list[Run], index: int) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     rows = [f"{'':<20}{'local only':>27}{'with remote':>27}{'with / local':>27}"]
-    for key in (*FIGURES, "load_1min_mean"):
+    for key in (*FIGURES, "load_1min_mean", "store_cpu_s"):
         cells = [median_spread([r[v][key] for r in results], 3) for v in VARIANTS]
         ratio = median_spread([r["ratio"][key] for r in results], 3) if key in FIGURES else ""
         rows.append(f"{key:<20}{cells[0]:>27}{cells[1]:>27}{ratio:>27}")
