@@ -96,7 +96,8 @@ def test_store_gone_when_the_job_starts(cli: Cli) -> None:
     assert status["state"] == "FAILED"
     node_log = (job_dir(cli, job) / f"{job}_0_log.out").read_text()
     assert "ERROR before training" in node_log and endpoint.split("//")[1] in node_log
-    assert not (job_dir(cli, job) / "logs/rank-0.log").exists()
+    rank_log = (job_dir(cli, job) / "logs/rank-0.log").read_text(errors="replace")  # started while restoring
+    assert "checkpoint restore failed" in rank_log and "step:" not in rank_log
 
 
 def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> None:

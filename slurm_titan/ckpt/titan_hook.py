@@ -36,7 +36,7 @@ from torchtitan.tools.logging import logger
 
 from slurm_titan.errors import ConfigError
 from slurm_titan.node import preemption, progress
-from slurm_titan.node.resume import SKIP_DATALOADER_ENV
+from slurm_titan.node.resume import SKIP_DATALOADER_ENV, wait_for_restore
 
 from .sync import CheckpointSync
 
@@ -78,6 +78,7 @@ class SyncedCheckpointManager(CheckpointManager):
         pass
 
     def __init__(self, config: Config, **kwargs) -> None:
+        wait_for_restore()  # the node restores the checkpoint folder while the model is built
         self.sync: CheckpointSync | None = None
         self._sync_closed = False
         self._force_save = False

@@ -1,49 +1,67 @@
-"""Before the ranks start on a node: bring the newest complete checkpoint to local disk, say what resumes.
+"""Bring the newest complete checkpoint to a node's local disk while its ranks start, say what resumes.
 
 With node-local checkpoint folders a requeued job may land on nodes that never saw the run, or
 find local steps whose upload was cut short. The remote location's newest complete (committed)
 checkpoint is the truth: it is restored (checksums verified) and newer uncommitted local steps
 are moved aside before torchtitan looks. When the world size differs from the save, DCP
 reshards model and optimizer; the data loader's position cannot be resharded, and the log says so.
+
+The supervisor starts the ranks first and restores while they import torch and build the model:
+each rank's checkpoint hook waits at :func:`wait_for_restore` (a pipe from the supervisor) before
+torchtitan looks at the folder, and takes the restore's verdict from it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 from pathlib import Path
 
 from slurm_titan.plan import CheckpointPlan
 
 SKIP_DATALOADER_ENV = "SLURM_TITAN_SKIP_DATALOADER_STATE"
+RESTORE_FD_ENV = "SLURM_TITAN_RESTORE_FD"
 
 
-def prepare(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say) -> dict[str, str]:  # noqa: ANN001
-    """Restore what this node needs; returns the environment the ranks' checkpoint hook reads.
-
-    Raises StorageError (one line) when the remote location cannot be reached.
-    """
-    env = plan.rank_env(job_id)
+def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say) -> dict[str, str]:  # noqa: ANN001
+    """Restore what this node needs; returns what the ranks' checkpoint hook must add to its
+    environment. Raises StorageError (one line) when the remote location cannot be reached."""
     if not plan.remote:
-        return env
+        return {}
     from slurm_titan.ckpt.catalog import list_checkpoints
     from slurm_titan.ckpt.resume import prepare_resume
     from slurm_titan.ckpt.store import open_store
 
-    remote = env["SLURM_TITAN_CKPT_REMOTE"]
+    remote = plan.rank_env(job_id)["SLURM_TITAN_CKPT_REMOTE"]
     Path(local).mkdir(parents=True, exist_ok=True)
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         step = prepare_resume(remote, local, endpoint_url=plan.endpoint_url)
     if step is None:
         say(f"no complete checkpoint in {remote}: training starts at step 1")
-        return env
+        return {}
     saved = next((c for c in list_checkpoints(open_store(remote, endpoint_url=plan.endpoint_url)) if c.step == step), None)
     saved_world = saved.world_size if saved else None
     if saved_world is not None and saved_world != world_size:
         say(f"resuming complete checkpoint step {step} saved by {saved_world} ranks on {world_size} ranks: "
             "model and optimizer are resharded by DCP; the data loader position is per data-parallel rank and is "
             "NOT restored: every rank restarts its data at the beginning of the dataset")
-        env[SKIP_DATALOADER_ENV] = "1"
-    else:
-        say(f"resuming complete checkpoint step {step} from {remote}: model, optimizer, data position and RNG")
-    return env
+        return {SKIP_DATALOADER_ENV: "1"}
+    say(f"resuming complete checkpoint step {step} from {remote}: model, optimizer, data position and RNG")
+    return {}
+
+
+def wait_for_restore() -> None:
+    """In a rank: block until the node's restore is done and apply what it says to os.environ.
+
+    Does nothing when the rank was started without a restore to wait for. Raises RuntimeError
+    when the restore failed or the supervisor went away (the node log says why)."""
+    fd = os.environ.pop(RESTORE_FD_ENV, "")
+    if not fd:
+        return
+    with os.fdopen(int(fd), "rb") as pipe:
+        verdict = pipe.read()
+    if not verdict:
+        raise RuntimeError("slurm-titan: this node's checkpoint restore failed or was cut short; see the node log")
+    os.environ.update(json.loads(verdict))

@@ -12,6 +12,7 @@ Exit code: 0 when the ranks finished or checkpointed for a requeue (so srun's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -46,17 +47,36 @@ def node_report_path(job_dir: Path, attempt: int, node_rank: int) -> Path:
 
 
 class RankGroup:
-    """The training processes of this node."""
+    """The training processes of this node. With `gated`, each rank's checkpoint hook waits on a
+    pipe (resume.wait_for_restore) until :meth:`release` says how the node's restore went."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, log_dir: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, log_dir: Path,
+                 gated: bool = False) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.gates: list[int] = []  # write ends of the ranks' pipes
         for local_rank in range(rdzv.procs_per_node):
             rank_env = env | rdzv.process_env(local_rank)
             rank = int(rank_env["RANK"])
+            gate = os.pipe() if gated else None
+            if gate:
+                rank_env[resume.RESTORE_FD_ENV] = str(gate[0])
+                self.gates.append(gate[1])
             with (log_dir / f"rank-{rank}.log").open("ab") as log:
                 self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
-                                                        preexec_fn=ignore_signals)
+                                                        preexec_fn=ignore_signals, pass_fds=gate[:1] if gate else ())
+            if gate:
+                os.close(gate[0])
+
+    def release(self, verdict: dict[str, str] | None) -> None:
+        """Let the ranks go on: with the restore's verdict (what to add to their environment), or
+        with None when it failed (each rank then stops with an error at its gate)."""
+        data = json.dumps(verdict).encode() if verdict is not None else b""
+        for fd in self.gates:
+            with contextlib.suppress(BrokenPipeError):  # that rank has exited already
+                os.write(fd, data)
+            os.close(fd)
+        self.gates.clear()
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes.values():
@@ -143,16 +163,26 @@ class NodeSupervisor:
             except PreflightFailed as failure:  # the same table on every node
                 say(f"ERROR before training: {failure}")
                 self._finish(report, PREFLIGHT_EXIT_CODE, {})
+        restoring = bool(spec.checkpoint and spec.checkpoint.remote)
         if spec.checkpoint:
-            try:
-                env |= resume.prepare(spec.checkpoint, spec.fill(spec.checkpoint.local, job_id), job_id,
-                                      rdzv.world_size, say)
-            except SlurmTitanError as error:
-                say(f"ERROR before training: {error}")
-                self._finish(report, STORAGE_EXIT_CODE, {})
-        self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs")
+            env |= spec.checkpoint.rank_env(job_id)
+        self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs", gated=restoring)
+        if restoring:  # while the ranks import torch and build the model
+            self._restore(job_id, rdzv.world_size, report)
         rank_codes = self.ranks.wait()
         self._finish(report, node_exit_code(rank_codes), rank_codes)
+
+    def _restore(self, job_id: str, world_size: int, report: Path) -> None:
+        checkpoint, ranks = self.spec.checkpoint, self.ranks
+        assert checkpoint is not None and ranks is not None
+        try:
+            verdict = resume.restore(checkpoint, self.spec.fill(checkpoint.local, job_id), job_id, world_size, say)
+        except SlurmTitanError as error:
+            say(f"ERROR before training: {error}")
+            ranks.release(None)
+            ranks.stop()
+            self._finish(report, STORAGE_EXIT_CODE, {})
+        ranks.release(verdict)
 
     @staticmethod
     def _finish(report: Path, code: int, rank_codes: dict[int, int]) -> None:

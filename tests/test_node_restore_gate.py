@@ -1,0 +1,54 @@
+"""The ranks start while their node restores the checkpoint, and wait for it at a pipe."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from slurm_titan.node.resume import RESTORE_FD_ENV, SKIP_DATALOADER_ENV
+from slurm_titan.node.supervisor import RankGroup
+from slurm_titan.rendezvous import Rendezvous
+
+RANK = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+        "from slurm_titan.node.resume import wait_for_restore; "
+        f"print('waiting', flush=True); wait_for_restore(); print('skip', os.environ.get({SKIP_DATALOADER_ENV!r}), "
+        f"{RESTORE_FD_ENV!r} in os.environ)")
+
+
+def _group(tmp_path: Path, gated: bool = True) -> RankGroup:
+    rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
+    return RankGroup([sys.executable, "-c", RANK], dict(os.environ), rdzv, tmp_path, gated=gated)
+
+
+def _logs(tmp_path: Path) -> list[str]:
+    return [(tmp_path / f"rank-{r}.log").read_text() for r in (2, 3)]
+
+
+def test_ranks_wait_for_the_restore_and_take_its_verdict(tmp_path):
+    ranks = _group(tmp_path)
+    assert all(p.poll() is None for p in ranks.processes.values())  # held at the gate
+    ranks.release({SKIP_DATALOADER_ENV: "1"})
+    assert ranks.wait() == {2: 0, 3: 0}
+    assert all(log.endswith("skip 1 False\n") for log in _logs(tmp_path))
+
+
+def test_a_failed_restore_stops_every_rank_with_an_error(tmp_path):
+    ranks = _group(tmp_path)
+    ranks.release(None)
+    assert set(ranks.wait().values()) == {1}
+    assert all("checkpoint restore failed" in log for log in _logs(tmp_path))
+
+
+def test_ungated_ranks_do_not_wait(tmp_path):
+    assert _group(tmp_path, gated=False).wait() == {2: 0, 3: 0}
+    assert all(log.endswith("skip None False\n") for log in _logs(tmp_path))
+
+
+def test_release_after_a_rank_died(tmp_path):
+    ranks = _group(tmp_path)
+    for process in ranks.processes.values():
+        process.kill()
+        process.wait()
+    ranks.release({})  # no BrokenPipeError
+    assert ranks.gates == []
