@@ -114,7 +114,7 @@ class Bench:
 
     def submit(self, *sets: str) -> Run:
         """Submit with `--set` each of `sets` (KEY=VALUE) after the steps and a private runs folder."""
-        cmd = [sys.executable, "-m", "slurm_titan.cli", "submit", CONFIG,
+        cmd = [sys.executable, "-m", "slurm_titan.cli", "submit", CONFIG, "--nodes", str(self.args.nodes),
                "--set", f"torchtitan.args.training.steps={self.args.steps}", "--set", f"runs_dir={self.work / 'runs'}"]
         for item in sets:
             cmd += ["--set", item]
@@ -179,6 +179,7 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     """The options every job benchmark takes; add its own, then pass the result to run_repeats."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    ap.add_argument("--nodes", type=int, default=2, help="nodes, one rank each (default 2)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--remote", choices=["dir", "s3"], default="dir", help="checkpoint remote (default dir)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one job")
@@ -193,7 +194,7 @@ def run_repeats(args: argparse.Namespace, prefix: str, settings: dict[str, Any],
     """Run `one_repeat` --repeats times (printing each result), clean up, print `table(results)`;
     with --json also write the settings and results there."""
     work, env, server = _start_work(args, prefix)
-    print(f"work folder {work}; {args.steps} steps, remote {args.remote}, "
+    print(f"work folder {work}; {args.nodes} nodes, {args.steps} steps, remote {args.remote}, "
           + ", ".join(f"{k} {v}" for k, v in settings.items())
           + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
     bench, runs, results = Bench(args, work, env, server), [], []
@@ -205,8 +206,8 @@ def run_repeats(args: argparse.Namespace, prefix: str, settings: dict[str, Any],
         _finish_work(bench, runs, work)
     print(table(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "remote": args.remote, **settings,
-                                               "cpus": os.cpu_count(), "repeats": results}, indent=1))
+        head = {"nodes": args.nodes, "steps": args.steps, "remote": args.remote, **settings, "cpus": os.cpu_count()}
+        Path(args.json).write_text(json.dumps(head | {"repeats": results}, indent=1))
     return 0
 
 

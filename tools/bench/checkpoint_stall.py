@@ -2,10 +2,10 @@
 """Benchmark: what the background upload of checkpoints costs training (issue 4: <= 1.05x).
 
     eval "$(tools/local-cluster env)"
-    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3]
+    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1]
 
-Each repeat submits configs/debug_cpu.yaml (2 nodes) twice, one job after the other, in
-alternating order, both saving a checkpoint every --interval steps to node-local disk:
+Each repeat submits configs/debug_cpu.yaml (--nodes, default 2, one rank each) twice, one job
+after the other, in alternating order, both saving a checkpoint every --interval steps to node-local disk:
 
 - local only: ``checkpoint.remote=null``: torchtitan's save and nothing else;
 - with remote: every checkpoint is also uploaded, in the background, to a folder or to a private
@@ -18,7 +18,8 @@ last checkpoint's upload). It reports with-remote / local-only for each (1.00 = 
 nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
 every figure. With --remote s3 the store runs on the same cores as the training ranks (on a
 cluster it runs elsewhere), so the CPU seconds it used during each run are reported too
-(store_cpu_s): that much of any stall is the store's, not the uploader's.
+(store_cpu_s): that much of any stall is the store's, not the uploader's. With --nodes 1 one
+rank trains on this 2-core machine and the store has a core of its own, as on a cluster.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ the supervisor/finish ``[slurm-titan HOST HH:MM:SS.mmm]``, submitit's ``(<date> 
   and all ranks agree: "stop requested"), save (DCP to node-local disk), upload + commit,
   exit (ranks exit, srun returns, the batch-side decision "attempt 0 ended");
 - exit -> first training step of attempt 1: Slurm's wait (requeue, pending, batch script,
-  submitit, up to the supervisor's "attempt 1:" line), restore (the newest complete checkpoint
-  downloaded to local disk: "resuming complete checkpoint"), torchtitan start-up (imports, init,
-  DCP load, the first step);
+  submitit, up to the supervisor's "attempt 1:" line), then torchtitan's start-up (imports, init,
+  DCP load, the first step) with the node's restore (the newest complete checkpoint downloaded
+  to local disk: "resuming complete checkpoint") running meanwhile;
 
 and reports wall time (submit -> the last attempt's end) preempted / reference, also without
 the wait for nodes before the first start (another job on the cluster moves that, not the
@@ -71,8 +71,8 @@ PHASES: list[tuple[str, str, str, int]] = [
     ("requeue + pending + batch", "ended", "submitit", 2),
     ("submitit + supervisor start", "submitit", "supervisor", 2),
     ("restore (download, verify)", "supervisor", "resuming", 1),
-    ("torchtitan start-up", "resuming", "first_step", 1),
-    ("imports (-> first [titan] line)", "resuming", "titan_up", 2),
+    ("torchtitan start-up (restore overlaps)", "supervisor", "first_step", 1),
+    ("imports (-> first [titan] line)", "supervisor", "titan_up", 2),
     ("init (-> 'Loading the checkpoint')", "titan_up", "load", 2),
     ("DCP load", "load", "loaded", 2),
     ("first step (-> its log line)", "loaded", "first_step", 2),
@@ -95,7 +95,7 @@ def milestones(run: Run) -> dict[str, float | None]:
     m["submitit"] = first_after(node0, r"^Starting with JobEnvironment", a0.ended)
     m["supervisor"] = a1.started
     m["resuming"] = first_after(node0, r"^resuming complete checkpoint", a1.started and a1.started - 0.01)
-    m["titan_up"] = first_after(rank0, r"", m["resuming"])
+    m["titan_up"] = first_after(rank0, r"", m["supervisor"])
     m["load"] = first_after(rank0, r"^Loading the checkpoint", m["titan_up"])
     m["loaded"] = first_after(rank0, r"^Finished loading the checkpoint", m["load"])
     m["first_step"] = a1.first_step_time
