@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from conftest import Cli, run, wait_for
+from conftest import Cli, run
 from e2e_runs import checkpoints, job_dir, step_losses, wait_for_log
 from s3server import S3Server
 
@@ -96,8 +96,8 @@ def test_store_gone_when_the_job_starts(cli: Cli) -> None:
     assert status["state"] == "FAILED"
     node_log = (job_dir(cli, job) / f"{job}_0_log.out").read_text()
     assert "ERROR before training" in node_log and endpoint.split("//")[1] in node_log
-    rank_log = (job_dir(cli, job) / "logs/rank-0.log").read_text(errors="replace")  # started while restoring
-    assert "checkpoint restore failed" in rank_log and "step:" not in rank_log
+    rank_log = job_dir(cli, job) / "logs/rank-0.log"  # ranks start while the node restores; killed when it fails
+    assert "step:" not in (rank_log.read_text(errors="replace") if rank_log.exists() else "")
 
 
 def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -107,11 +107,11 @@ def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPath
         cli = Cli(slurm_env, tmp_path_factory.mktemp("outage"), private)
         job = cli.submit(CONFIG[0], "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4")
         remote, rank0 = remote_of(cli, job), job_dir(cli, job) / "logs/rank-0.log"
-        wait_for(lambda: [c["step"] for c in checkpoints(cli, remote) if c["complete"]] == [4], 300,
-                 "step 4 committed", interval=0.5)
+        wait_for_log(rank0, "checkpoint step 4 committed")
         private.stop()
         wait_for_log(rank0, "step: 20", timeout=300)  # 8, 12, 16 and 20 saved while the store was down
         private.start()
+        assert "retrying in" in rank0.read_text(errors="replace")  # the uploads did meet the outage
         status = cli.wait(job)
         assert status["state"] == "COMPLETED", status
         assert [step for step, _ in step_losses(rank0)] == list(range(1, 25))

@@ -16,7 +16,7 @@ from conftest import Cli, run, wait_for
 from e2e_runs import checkpoints, job_dir, job_field, scontrol, step_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-STEPS = 60  # long enough that a signal sent at step 6, or at Slurm's next check after it, lands mid-run
+STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test d) lands mid-run
 CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=100"]
 
 
@@ -81,15 +81,21 @@ def test_c_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, s
 
 def test_d_time_limit(cli: Cli, reference: dict[int, str]) -> None:
     # How fast a machine trains must not decide whether the limit lands mid-run, so the limit is
-    # cut once step 6 is logged: to the next whole minute at least 70 s away, which is within
+    # cut once step 3 is logged: to the next whole minute at least 70 s away, which is within
     # signal_seconds + slurmctld's 30 s look-ahead, so the --signal comes at its next check
-    # (<= 30 s) with >= 40 s left. While the job waits to rerun, the limit goes back up.
+    # (<= 30 s: steps 4-60 must take longer, > 0.55 s a step) with >= 40 s left. While the job
+    # waits to rerun, the limit goes back up.
     job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100")
-    wait_for_log(job_dir(cli, job) / "logs/rank-0.log", "step:  6")
+    wait_for_log(job_dir(cli, job) / "logs/rank-0.log", "step:  3")
     minutes = math.ceil((job_field(cli, job, "RunTime") + 70) / 60)
     scontrol(cli, "update", f"JobId={job}", f"TimeLimit={minutes}")
-    wait_for(lambda: job_field(cli, job, "Restarts") >= 1 and "JobState=PENDING" in scontrol(cli, "show", "job", job),
-             300, f"job {job} back in the queue", 0.5)
+
+    def requeued() -> bool:
+        state = scontrol(cli, "show", "job", job)
+        assert "JobState=COMPLETED" not in state, "the job finished before the time-limit signal came"
+        return job_field(cli, job, "Restarts") >= 1 and "JobState=PENDING" in state
+
+    wait_for(requeued, 300, f"job {job} back in the queue", 0.5)
     scontrol(cli, "update", f"JobId={job}", "TimeLimit=10")
     status = cli.wait(job, timeout=900)
     assert_zero_lost_steps(cli, status, reference, {"timed out"})

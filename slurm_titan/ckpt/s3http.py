@@ -156,9 +156,9 @@ class _SpareBuffers:
         self.lock = threading.Lock()
 
     def take(self, size: int) -> bytearray:
-        with self.lock:
-            for i, buf in enumerate(self.free):
-                if len(buf) >= size:
+        with self.lock:  # the smallest that fits (the list is largest first)
+            for i in range(len(self.free) - 1, -1, -1):
+                if len(self.free[i]) >= size:
                     return self.free.pop(i)
         return bytearray(size)
 

@@ -24,6 +24,7 @@ import os
 import queue
 import shutil
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -69,8 +70,9 @@ class _Step:
 
 def lower_thread_priority(nice: int) -> None:
     """Raise the calling thread's nice value by `nice` (at most 19). On Linux the nice value is per
-    thread and threads inherit it from the thread that starts them; elsewhere this does nothing."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
+    thread and threads inherit it from the thread that starts them; elsewhere this does nothing
+    (a thread id is not a process id there)."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
         return
     tid = threading.get_native_id()
     try:

@@ -89,7 +89,13 @@ class RankGroup:
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline and any(p.poll() is None for p in self.processes.values()):
             time.sleep(POLL_S)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the ranks still running and reap them."""
         self.signal_all(signal.SIGKILL)
+        for process in self.processes.values():
+            process.wait()
 
     def wait(self) -> dict[int, int]:
         """Wait for every rank; on the first failure stop the others. Returns each rank's exit code."""
@@ -177,11 +183,14 @@ class NodeSupervisor:
         assert checkpoint is not None and ranks is not None
         try:
             verdict = resume.restore(checkpoint, self.spec.fill(checkpoint.local, job_id), job_id, world_size, say)
-        except SlurmTitanError as error:
-            say(f"ERROR before training: {error}")
+        except BaseException as error:  # the ranks have trained nothing yet: none is left waiting
             ranks.release(None)
-            ranks.stop()
+            ranks.kill()
+            if not isinstance(error, (SlurmTitanError, OSError)):
+                raise
+            say(f"ERROR before training: checkpoint restore: {error}")
             self._finish(report, STORAGE_EXIT_CODE, {})
+            return
         ranks.release(verdict)
 
     @staticmethod

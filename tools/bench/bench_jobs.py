@@ -130,18 +130,22 @@ class Bench:
                    other_jobs=len([j for j in others.stdout.split() if j != job]))
 
     def wait(self, run: Run, until: Callable[[], bool] | None = None, interval: float = 2.0) -> None:
-        """Poll until the job ends (or until `until()` is true); samples the load average."""
-        deadline = time.monotonic() + self.args.timeout
+        """Poll until the job ends (or until `until()` is true: RuntimeError if the job ends first);
+        samples the load average."""
+        deadline, checked = time.monotonic() + self.args.timeout, 0.0
         while time.monotonic() < deadline:
             run.load.append(os.getloadavg()[0])
-            if until is not None:
-                if until():
-                    return
-            elif (state := status.describe(run.job)["state"]) in FINISHED:
-                run.state = state
-                self.live.discard(run.job)
-                run.attempts = history.read_attempts(run.job_dir)
+            if until is not None and until():
                 return
+            if until is None or time.monotonic() - checked >= interval:
+                checked = time.monotonic()
+                if (state := status.describe(run.job)["state"]) in FINISHED:
+                    run.state = state
+                    self.live.discard(run.job)
+                    run.attempts = history.read_attempts(run.job_dir)
+                    if until is not None:
+                        raise RuntimeError(f"job {run.job} ended ({state}) before what this bench waits for")
+                    return
             time.sleep(0.2 if until else interval)
         raise TimeoutError(f"job {run.job}: still waiting after {self.args.timeout}s")
 
