@@ -21,7 +21,8 @@ def test_prepare_resume_restores_and_hides_uncommitted(location, tmp_path):
     write_fake_step(node, 20, 1)  # saved by the previous attempt, never committed
     write_fake_step(node, 5, 1)  # older: left alone (torchtitan resumes from the newest)
     (node / ".restoring-10-999999").mkdir()  # a restore killed earlier
-    assert prepare_resume(location, str(node)) == 10
+    first = prepare_resume(location, str(node))
+    assert (first.step, first.world_size, first.reused) == (10, 1, False)
     names = sorted(os.listdir(node))
     assert "step-10" in names and "step-5" in names and "step-20" not in names
     assert any(n.startswith(".uncommitted-20-") for n in names)
@@ -30,7 +31,8 @@ def test_prepare_resume_restores_and_hides_uncommitted(location, tmp_path):
     for name, data in files.items():
         assert (node / "step-10" / name).read_bytes() == data
     # a second call finds the intact copy and downloads nothing
-    assert prepare_resume(location, str(node)) == 10
+    again = prepare_resume(location, str(node))
+    assert (again.step, again.world_size, again.reused) == (10, 1, True)
 
 
 def test_fresh_start_hides_every_uncommitted_step(tmp_path):

@@ -236,6 +236,8 @@ class RestoreResult:
     path: str
     """The restored step folder (``<dest>/step-N``)."""
     bytes: int
+    world_size: int
+    """How many ranks saved it (from its commit record)."""
     skipped: list[tuple[int, str]] = field(default_factory=list)
     """Newer complete checkpoints that were corrupt, with why."""
     reused: bool = False
@@ -346,7 +348,7 @@ def _restore_one(store: Store, step: int, dest: str, progress: ByteProgress | No
         log.info("checkpoint step %d is already intact in %s", step, final)
         if progress:
             progress(m.total_bytes, m.total_bytes)
-        return RestoreResult(step, final, m.total_bytes, reused=True)
+        return RestoreResult(step, final, m.total_bytes, m.world_size, reused=True)
     bad = _check_listing(store, m)
     if bad:
         raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
@@ -388,4 +390,4 @@ def _restore_one(store: Store, step: int, dest: str, progress: ByteProgress | No
         raise
     # No fsync: it would flush the whole checkpoint (0.1-0.6 s per GiB measured); after a
     # crash the local copy is re-verified against its commit record before being reused.
-    return RestoreResult(step, final, m.total_bytes)
+    return RestoreResult(step, final, m.total_bytes, m.world_size)

@@ -2,7 +2,7 @@
 
 Run once per node (not per rank) by the node launcher, before torchtitan starts::
 
-    step = prepare_resume("s3://bucket/run-1", "/local/ckpt/run-1")   # None: fresh start
+    result = prepare_resume("s3://bucket/run-1", "/local/ckpt/run-1")   # None: fresh start
 
 torchtitan resumes from the highest ``step-N`` folder with a ``.metadata`` in its local
 ``checkpoint.folder``. With node-local disks a step saved by the previous attempt may be
@@ -18,7 +18,7 @@ import os
 import time
 
 from . import layout
-from .catalog import ByteProgress, list_checkpoints, newest_complete, restore
+from .catalog import ByteProgress, RestoreResult, list_checkpoints, newest_complete, restore
 from .store import open_store
 
 log = logging.getLogger("slurm_titan.ckpt.resume")
@@ -26,23 +26,22 @@ log = logging.getLogger("slurm_titan.ckpt.resume")
 
 def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
-                   progress: ByteProgress | None = None) -> int | None:
+                   progress: ByteProgress | None = None) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
     of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps.
 
-    Returns the restored step, or None when the remote holds no complete checkpoint (a fresh
+    Returns what was restored (step, world size, ...), or None when the remote holds no complete checkpoint (a fresh
     start; local uncommitted steps are then hidden too). Raises StorageError (one line) if
     the remote is unreachable."""
     store = open_store(remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True)
-    restored: int | None = None
+    result: RestoreResult | None = None
     if step is not None or newest_complete(list_checkpoints(store)) is not None:
         result = restore(store, local_folder, step=step, progress=progress,
                          notify=lambda msg: log.warning("%s", msg))
-        restored = result.step
         log.info("checkpoint step %d %s %s", result.step, "already in" if result.reused else "restored to",
                  result.path)
-    hide_uncommitted(local_folder, newer_than=restored)
-    return restored
+    hide_uncommitted(local_folder, newer_than=result.step if result else None)
+    return result
 
 
 def hide_uncommitted(local_folder: str, newer_than: int | None) -> list[str]:

@@ -50,7 +50,6 @@ ENV_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
 ENV_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
 
 
-
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:

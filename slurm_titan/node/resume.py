@@ -29,22 +29,19 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say)
     environment. Raises StorageError (one line) when the remote location cannot be reached."""
     if not plan.remote:
         return {}
-    from slurm_titan.ckpt.catalog import list_checkpoints
     from slurm_titan.ckpt.resume import prepare_resume
-    from slurm_titan.ckpt.store import open_store
 
     remote = plan.rank_env(job_id)["SLURM_TITAN_CKPT_REMOTE"]
     Path(local).mkdir(parents=True, exist_ok=True)
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
-        step = prepare_resume(remote, local, endpoint_url=plan.endpoint_url)
-    if step is None:
+        restored = prepare_resume(remote, local, endpoint_url=plan.endpoint_url)
+    if restored is None:
         say(f"no complete checkpoint in {remote}: training starts at step 1")
         return {}
-    saved = next((c for c in list_checkpoints(open_store(remote, endpoint_url=plan.endpoint_url)) if c.step == step), None)
-    saved_world = saved.world_size if saved else None
-    if saved_world is not None and saved_world != world_size:
-        say(f"resuming complete checkpoint step {step} saved by {saved_world} ranks on {world_size} ranks: "
+    step = restored.step
+    if restored.world_size != world_size:
+        say(f"resuming complete checkpoint step {step} saved by {restored.world_size} ranks on {world_size} ranks: "
             "model and optimizer are resharded by DCP; the data loader position is per data-parallel rank and is "
             "NOT restored: every rank restarts its data at the beginning of the dataset")
         return {SKIP_DATALOADER_ENV: "1"}
