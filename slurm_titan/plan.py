@@ -22,11 +22,13 @@ from slurm_titan import npu_env, titan_registry
 from slurm_titan.config import JobConfig, time_limit_minutes
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
+from slurm_titan.node.preemption import STOP_SIGNALS
 from slurm_titan.templating import export_lines, render
 
 JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
 RANK_ENTRY = "slurm_titan.node.rank_entry"
+HOLD_SIGNALS_VAR = "hold_stop_signals"  # set by the node set-up template, used on the srun line
 _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -88,9 +90,15 @@ class JobPlan:
     node: NodeSpec
 
     @property
+    def launcher(self) -> str:
+        """What submitit's srun line starts the node supervisor with: the Python, behind the set-up's
+        hold on Slurm's warning signals (see slurm_titan.node.preemption)."""
+        return f"${HOLD_SIGNALS_VAR} {shlex.quote(self.python)}"
+
+    @property
     def submitit_command(self) -> str:
         """The command submitit puts after `srun` (same text as SlurmExecutor._submitit_command_str)."""
-        return " ".join([self.python, "-u -m submitit.core._submit", shlex.quote(self.folder)])
+        return " ".join([self.launcher, "-u -m submitit.core._submit", shlex.quote(self.folder)])
 
     def script(self) -> str:
         """The exact sbatch script submitit writes for this plan."""
@@ -249,7 +257,8 @@ def plan_job(config: JobConfig) -> JobPlan:
     npu_setup, npu_vars = npu_env.node_setup(config)
     node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | env.env
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(npu_setup + env.setup),
-                   env_exports=export_lines(node_env), python=shlex.quote(python),
+                   env_exports=export_lines(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
+                   stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS),
                    titan_module=shlex.quote(config.torchtitan.module),
                    titan_config=shlex.quote(config.torchtitan.config)).rstrip("\n").splitlines()
     checkpoint = _checkpoint_plan(config)

@@ -37,7 +37,7 @@ def submit(plan: JobPlan) -> registry.JobRecord:
     """Check the cluster, submit, record the job; returns its record."""
     preflight(plan)
     prepare_assets(plan)
-    executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.python)
+    executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.launcher)
     executor.update_parameters(**plan.parameters)
     try:
         job = executor.submit(NodeSupervisor(plan.node))

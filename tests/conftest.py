@@ -21,6 +21,34 @@ REPO = Path(__file__).resolve().parents[1]
 CLUSTER_TOOL = REPO / "tools" / "local-cluster"
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+SUBMITTED: list[tuple[Path, str]] = []  # (runs folder, job id) of every job the tests submitted, in order
+FIRST_JOB = pytest.StashKey[int]()
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def log_tails(jobs: list[tuple[Path, str]]) -> str:
+    """The last lines of every node and rank log of `jobs`: what a failed end-to-end test shows."""
+    parts = []
+    for runs, job in jobs:
+        for folder in runs.glob(f"*/{job}"):
+            logs = [(log, 40) for log in sorted(folder.glob(f"{job}_*_log.out"))]
+            for log, lines in logs + [(log, 12) for log in sorted(folder.glob("logs/rank-*.log"))]:
+                tail = ANSI.sub("", log.read_text(errors="replace")).splitlines()[-lines:]
+                parts.append(f"--- {log} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[FIRST_JOB] = len(SUBMITTED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test that submitted jobs shows their logs' tails (CI keeps nothing else)."""
+    report = (yield).get_result()
+    jobs = SUBMITTED[item.stash.get(FIRST_JOB, len(SUBMITTED)):]
+    if report.failed and jobs:
+        report.sections.append(("slurm-titan job logs", log_tails(jobs)))
 
 
 def run(args: list[Any], env: dict | None = None, timeout: float = 60, check: bool = True,
@@ -81,6 +109,7 @@ class Cli:
         out = self("submit", *defaults, *args).stdout
         match = re.search(r"submitted job (\d+)", out)
         assert match, out
+        SUBMITTED.append((self.runs, match.group(1)))
         return match.group(1)
 
     def status(self, job_id: str) -> dict:

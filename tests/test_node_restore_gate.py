@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from slurm_titan.node.resume import RESTORE_FD_ENV, SKIP_DATALOADER_ENV
 from slurm_titan.node.supervisor import RankGroup
@@ -50,3 +54,27 @@ def test_kill_reaps_ranks_held_at_the_gate(tmp_path):
     ranks.kill()
     assert {p.returncode for p in ranks.processes.values()} == {-9}
     ranks.release(None)  # after the kill: nothing to tell, nothing raised
+
+
+def test_a_rank_that_fails_during_the_restore_ends_the_wait_for_it(tmp_path):
+    rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
+    failing_rank = "import os, sys; os.environ['RANK'] == '3' and sys.exit(3); " + RANK
+    ranks = RankGroup([sys.executable, "-c", failing_rank], dict(os.environ), rdzv, tmp_path, gated=True)
+    restore_done = threading.Event()
+    started = time.monotonic()
+    ranks.release_after(lambda: restore_done.wait(60) and {})  # a restore that would take a minute
+    assert time.monotonic() - started < 30
+    assert ranks.wait()[3] == 3
+    assert "checkpoint restore failed" in (tmp_path / "rank-2.log").read_text()
+    restore_done.set()
+
+
+def test_a_restore_error_kills_the_ranks_and_is_raised(tmp_path):
+    ranks = _group(tmp_path)
+
+    def restore() -> dict[str, str]:
+        raise OSError("store unreachable")
+
+    with pytest.raises(OSError, match="store unreachable"):
+        ranks.release_after(restore)
+    assert all(process.returncode is not None for process in ranks.processes.values())

@@ -1,6 +1,7 @@
 """Why an attempt ended and whether it requeues: the decision table, the node reports, the history."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,32 @@ def test_missing_scontrol_is_an_error_not_a_silent_non_requeue(monkeypatch: pyte
     assert code == finish.REQUEUE_FAILED_EXIT_CODE
     assert "ERROR: scontrol not found on PATH" in capsys.readouterr().out
     assert [a.reason for a in history.read_attempts(tmp_path)] == ["preempted"]
+
+
+def _fake_scontrol(folder: Path, failures: int) -> Path:
+    """An `scontrol` that fails its first `failures` calls (as a busy slurmctld does); returns its call log."""
+    calls = folder / "calls"
+    script = folder / "scontrol"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                      f"[ $(wc -l < {calls}) -gt {failures} ] || {{ echo 'Socket timed out on send/recv operation' >&2; exit 1; }}\n")
+    script.chmod(0o755)
+    return calls
+
+
+def test_requeue_retries_a_busy_slurmctld(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from slurm_titan.node import finish
+
+    calls = _fake_scontrol(tmp_path, failures=2)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    finish.requeue("123", pause_s=0.01)
+    assert calls.read_text().splitlines() == ["requeue 123"] * 3
+
+
+def test_requeue_that_keeps_failing_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from slurm_titan.node import finish
+
+    calls = _fake_scontrol(tmp_path, failures=99)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(RuntimeError, match="failed 3 times, last: Socket timed out"):
+        finish.requeue("123", tries=3, pause_s=0.01)
+    assert len(calls.read_text().splitlines()) == 3

@@ -23,6 +23,7 @@ from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 from slurm_titan.node.supervisor import node_report_path, say
 
 REQUEUE_FAILED_EXIT_CODE = 76
+REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
 TIME_LIMIT_MARGIN_S = 90  # slurmctld sends the --signal up to ~60 s earlier than asked
 
 
@@ -51,13 +52,26 @@ def near_time_limit(job_id: str, signal_seconds: int) -> bool:
     return left is not None and left <= signal_seconds + TIME_LIMIT_MARGIN_S
 
 
-def requeue(job_id: str) -> None:
+def requeue(job_id: str, tries: int = REQUEUE_TRIES, pause_s: float = 2.0) -> None:
+    """`scontrol requeue` the job; a failure (a busy slurmctld times out) is retried with growing
+    pauses. Raises RuntimeError when scontrol is missing or every try failed. On success Slurm ends
+    this batch shell, so a try that succeeded but did not answer is never repeated."""
     if shutil.which("scontrol") is None:
         raise RuntimeError(f"scontrol not found on PATH of {os.uname().nodename}: cannot requeue job {job_id}; "
                            "install slurm-client on the compute nodes")
-    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    if result.returncode != 0:
-        raise RuntimeError(f"scontrol requeue {job_id} failed: {(result.stderr or result.stdout).strip()}")
+    for attempt in range(1, tries + 1):
+        try:
+            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+            if result.returncode == 0:
+                return
+            error = (result.stderr or result.stdout).strip() or f"exit code {result.returncode}"
+        except subprocess.TimeoutExpired:
+            error = "no answer within 60 s"
+        if attempt == tries:
+            raise RuntimeError(f"scontrol requeue {job_id} failed {tries} times, last: {error}")
+        say(f"scontrol requeue {job_id} failed ({error}); retrying in {pause_s:g} s")
+        time.sleep(pause_s)
+        pause_s *= 2
 
 
 def failures_so_far(job_dir: Path) -> int:
@@ -88,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     try:
         requeue(job_id)
-    except (RuntimeError, subprocess.TimeoutExpired) as error:
+    except RuntimeError as error:
         say(f"ERROR: {error}")
         history.append_event(job_dir, "requeue-failed", attempt, error=str(error))
         return REQUEUE_FAILED_EXIT_CODE

@@ -1,12 +1,15 @@
 """Turn Slurm's warning signals into a checkpoint every rank agrees on (runs inside each rank).
 
 Slurm warns before it takes the nodes: the `--signal` signal (USR2) ahead of the time limit or on
-preemption (`preempt_send_user_signal`), SIGTERM when it kills. The node supervisor starts the
-ranks with both signals ignored (so one that comes while torch is still importing cannot kill
-them) and leaves a stop file when it gets one, which the rank reads too. The handler only sets a flag; at
-the next step boundary `agreed_stop()` combines the flags of all ranks with one all_reduce(MAX),
-so every rank saves the same step and exits with `PREEMPTED_EXIT_CODE`, which tells the node
-supervisor to requeue the job.
+preemption (`preempt_send_user_signal`), SIGTERM when it kills. The batch script starts each
+node's supervisor with both signals blocked (`env --block-signal`), so one that comes while the
+interpreter and submitit start waits for :func:`take_stop_signals` instead of killing the
+supervisor or reaching submitit's handler. The supervisor starts the ranks with both signals
+ignored (so one that comes while torch is still importing cannot kill them) and leaves a stop
+file when it gets one, which the rank reads too. The handler only sets a flag; at the next step
+boundary `agreed_stop()` combines the flags of all ranks with one all_reduce(MAX), so every rank
+saves the same step and exits with `PREEMPTED_EXIT_CODE`, which tells the node supervisor to
+requeue the job.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import NoReturn
@@ -45,6 +49,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     _request_stop(signal.Signals(signum).name)
 
 
+def take_stop_signals(handler: Callable[[int, FrameType | None], None]) -> None:
+    """Route the stop signals to `handler`, then unblock them: one that came while they were
+    blocked (see the module docstring) is handled now."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def install_handlers() -> None:
     """Catch the stop signals; run first thing in the rank, before torch is imported.
 
@@ -52,8 +64,7 @@ def install_handlers() -> None:
     once here: the supervisor writes that file before it passes a signal on, so any later signal
     reaches the handler itself.
     """
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _on_signal)
+    take_stop_signals(_on_signal)
     stop_file = os.environ.get(STOP_FILE_ENV)
     if stop_file and os.path.exists(stop_file):
         _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")

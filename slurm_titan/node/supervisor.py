@@ -19,16 +19,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from slurm_titan import history, rendezvous
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.node import resume
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, STORAGE_EXIT_CODE
-from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, STOP_SIGNALS, ignore_signals
+from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, ignore_signals, take_stop_signals
 from slurm_titan.plan import NodeSpec
 
 STOP_GRACE_S = 15.0
@@ -44,6 +47,12 @@ def say(message: str) -> None:
 
 def node_report_path(job_dir: Path, attempt: int, node_rank: int) -> Path:
     return job_dir / "attempts" / str(attempt) / f"node-{node_rank}.json"
+
+
+def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
+    """(rank, exit code) of the lowest rank that failed (neither running, finished nor checkpointed to stop)."""
+    failed = sorted((rank, code) for rank, code in codes.items() if code not in (None, 0, PREEMPTED_EXIT_CODE))
+    return failed[0] if failed else None
 
 
 class RankGroup:
@@ -78,6 +87,33 @@ class RankGroup:
             os.close(fd)
         self.gates.clear()
 
+    def release_after(self, restore: Callable[[], dict[str, str]]) -> None:
+        """Run `restore` (in a thread) while the ranks start, then :meth:`release` them with its
+        verdict. If a rank fails first, the restore is abandoned and the ranks are released with
+        None (:meth:`wait` then reports that rank). If `restore` raises, the ranks are released
+        with None and killed, and the error is raised here."""
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["verdict"] = restore()
+            except BaseException as error:  # noqa: BLE001  handed to the caller below
+                outcome["error"] = error
+
+        worker = threading.Thread(target=run, name="checkpoint-restore", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(POLL_S)
+            if worker.is_alive() and (failure := first_failure(self.poll())):
+                say(f"rank {failure[0]} exited with code {failure[1]} during the checkpoint restore: abandoning it")
+                self.release(None)
+                return
+        if "error" in outcome:
+            self.release(None)
+            self.kill()
+            raise outcome["error"]
+        self.release(outcome["verdict"])
+
     def signal_all(self, signum: int) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -97,19 +133,19 @@ class RankGroup:
         for process in self.processes.values():
             process.wait()
 
+    def poll(self) -> dict[int, int | None]:
+        """Each rank's exit code, None while it runs."""
+        return {rank: process.poll() for rank, process in self.processes.items()}
+
     def wait(self) -> dict[int, int]:
         """Wait for every rank; on the first failure stop the others. Returns each rank's exit code."""
-        while True:
-            codes = {rank: process.poll() for rank, process in self.processes.items()}
-            failed = {rank: code for rank, code in codes.items() if code not in (None, 0, PREEMPTED_EXIT_CODE)}
-            if failed:
-                rank, code = min(failed.items())
-                say(f"rank {rank} exited with code {code}; stopping the node's other ranks")
-                self.stop()
-                return {rank: process.wait() for rank, process in self.processes.items()}
+        while not (failure := first_failure(codes := self.poll())):
             if all(code is not None for code in codes.values()):
                 return codes  # type: ignore[return-value]
             time.sleep(POLL_S)
+        say(f"rank {failure[0]} exited with code {failure[1]}; stopping the node's other ranks")
+        self.stop()
+        return {rank: process.wait() for rank, process in self.processes.items()}
 
 
 def node_exit_code(rank_codes: dict[int, int]) -> int:
@@ -152,8 +188,7 @@ class NodeSupervisor:
             say(f"ERROR before training: {error}")
             self._finish(report, 1, {})
         self.stop_file = job_dir / "attempts" / str(attempt) / f"stop-node-{rdzv.node_rank}"
-        for signum in STOP_SIGNALS:  # replaces submitit's handlers: every rank must join the save
-            signal.signal(signum, self._on_signal)
+        take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
         first = rdzv.node_rank * rdzv.procs_per_node
         say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
             f"{rdzv.master_addr}:{rdzv.master_port}, world size {rdzv.world_size}, "
@@ -181,17 +216,12 @@ class NodeSupervisor:
     def _restore(self, job_id: str, world_size: int, report: Path) -> None:
         checkpoint, ranks = self.spec.checkpoint, self.ranks
         assert checkpoint is not None and ranks is not None
-        try:
-            verdict = resume.restore(checkpoint, self.spec.fill(checkpoint.local, job_id), job_id, world_size, say)
-        except BaseException as error:  # the ranks have trained nothing yet: none is left waiting
-            ranks.release(None)
-            ranks.kill()
-            if not isinstance(error, (SlurmTitanError, OSError)):
-                raise
+        local = self.spec.fill(checkpoint.local, job_id)
+        try:  # a failed restore kills the ranks: they have trained nothing yet
+            ranks.release_after(lambda: resume.restore(checkpoint, local, job_id, world_size, say))
+        except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: checkpoint restore: {error}")
             self._finish(report, STORAGE_EXIT_CODE, {})
-            return
-        ranks.release(verdict)
 
     @staticmethod
     def _finish(report: Path, code: int, rank_codes: dict[int, int]) -> None:
