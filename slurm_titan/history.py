@@ -30,6 +30,7 @@ class Attempt:
     stopped_at_step: int | None = None
     stopped_time: float | None = None
     stop_signal: str | None = None
+    last_step: int | None = None  # the run's final step, trained in this attempt
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -63,6 +64,8 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
         elif event == "stopped":
             attempt.stopped_at_step, attempt.stop_signal = record.pop("step"), record.pop("signal", None)
             attempt.stopped_time = stamp
+        elif event == "last-step":
+            attempt.last_step = record.pop("step")
         attempt.extra.update(record)
     return [attempts[key] for key in sorted(attempts)]
 

@@ -49,7 +49,7 @@ def _print(info: dict[str, Any]) -> None:
           f"  nodes={info['nodes'] or '-'} restarts={info['restarts']}"
           + (f" reason={info['reason']}" if info["reason"] and info["reason"] != "None" else ""))
     for attempt in info["attempts"]:
-        steps = f" steps {attempt['first_step'] or '-'}..{attempt['stopped_at_step'] or '-'}"
+        steps = f" steps {attempt['first_step'] or '-'}..{attempt['stopped_at_step'] or attempt['last_step'] or '-'}"
         lost = f" lost {attempt['time_lost_s']}s" if "time_lost_s" in attempt else ""
         stop = f" on {attempt['stop_signal']}" if attempt["stop_signal"] else ""
         print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"

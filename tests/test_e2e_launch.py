@@ -35,7 +35,8 @@ def test_two_nodes_train_and_complete(cli: Cli) -> None:
     assert "node 0/2" in node_logs and "node 1/2" in node_logs
     assert {"n1", "n2"} <= set(re.findall(r"\[slurm-titan (n\d) ", node_logs))
     assert re.search(r"Applied [1-9]\d* override\(s\)", cli("logs", job, "--rank", "1").stdout)
-    assert [a["exit_code"] for a in status["attempts"]] == [0]
+    assert [(a["exit_code"], a["first_step"], a["last_step"]) for a in status["attempts"]] == [(0, 1, max(rank0))]
+    assert f"finished steps 1..{max(rank0)}" in cli("status", job).stdout
 
 
 def test_four_nodes_run_a_few_steps(cli: Cli) -> None:

@@ -70,10 +70,11 @@ def test_history_records_attempts_and_time_lost(tmp_path: Path) -> None:
     history.append_event(tmp_path, "first-step", 1, step=10)
     with (tmp_path / history.HISTORY_FILE).open("a") as out:
         out.write("{half a line\n")
+    history.append_event(tmp_path, "last-step", 1, step=20)
     first, second = history.as_dicts(history.read_attempts(tmp_path))
     assert (first["first_step"], first["stopped_at_step"], first["stop_signal"], first["reason"]) == (1, 9, "SIGUSR2", "preempted")
-    assert first["time_lost_s"] >= 0
-    assert (second["hosts"], second["first_step"], second["ended"]) == (["n3", "n4"], 10, None)
+    assert first["time_lost_s"] >= 0 and first["last_step"] is None
+    assert (second["hosts"], second["first_step"], second["last_step"], second["ended"]) == (["n3", "n4"], 10, 20, None)
 
 
 def test_attempt_killed_before_its_end_record_reads_as_requeued(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ class SyncedCheckpointManager(CheckpointManager):
         """torchtitan calls this after every step. All ranks first agree whether any got a stop
         signal (one all_reduce); if so they save this step, wait for its commit and exit so that
         the job requeues (see slurm_titan.node.preemption)."""
-        progress.note_step(curr_step)
+        progress.note_step(curr_step, last_step)
         if last_step or not preemption.agreed_stop():
             return super().save(curr_step, last_step)
         request = preemption.stop_requested()

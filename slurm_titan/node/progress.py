@@ -17,13 +17,15 @@ def _target() -> tuple[Path, int] | None:
     return Path(job_dir), int(attempt.rpartition(".")[2] or 0)
 
 
-def note_step(step: int) -> None:
-    """Called after every step; writes only the attempt's first step."""
+def note_step(step: int, last: bool = False) -> None:
+    """Called after every step; writes only the attempt's first step and the run's last one."""
     global _first_step_noted
     target = _target()
     if target and not _first_step_noted:
         _first_step_noted = True
         history.append_event(target[0], "first-step", target[1], step=step)
+    if target and last:
+        history.append_event(target[0], "last-step", target[1], step=step)
 
 
 def note_stop(step: int, signal_name: str, committed: bool) -> None:
