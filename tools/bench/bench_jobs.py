@@ -10,6 +10,7 @@ folder; cleanup cancels what is still running and removes the jobs' node-local c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -97,6 +98,25 @@ def first_after(lines: list[Line], pattern: str, after: float | None) -> float |
     return next((ln.t for ln in lines if ln.t >= after and re.search(pattern, ln.text)), None)
 
 
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of process `pid` to `cpus` (threads they start later inherit it)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def job_pids(job: str) -> list[int]:
+    """The processes on this machine that run Slurm job `job` (SLURM_JOB_ID in their environment)."""
+    marker = f"\0SLURM_JOB_ID={job}\0".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and marker in b"\0" + Path(f"/proc/{entry}/environ").read_bytes():
+                pids.append(int(entry))
+    return pids
+
+
 class Bench:
     """Submits configs/debug_cpu.yaml variants to the local cluster and follows them to the end."""
 
@@ -135,6 +155,9 @@ class Bench:
         deadline, checked = time.monotonic() + self.args.timeout, 0.0
         while time.monotonic() < deadline:
             run.load.append(os.getloadavg()[0])
+            if self.args.store_cpu is not None:
+                for pid in job_pids(run.job):
+                    pin_threads(pid, set(range(os.cpu_count() or 1)) - {self.args.store_cpu})
             if until is not None and until():
                 return
             if until is None or time.monotonic() - checked >= interval:
@@ -186,6 +209,9 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=2, help="nodes, one rank each (default 2)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--remote", choices=["dir", "s3"], default="dir", help="checkpoint remote (default dir)")
+    ap.add_argument("--store-cpu", type=int, help="with --remote s3: pin the S3 server to this CPU and the jobs' "
+                    "processes to the others, so the store does not take training's cores (on a cluster it runs "
+                    "elsewhere); use with --nodes 1 on a 2-core machine")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one job")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder and node-local checkpoints")
@@ -232,6 +258,8 @@ def _start_work(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, 
         server = Server(port=free_port(), data_dir=str(work / "s3"), bucket="slurm-titan-bench").start(
             die_with_parent=True)
         env |= server.env()
+        if args.store_cpu is not None:
+            pin_threads(server.running_pid(), {args.store_cpu})
         args.remote_base = "s3://slurm-titan-bench/runs"
     else:
         args.remote_base = str(work / "remote")

@@ -2,7 +2,7 @@
 """Benchmark: what the background upload of checkpoints costs training (issue 4: <= 1.05x).
 
     eval "$(tools/local-cluster env)"
-    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1]
+    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1 [--store-cpu 1]]
 
 Each repeat submits configs/debug_cpu.yaml (--nodes, default 2, one rank each) twice, one job
 after the other, in alternating order, both saving a checkpoint every --interval steps to node-local disk:
@@ -11,19 +11,24 @@ after the other, in alternating order, both saving a checkpoint every --interval
 - with remote: every checkpoint is also uploaded, in the background, to a folder or to a private
   SeaweedFS (--remote s3), and committed once every shard is there.
 
-From rank 0's ``[titan]`` step lines it takes the training time (step 1 -> the last step), the
-median time of a step that follows a save (the save is in it) and of the other steps, and from
+From rank 0's log it takes the median time the training loop stops for a save (torchtitan's
+"Finished saving the checkpoint in X seconds"; queueing the upload afterwards takes microseconds),
+the training time (step 1 -> the last step), the median time of a step that follows a save (the
+save is in it, and the upload runs beside it) and of the other steps, and from
 the run's history the running time (the first start -> the end, which includes waiting for the
 last checkpoint's upload). It reports with-remote / local-only for each (1.00 = the upload costs
 nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
 every figure. With --remote s3 the store runs on the same cores as the training ranks (on a
 cluster it runs elsewhere), so the CPU seconds it used during each run are reported too
-(store_cpu_s): that much of any stall is the store's, not the uploader's. With --nodes 1 one
-rank trains on this 2-core machine and the store has a core of its own, as on a cluster.
+(store_cpu_s): that much of any stall is the store's, not the uploader's. With --nodes 1
+--store-cpu 1 the store is pinned to CPU 1 and the job's processes (training and the uploader's
+threads) to the other CPUs, so the store takes no CPU from training, as on a cluster where it
+runs elsewhere.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -36,22 +41,27 @@ from bench_jobs import (  # noqa: E402
     Run,
     bench_parser,
     median_spread,
+    read_lines,
     rounded,
     run_repeats,
     step_times,
 )
 
 VARIANTS = ("local only", "with remote")
-FIGURES = ("train_s", "step_after_save_s", "other_step_s", "running_s")
+FIGURES = ("save_s", "train_s", "step_after_save_s", "other_step_s", "running_s")
+SAVED = re.compile(r"Finished saving the checkpoint in ([0-9.]+) seconds")
 
 
 def figures(run: Run, interval: int) -> dict[str, Any]:
-    t = step_times(run.job_dir / "logs" / "rank-0.log", run.submitted)
+    log = run.job_dir / "logs" / "rank-0.log"
+    t = step_times(log, run.submitted)
+    saves = [float(m.group(1)) for line in read_lines(log, run.submitted) if (m := SAVED.search(line.text))]
     last = max(t, default=0)
     gaps = {s: t[s + 1] - t[s] for s in t if s + 1 in t and s >= 2}  # step 1 -> 2 carries warm-up
     after_save = [gap for s, gap in gaps.items() if s % interval == 0]
     other = [gap for s, gap in gaps.items() if s % interval != 0]
     return run.summary() | {
+        "save_s": rounded(statistics.median(saves) if saves else None, 3),
         "train_s": rounded(t[last] - t[1] if 1 in t else None, 2),
         "step_after_save_s": rounded(statistics.median(after_save) if after_save else None, 3),
         "other_step_s": rounded(statistics.median(other) if other else None, 3),
