@@ -30,9 +30,9 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
     of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps.
 
-    Returns what was restored (step, world size, ...), or None when the remote holds no complete checkpoint (a fresh
-    start; local uncommitted steps are then hidden too). Raises StorageError (one line) if
-    the remote is unreachable."""
+    Returns what was restored (step, world size, ...), or None when the remote holds no complete
+    checkpoint (a fresh start; local uncommitted steps are then hidden too). Raises StorageError
+    (one line) if the remote is unreachable."""
     store = open_store(remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True)
     result: RestoreResult | None = None
     if step is not None or newest_complete(list_checkpoints(store)) is not None:

@@ -59,7 +59,7 @@ def requeue(job_id: str, tries: int = REQUEUE_TRIES, pause_s: float = 2.0) -> No
     if shutil.which("scontrol") is None:
         raise RuntimeError(f"scontrol not found on PATH of {os.uname().nodename}: cannot requeue job {job_id}; "
                            "install slurm-client on the compute nodes")
-    for attempt in range(1, tries + 1):
+    for tried in range(1, tries + 1):
         try:
             result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
             if result.returncode == 0:
@@ -67,7 +67,7 @@ def requeue(job_id: str, tries: int = REQUEUE_TRIES, pause_s: float = 2.0) -> No
             error = (result.stderr or result.stdout).strip() or f"exit code {result.returncode}"
         except subprocess.TimeoutExpired:
             error = "no answer within 60 s"
-        if attempt == tries:
+        if tried == tries:
             raise RuntimeError(f"scontrol requeue {job_id} failed {tries} times, last: {error}")
         say(f"scontrol requeue {job_id} failed ({error}); retrying in {pause_s:g} s")
         time.sleep(pause_s)

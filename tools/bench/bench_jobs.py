@@ -188,9 +188,10 @@ class Bench:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-def step_times(log: Path, around: float) -> dict[int, float]:
-    """When rank 0 logged each training step (epoch seconds); the last time wins across attempts."""
-    return {int(m.group(1)): ln.t for ln in read_lines(log, around) if (m := STEP.match(ln.text))}
+def step_times(lines: list[Line]) -> dict[int, float]:
+    """When each training step was logged (epoch seconds) in a rank log's `lines`; the last time
+    wins across attempts."""
+    return {int(m.group(1)): ln.t for ln in lines if (m := STEP.match(ln.text))}
 
 
 def median_spread(values: list[float | None], digits: int = 1) -> str:

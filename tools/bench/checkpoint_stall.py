@@ -53,9 +53,9 @@ SAVED = re.compile(r"Finished saving the checkpoint in ([0-9.]+) seconds")
 
 
 def figures(run: Run, interval: int) -> dict[str, Any]:
-    log = run.job_dir / "logs" / "rank-0.log"
-    t = step_times(log, run.submitted)
-    saves = [float(m.group(1)) for line in read_lines(log, run.submitted) if (m := SAVED.search(line.text))]
+    lines = read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted)
+    t = step_times(lines)
+    saves = [float(m.group(1)) for line in lines if (m := SAVED.search(line.text))]
     last = max(t, default=0)
     gaps = {s: t[s + 1] - t[s] for s in t if s + 1 in t and s >= 2}  # step 1 -> 2 carries warm-up
     after_save = [gap for s, gap in gaps.items() if s % interval == 0]
