@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from slurm_titan.ckpt.background import parse_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.npu_env import NpuSpec, npu_variables
 
@@ -80,7 +81,8 @@ class CheckpointSpec:
     the background, and a checkpoint counts only once its commit record is there.
 
     `{name}` and `{job_id}` in `local` / `remote` are filled in per job. S3 credentials come from
-    the environment (AWS_ACCESS_KEY_ID, ...), never from this file.
+    the environment (AWS_ACCESS_KEY_ID, ...), never from this file. `upload_cpus` (a CPU list such
+    as "48-63") gives the upload threads CPUs of their own, away from the ones training uses.
     """
 
     enable: bool = False
@@ -91,6 +93,7 @@ class CheckpointSpec:
     keep_local: int = 2
     keep_remote: int = 0
     keep_every: int = 0
+    upload_cpus: str | None = None
     expected_size_gb: int | None = None
 
 
@@ -238,6 +241,11 @@ def _validate(config: JobConfig) -> None:
             raise ConfigError(where, f"checkpoint.{key}", f"must be >= 0, got {getattr(config.checkpoint, key)}")
     if config.checkpoint.remote and not config.checkpoint.enable:
         raise ConfigError(where, "checkpoint.remote", "is set but checkpoint.enable is false")
+    if config.checkpoint.upload_cpus is not None:
+        try:
+            parse_cpu_list(config.checkpoint.upload_cpus)
+        except ValueError as error:
+            raise ConfigError(where, "checkpoint.upload_cpus", str(error)) from None
     if config.checkpoint.interval < 1:
         raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
     if config.checkpoint.expected_size_gb is not None and config.checkpoint.expected_size_gb < 1:

@@ -44,6 +44,7 @@ class CheckpointPlan:
     keep_remote: int
     keep_every: int
     config_digest: str
+    upload_cpus: str | None = None
 
     def rank_env(self, job_id: str) -> dict[str, str]:
         """What the checkpoint hook in every rank reads (no credentials: those come from the environment)."""
@@ -54,6 +55,8 @@ class CheckpointPlan:
                "SLURM_TITAN_CKPT_KEEP_LOCAL": str(self.keep_local),
                "SLURM_TITAN_CKPT_KEEP_REMOTE": str(self.keep_remote),
                "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY": str(self.keep_every)}
+        if self.upload_cpus:
+            env["SLURM_TITAN_CKPT_UPLOAD_CPUS"] = self.upload_cpus
         return env | ({"AWS_ENDPOINT_URL": self.endpoint_url} if self.endpoint_url else {})
 
 
@@ -212,7 +215,7 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
         return None
     return CheckpointPlan(_checkpoint_local(config), _fill(ckpt.remote, config) if ckpt.remote else None,
                           ckpt.endpoint_url, ckpt.keep_local, ckpt.keep_remote, ckpt.keep_every,
-                          config_digest(config))
+                          config_digest(config), ckpt.upload_cpus)
 
 
 def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:

@@ -70,8 +70,11 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     monkeypatch.setenv("SLURM_TITAN_CONFIG_DIGEST", "sha256:test")
     monkeypatch.setenv("SLURM_TITAN_CKPT_KEEP_LOCAL", "2")
     monkeypatch.setenv("SLURM_TITAN_CKPT_KEEP_REMOTE", "2")
+    monkeypatch.setenv("SLURM_TITAN_CKPT_UPLOAD_CPUS", str(max(os.sched_getaffinity(0))))
     mgr, model = _manager(tmp_path, interval=2, keep_latest_k=5)
     assert isinstance(mgr, titan_hook.SyncedCheckpointManager) and mgr.sync is not None
+    assert mgr.sync.pid != os.getpid()  # uploads run in a child process, outside training's GIL
+    assert os.sched_getaffinity(mgr.sync.pid) == {max(os.sched_getaffinity(0))}
     for step in range(1, 7):
         mgr.save(step)
     assert mgr.save_now(7)  # the preemption path: off-interval, full checkpoint

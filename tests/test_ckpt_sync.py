@@ -172,11 +172,14 @@ def test_credentials_never_in_records_or_logs(s3_env, tmp_path, caplog):
 
 def test_upload_and_commit_threads_yield_the_cpu_to_training(tmp_path):
     local = tmp_path / "local"
-    syncs = _ranks(str(tmp_path / "remote"), local, world_size=1, nice=7)
+    upload_cpu = max(os.sched_getaffinity(0))
+    syncs = _ranks(str(tmp_path / "remote"), local, world_size=1, nice=7, cpus=frozenset({upload_cpu}))
     write_fake_step(local, 10, world_size=1)
     syncs[0].submit(10)
     assert syncs[0].wait(timeout=30)
     training = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     for thread in (syncs[0]._uploader, syncs[0]._committer):
         assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, training + 7), thread.name
+        assert os.sched_getaffinity(thread.native_id) == {upload_cpu}, thread.name
+    assert len(os.sched_getaffinity(threading.get_native_id())) == os.cpu_count()  # training's thread: untouched
     _close(syncs)

@@ -74,3 +74,11 @@ def test_unknown_torchtitan_config_caught_before_submit(tmp_path: Path) -> None:
 def test_missing_dataset_path_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="torchtitan.args.dataloader.dataset_path: /no/such: no such file"):
         plan_job(load_config(pinned_debug_cpu(tmp_path), [("torchtitan.args.dataloader.dataset_path", "/no/such")]))
+
+
+def test_upload_cpus_reach_every_rank_and_are_left_out_when_unset(tmp_path: Path) -> None:
+    config = pinned_debug_cpu(tmp_path)
+    pinned = plan_job(load_config(config, [("checkpoint.upload_cpus", "1,3")])).node.checkpoint
+    assert pinned is not None and pinned.rank_env("77")["SLURM_TITAN_CKPT_UPLOAD_CPUS"] == "1,3"
+    default = plan_job(load_config(config)).node.checkpoint
+    assert default is not None and "SLURM_TITAN_CKPT_UPLOAD_CPUS" not in default.rank_env("77")

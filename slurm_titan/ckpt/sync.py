@@ -24,7 +24,6 @@ import os
 import queue
 import shutil
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from slurm_titan.errors import StorageError
 
 from . import layout
+from .background import background_thread
 from .checksum import DEFAULT_ALGORITHM
 from .manifest import FileEntry, Manifest, ManifestError, Receipt, utc_iso
 from .store import Store, open_store
@@ -68,19 +68,6 @@ class _Step:
     error: str = ""
 
 
-def lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's nice value by `nice` (at most 19). On Linux the nice value is per
-    thread and threads inherit it from the thread that starts them; elsewhere this does nothing
-    (a thread id is not a process id there)."""
-    if nice <= 0 or not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError as e:
-        log.warning("cannot lower the priority of thread %s: %s", threading.current_thread().name, e)
-
-
 class CheckpointSync:
     """Background uploader (every rank) and committer (rank 0) for one run.
 
@@ -98,6 +85,7 @@ class CheckpointSync:
         nice: how much lower than training's the CPU priority of the upload and commit threads
             (and the transfer threads they start) is: training keeps the cores it needs and the
             upload takes what is left (0: same priority).
+        cpus: the CPUs those threads run on (None: training's); see ``checkpoint.upload_cpus``.
 
     Raises StorageError (one line) at construction if the remote is unreachable.
     """
@@ -106,7 +94,8 @@ class CheckpointSync:
                  config_digest: str = "", attempt: str | None = None, keep_local: int = 0,
                  keep_remote: int = 0, keep_remote_every: int = 0, endpoint_url: str | None = None,
                  storage_options: dict | None = None, retry_initial: float = 1.0, retry_max: float = 60.0,
-                 poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM, nice: int = 10) -> None:
+                 poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM, nice: int = 10,
+                 cpus: frozenset[int] | None = None) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"bad rank {rank} / world size {world_size}")
         self.store = remote if isinstance(remote, Store) else open_store(
@@ -117,7 +106,7 @@ class CheckpointSync:
         self.attempt = default_attempt() if attempt is None else attempt
         self.keep_local, self.keep_remote, self.keep_remote_every = keep_local, keep_remote, keep_remote_every
         self.retry_initial, self.retry_max, self.poll_interval = retry_initial, retry_max, poll_interval
-        self.algorithm, self.nice = algorithm, nice
+        self.algorithm, self.nice, self.cpus = algorithm, nice, cpus
         self.host = socket.gethostname()
         self._steps: dict[int, _Step] = {}
         self._lock = threading.Lock()
@@ -275,7 +264,7 @@ class CheckpointSync:
         return sorted(out, key=lambda x: x[1])
 
     def _upload_loop(self) -> None:
-        lower_thread_priority(self.nice)
+        background_thread(self.nice, self.cpus)
         while True:
             step = self._uploads.get()
             if step is None:
@@ -335,7 +324,7 @@ class CheckpointSync:
 
     # ------------------------------------------------------------------------------ commit
     def _commit_loop(self) -> None:
-        lower_thread_priority(self.nice)
+        background_thread(self.nice, self.cpus)
         while True:
             step = self._commits.get()
             if step is None:

@@ -3,8 +3,10 @@
 Activate with ``--override.imports slurm_titan.ckpt.titan_hook.synced_checkpoints`` (the
 log then says ``Applied 1 override(s)``). It replaces torchtitan's ``CheckpointManager``
 with :class:`SyncedCheckpointManager`, which after torchtitan's own save of step N on this
-rank (node-local ``checkpoint.folder``) calls ``CheckpointSync.submit(N)``; training goes on
-while the files upload, and rank 0 commits the checkpoint once every rank's files are up.
+rank (node-local ``checkpoint.folder``) hands step N to the rank's uploader process
+(:mod:`slurm_titan.ckpt.uploader`, a CheckpointSync outside training's GIL); training goes on
+while the files upload, and rank 0's uploader commits the checkpoint once every rank's files
+are up.
 
 Settings come from the environment (the node launcher sets them):
 
@@ -15,6 +17,8 @@ Settings come from the environment (the node launcher sets them):
   ``checkpoint.keep_latest_k``; 0 keeps all). Local files go only once uploaded.
 - ``SLURM_TITAN_CKPT_KEEP_REMOTE`` / ``SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY``: remote
   retention applied by rank 0 after each commit (0: keep all).
+- ``SLURM_TITAN_CKPT_UPLOAD_CPUS``: CPU list the upload threads run on (``checkpoint.upload_cpus``;
+  unset: training's CPUs, at a lower priority).
 - ``SLURM_TITAN_CKPT_CLOSE_TIMEOUT``: seconds ``close()`` waits for pending uploads
   (default: until done).
 - S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
@@ -38,7 +42,8 @@ from slurm_titan.errors import ConfigError
 from slurm_titan.node import preemption, progress
 from slurm_titan.node.resume import SKIP_DATALOADER_ENV, wait_for_restore
 
-from .sync import CheckpointSync
+from .background import format_cpu_list, parse_cpu_list
+from .uploader import UploaderProcess, UploadSettings
 
 log = logging.getLogger("slurm_titan.ckpt.titan_hook")
 
@@ -48,6 +53,7 @@ ENV_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
 ENV_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
 ENV_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
 ENV_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
+ENV_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -61,6 +67,14 @@ def _env_int(name: str, default: int) -> int:
     if value < 0:
         raise ConfigError("environment", name, f"must be >= 0, got {value}")
     return value
+
+
+def _env_cpus(name: str) -> frozenset[int] | None:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return parse_cpu_list(raw) if raw else None
+    except ValueError as e:
+        raise ConfigError("environment", name, str(e)) from None
 
 
 def _rank_world() -> tuple[int, int]:
@@ -78,7 +92,7 @@ class SyncedCheckpointManager(CheckpointManager):
 
     def __init__(self, config: Config, **kwargs) -> None:
         wait_for_restore()  # the node restores the checkpoint folder while the model is built
-        self.sync: CheckpointSync | None = None
+        self.sync: UploaderProcess | None = None
         self._sync_closed = False
         self._force_save = False
         super().__init__(config, **kwargs)
@@ -94,19 +108,21 @@ class SyncedCheckpointManager(CheckpointManager):
             return
         rank, world = _rank_world()
         keep_local = _env_int(ENV_KEEP_LOCAL, config.keep_latest_k)
-        self.sync = CheckpointSync(
+        cpus = _env_cpus(ENV_UPLOAD_CPUS)
+        self.sync = UploaderProcess(UploadSettings(
             remote,
-            self.folder,
+            os.path.abspath(self.folder),
             rank=rank,
             world_size=world,
             config_digest=os.environ.get(ENV_DIGEST, ""),
             keep_local=keep_local,
             keep_remote=_env_int(ENV_KEEP_REMOTE, 0),
             keep_remote_every=_env_int(ENV_KEEP_REMOTE_EVERY, 0),
-        )
-        log.info("checkpoints of %s are uploaded to %s in the background (keep %s local, %s remote)",
-                 self.folder, self.sync.store.location, keep_local or "all",
-                 _env_int(ENV_KEEP_REMOTE, 0) or "all")
+            cpus=tuple(sorted(cpus or ())),
+        ))
+        log.info("checkpoints of %s are uploaded to %s in the background by process %d (keep %s local, %s remote; "
+                 "on %s)", self.folder, self.sync.location, self.sync.pid, keep_local or "all",
+                 _env_int(ENV_KEEP_REMOTE, 0) or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
 
     # -- preemption: every step boundary -------------------------------------------------
     def save(self, curr_step: int, last_step: bool = False) -> bool:

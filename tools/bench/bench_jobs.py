@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from slurm_titan import history, registry, status  # noqa: E402
+from slurm_titan.ckpt.background import format_cpu_list, parse_cpu_list  # noqa: E402
 
 CONFIG = "configs/debug_cpu.yaml"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -98,12 +99,15 @@ def first_after(lines: list[Line], pattern: str, after: float | None) -> float |
     return next((ln.t for ln in lines if ln.t >= after and re.search(pattern, ln.text)), None)
 
 
-def pin_threads(pid: int, cpus: set[int]) -> None:
-    """Pin every thread of process `pid` to `cpus` (threads they start later inherit it)."""
+def pin_threads(pid: int, cpus: frozenset[int]) -> None:
+    """Pin the threads of process `pid` that still may run on every CPU to `cpus` (threads they
+    start later inherit it); threads that chose their own CPUs (checkpoint.upload_cpus) stay."""
+    every = set(range(os.cpu_count() or 1))
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(tid), cpus)
+                if os.sched_getaffinity(int(tid)) == every:
+                    os.sched_setaffinity(int(tid), cpus)
 
 
 def job_pids(job: str) -> list[int]:
@@ -136,6 +140,8 @@ class Bench:
         """Submit with `--set` each of `sets` (KEY=VALUE) after the steps and a private runs folder."""
         cmd = [sys.executable, "-m", "slurm_titan.cli", "submit", CONFIG, "--nodes", str(self.args.nodes),
                "--set", f"torchtitan.args.training.steps={self.args.steps}", "--set", f"runs_dir={self.work / 'runs'}"]
+        if self.args.upload_cpus is not None:
+            cmd += ["--set", f"checkpoint.upload_cpus={format_cpu_list(self.args.upload_cpus)}"]
         for item in sets:
             cmd += ["--set", item]
         submitted = time.time()
@@ -155,9 +161,9 @@ class Bench:
         deadline, checked = time.monotonic() + self.args.timeout, 0.0
         while time.monotonic() < deadline:
             run.load.append(os.getloadavg()[0])
-            if self.args.store_cpu is not None:
+            if self.args.training_cpus is not None:
                 for pid in job_pids(run.job):
-                    pin_threads(pid, set(range(os.cpu_count() or 1)) - {self.args.store_cpu})
+                    pin_threads(pid, self.args.training_cpus)
             if until is not None and until():
                 return
             if until is None or time.monotonic() - checked >= interval:
@@ -210,9 +216,12 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=2, help="nodes, one rank each (default 2)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--remote", choices=["dir", "s3"], default="dir", help="checkpoint remote (default dir)")
-    ap.add_argument("--store-cpu", type=int, help="with --remote s3: pin the S3 server to this CPU and the jobs' "
-                    "processes to the others, so the store does not take training's cores (on a cluster it runs "
-                    "elsewhere); use with --nodes 1 on a 2-core machine")
+    ap.add_argument("--training-cpus", type=parse_cpu_list, help="pin the jobs' processes to these CPUs (a list "
+                    "such as 0 or 0-3), all but the upload threads that --upload-cpus gives CPUs of their own")
+    ap.add_argument("--upload-cpus", type=parse_cpu_list, help="checkpoint.upload_cpus for every job: the upload "
+                    "threads run on these CPUs, as on a cluster node where training leaves host cores free")
+    ap.add_argument("--store-cpus", type=parse_cpu_list, help="with --remote s3: pin the S3 server to these CPUs "
+                    "(on a cluster it runs elsewhere)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one job")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder and node-local checkpoints")
@@ -259,8 +268,8 @@ def _start_work(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, 
         server = Server(port=free_port(), data_dir=str(work / "s3"), bucket="slurm-titan-bench").start(
             die_with_parent=True)
         env |= server.env()
-        if args.store_cpu is not None:
-            pin_threads(server.running_pid(), {args.store_cpu})
+        if args.store_cpus is not None:
+            pin_threads(server.running_pid(), args.store_cpus)
         args.remote_base = "s3://slurm-titan-bench/runs"
     else:
         args.remote_base = str(work / "remote")

@@ -2,7 +2,9 @@
 """Benchmark: what the background upload of checkpoints costs training (issue 4: <= 1.05x).
 
     eval "$(tools/local-cluster env)"
-    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1 [--store-cpu 1]]
+    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1]
+    # a cluster node's layout on 2 cores: training on CPU 0; the upload and the store on CPU 1
+    .venv/bin/python tools/bench/checkpoint_stall.py --nodes 1 --remote s3 --training-cpus 0 --upload-cpus 1 --store-cpus 1
 
 Each repeat submits configs/debug_cpu.yaml (--nodes, default 2, one rank each) twice, one job
 after the other, in alternating order, both saving a checkpoint every --interval steps to node-local disk:
@@ -18,12 +20,13 @@ save is in it, and the upload runs beside it) and of the other steps, and from
 the run's history the running time (the first start -> the end, which includes waiting for the
 last checkpoint's upload). It reports with-remote / local-only for each (1.00 = the upload costs
 nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
-every figure. With --remote s3 the store runs on the same cores as the training ranks (on a
-cluster it runs elsewhere), so the CPU seconds it used during each run are reported too
-(store_cpu_s): that much of any stall is the store's, not the uploader's. With --nodes 1
---store-cpu 1 the store is pinned to CPU 1 and the job's processes (training and the uploader's
-threads) to the other CPUs, so the store takes no CPU from training, as on a cluster where it
-runs elsewhere.
+every figure. With --remote s3 the store runs on the same cores as the training ranks unless --store-cpus
+pins it elsewhere (on a cluster it runs elsewhere), so the CPU seconds it used during each run
+are reported too (store_cpu_s): that much of any stall is the store's, not the uploader's.
+--upload-cpus sets checkpoint.upload_cpus (the upload threads' own CPUs) and --training-cpus
+pins every other thread of the jobs: with --nodes 1 on 2 cores, training on CPU 0 and the
+upload (and store) on CPU 1 is a cluster node's layout, where training runs on the
+accelerators and leaves host cores free for the upload.
 """
 
 from __future__ import annotations

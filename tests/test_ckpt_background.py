@@ -1,0 +1,62 @@
+"""The upload threads' own CPUs and priority (slurm_titan.ckpt.background)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from slurm_titan.ckpt.background import background_thread, confine_thread, format_cpu_list, parse_cpu_list
+
+
+@pytest.mark.parametrize(("text", "cpus"), [("1", {1}), ("0-3,8", {0, 1, 2, 3, 8}),
+                                            ("48-50, 112-113", {48, 49, 50, 112, 113}), ("2,2", {2})])
+def test_cpu_lists_parse_and_format_back(text: str, cpus: set[int]) -> None:
+    assert parse_cpu_list(text) == cpus
+    assert parse_cpu_list(format_cpu_list(frozenset(cpus))) == cpus
+
+
+@pytest.mark.parametrize(("text", "problem"), [("", "is not a CPU list"), ("a-b", "is not a CPU list"),
+                                               ("1-", "is not a CPU list"), ("-1", "is not a CPU list"),
+                                               ("3-1", "the range runs backwards")])
+def test_bad_cpu_lists_are_refused_in_one_line(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_cpu_list(text)
+
+
+def _in_thread(fn) -> dict[str, object]:
+    """Run `fn` in a new thread, then report that thread's CPUs and those of a thread it started."""
+    seen: dict[str, object] = {}
+
+    def body() -> None:
+        fn()
+        seen["own"] = os.sched_getaffinity(threading.get_native_id())
+        child = threading.Thread(target=lambda: seen.update(child=os.sched_getaffinity(threading.get_native_id())))
+        child.start()
+        child.join()
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    return seen
+
+
+def test_a_confined_thread_and_the_threads_it_starts_run_on_its_cpus_only() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    training_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = _in_thread(lambda: background_thread(5, frozenset({cpu})))
+    assert seen["own"] == seen["child"] == {cpu}
+    assert seen["nice"] == min(19, training_nice + 5)
+    assert os.sched_getaffinity(0) == before  # the caller (training) keeps its CPUs
+
+
+def test_cpus_the_job_may_not_use_leave_the_thread_where_it_was_with_a_warning(caplog) -> None:
+    allowed = os.sched_getaffinity(0)
+    with caplog.at_level(logging.WARNING, logger="slurm_titan.ckpt.background"):
+        seen = _in_thread(lambda: confine_thread(frozenset({4000})))
+    assert seen["own"] == allowed
+    assert "checkpoint.upload_cpus 4000 cannot be used here" in caplog.text
