@@ -14,7 +14,8 @@ Modules (each with one job):
 - :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
 - :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
 - :mod:`.sync`       per-rank background uploader and rank-0 committer
-- :mod:`.background` the upload threads' priority and CPUs
+- :mod:`.uploader`   a rank's CheckpointSync in a child process (outside training's GIL)
+- :mod:`.background` the uploader's priority and CPUs
 - :mod:`.catalog`    list / show / verify / restore
 - :mod:`.retention`  which checkpoints to keep, and pruning
 - :mod:`.resume`     before a (re)start: newest complete checkpoint onto a node's local disk

@@ -1,7 +1,8 @@
 """Keep the checkpoint upload's threads out of training's way.
 
-Two per-thread settings, applied by the upload and commit threads to themselves; on Linux both
-are per thread and every thread they start (the transfer pools) inherits them:
+Two per-thread settings, which the uploader process applies to its main thread first thing (and
+CheckpointSync's own threads to themselves when it runs in-process); on Linux both are per
+thread and every thread started afterwards (the transfer pools) inherits them:
 
 - a lower CPU priority (nice), so training keeps the cores it needs;
 - optionally CPUs of their own (``checkpoint.upload_cpus``, a CPU list as ``taskset -c`` takes

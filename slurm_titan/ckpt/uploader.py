@@ -2,9 +2,9 @@
 
 Uploading in a thread of the training process costs training more than the CPU it uses: every
 bit of Python the upload runs (HTTP, retries, receipts) holds the GIL that the training loop
-needs to launch each operator. Measured here: a training loop on one core slowed 2.05x while a
-thread of the same process uploaded from another core, and 1.14x while a child process did the
-same upload. So each rank starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to
+needs to launch each operator. ``tools/bench/upload_interference.py`` measured a training loop
+on one core 1.54x slower while a thread of its process uploaded from another core, and 0.97x
+(no slower) while a child process did the same uploads. So each rank starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to
 it over a pipe; :class:`UploaderProcess` offers the parent the same calls as CheckpointSync.
 
 The child runs at a lower priority and, with ``cpus``, on CPUs of its own (the whole process: its
