@@ -3,8 +3,8 @@
 Uploading in a thread of the training process costs training more than the CPU it uses: every
 bit of Python the upload runs (HTTP, retries, receipts) holds the GIL that the training loop
 needs to launch each operator. ``tools/bench/upload_interference.py`` measured a training loop
-on one core 1.54x slower while a thread of its process uploaded from another core, and 0.97x
-(no slower) while a child process did the same uploads. So each rank starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to
+on one core 1.52x slower while a thread of its process uploaded from another core without a
+pause, and 1.11x slower while a child process did the same uploads (5 rounds). So each rank starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to
 it over a pipe; :class:`UploaderProcess` offers the parent the same calls as CheckpointSync.
 
 The child runs at a lower priority and, with ``cpus``, on CPUs of its own (the whole process: its

@@ -18,7 +18,9 @@ From rank 0's log it takes the median time the training loop stops for a save (t
 the training time (step 1 -> the last step), the median time of a step that follows a save (the
 save is in it, and the upload runs beside it) and of the other steps, and from
 the run's history the running time (the first start -> the end, which includes waiting for the
-last checkpoint's upload). It reports with-remote / local-only for each (1.00 = the upload costs
+last checkpoint's upload). save_step_extra_s is what a step that includes a save takes beyond the
+save and an ordinary step of the same job: the upload's cost to the step it runs beside, measured
+within one job, so that the speed of this shared machine, which drifts from job to job, cancels. It reports with-remote / local-only for each (1.00 = the upload costs
 nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
 every figure. With --remote s3 the store runs on the same cores as the training ranks unless --store-cpus
 pins it elsewhere (on a cluster it runs elsewhere), so the CPU seconds it used during each run
@@ -63,8 +65,11 @@ def figures(run: Run, interval: int) -> dict[str, Any]:
     gaps = {s: t[s + 1] - t[s] for s in t if s + 1 in t and s >= 2}  # step 1 -> 2 carries warm-up
     after_save = [gap for s, gap in gaps.items() if s % interval == 0]
     other = [gap for s, gap in gaps.items() if s % interval != 0]
+    extra = (statistics.median(after_save) - statistics.median(saves) - statistics.median(other)
+             if after_save and saves and other else None)
     return run.summary() | {
         "save_s": rounded(statistics.median(saves) if saves else None, 3),
+        "save_step_extra_s": rounded(extra, 3),
         "train_s": rounded(t[last] - t[1] if 1 in t else None, 2),
         "step_after_save_s": rounded(statistics.median(after_save) if after_save else None, 3),
         "other_step_s": rounded(statistics.median(other) if other else None, 3),
@@ -91,7 +96,7 @@ def one_repeat(bench: Bench, runs: list[Run], index: int) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     rows = [f"{'':<20}{'local only':>27}{'with remote':>27}{'with / local':>27}"]
-    for key in (*FIGURES, "load_1min_mean", "store_cpu_s"):
+    for key in (*FIGURES, "save_step_extra_s", "load_1min_mean", "store_cpu_s"):
         cells = [median_spread([r[v][key] for r in results], 3) for v in VARIANTS]
         ratio = median_spread([r["ratio"][key] for r in results], 3) if key in FIGURES else ""
         rows.append(f"{key:<20}{cells[0]:>27}{cells[1]:>27}{ratio:>27}")
