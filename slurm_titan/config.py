@@ -82,7 +82,7 @@ class CheckpointSpec:
 
     `{name}` and `{job_id}` in `local` / `remote` are filled in per job. S3 credentials come from
     the environment (AWS_ACCESS_KEY_ID, ...), never from this file. `upload_cpus` (a CPU list such
-    as "48-63") gives the upload threads CPUs of their own, away from the ones training uses.
+    as "48-63") gives the uploader CPUs of its own, away from the ones training uses.
     """
 
     enable: bool = False

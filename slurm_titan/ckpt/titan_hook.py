@@ -17,8 +17,8 @@ Settings come from the environment (the node launcher sets them):
   ``checkpoint.keep_latest_k``; 0 keeps all). Local files go only once uploaded.
 - ``SLURM_TITAN_CKPT_KEEP_REMOTE`` / ``SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY``: remote
   retention applied by rank 0 after each commit (0: keep all).
-- ``SLURM_TITAN_CKPT_UPLOAD_CPUS``: CPU list the upload threads run on (``checkpoint.upload_cpus``;
-  unset: training's CPUs, at a lower priority).
+- ``SLURM_TITAN_CKPT_UPLOAD_CPUS``: CPU list the uploader process runs on
+  (``checkpoint.upload_cpus``; unset: training's CPUs, at a lower priority).
 - ``SLURM_TITAN_CKPT_CLOSE_TIMEOUT``: seconds ``close()`` waits for pending uploads
   (default: until done).
 - S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...

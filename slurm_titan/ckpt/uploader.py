@@ -4,8 +4,9 @@ Uploading in a thread of the training process costs training more than the CPU i
 bit of Python the upload runs (HTTP, retries, receipts) holds the GIL that the training loop
 needs to launch each operator. ``tools/bench/upload_interference.py`` measured a training loop
 on one core 1.52x slower while a thread of its process uploaded from another core without a
-pause, and 1.11x slower while a child process did the same uploads (5 rounds). So each rank starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to
-it over a pipe; :class:`UploaderProcess` offers the parent the same calls as CheckpointSync.
+pause, and 1.11x slower while a child process did the same uploads (5 rounds). So each rank
+starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to it over a pipe;
+:class:`UploaderProcess` offers the parent the same calls as CheckpointSync.
 
 The child runs at a lower priority and, with ``cpus``, on CPUs of its own (the whole process: its
 transfer threads inherit both). It ignores the stop signals (the rank decides when to stop and
@@ -66,8 +67,6 @@ class UploaderProcess:
     remote location, as CheckpointSync would."""
 
     def __init__(self, settings: UploadSettings, start_timeout: float = 300.0) -> None:
-        self.settings = settings
-        self.cpus = frozenset(settings.cpus) or None
         self.location = ""
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
@@ -222,9 +221,11 @@ def _die_with_parent(parent: int) -> None:
 
 def serve(commands: IO[str], events: IO[str]) -> int:
     """The child: read the settings and then commands from `commands`, answer on `events`."""
+    settings = UploadSettings(**json.loads(commands.readline()))
+    # the whole process at once, before the imports: every thread started from here on inherits both
+    background_thread(settings.nice, frozenset(settings.cpus) or None)
     from .sync import CheckpointSync
 
-    settings = UploadSettings(**json.loads(commands.readline()))
     lock = threading.Lock()
 
     def say(event: dict[str, Any]) -> None:
@@ -232,8 +233,6 @@ def serve(commands: IO[str], events: IO[str]) -> int:
             events.write(json.dumps(event) + "\n")
             events.flush()
 
-    # the whole process at once: every thread started from here on inherits both
-    background_thread(settings.nice, frozenset(settings.cpus) or None)
     try:
         sync = CheckpointSync(settings.remote, settings.local_folder, rank=settings.rank,
                               world_size=settings.world_size, config_digest=settings.config_digest,

@@ -217,9 +217,9 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--remote", choices=["dir", "s3"], default="dir", help="checkpoint remote (default dir)")
     ap.add_argument("--training-cpus", type=parse_cpu_list, help="pin the jobs' processes to these CPUs (a list "
-                    "such as 0 or 0-3), all but the upload threads that --upload-cpus gives CPUs of their own")
-    ap.add_argument("--upload-cpus", type=parse_cpu_list, help="checkpoint.upload_cpus for every job: the upload "
-                    "threads run on these CPUs, as on a cluster node where training leaves host cores free")
+                    "such as 0 or 0-3), all but the uploader, which --upload-cpus gives CPUs of its own")
+    ap.add_argument("--upload-cpus", type=parse_cpu_list, help="checkpoint.upload_cpus for every job: the "
+                    "uploader runs on these CPUs, as on a cluster node where training leaves host cores free")
     ap.add_argument("--store-cpus", type=parse_cpu_list, help="with --remote s3: pin the S3 server to these CPUs "
                     "(on a cluster it runs elsewhere)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one job")

