@@ -13,6 +13,7 @@ Modules (each with one job):
 - :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
 - :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
 - :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
+- :mod:`.ranged`     a restored file filled by ranges: O_DIRECT writes, hashed in order
 - :mod:`.sync`       per-rank background uploader and rank-0 committer
 - :mod:`.uploader`   a rank's CheckpointSync in a child process (outside training's GIL)
 - :mod:`.background` the uploader's priority and CPUs
