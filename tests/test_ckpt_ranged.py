@@ -44,6 +44,14 @@ def test_ranges_written_and_hashed_in_file_order(tmp_path, budget_parts, direct)
     assert (tmp_path / "f").read_bytes() == data
     assert f.checksum() == (len(data), hash_bytes(data, "xxh3_128"))
     assert len(handed_back) == len(ORDER) and budget.left == budget_parts * PART
+    assert f.direct_ok is (direct and _direct_supported(tmp_path))  # the path named is the path taken
+
+
+def _direct_supported(folder) -> bool:
+    fd = ranged._open_direct(str(folder / "f"))
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0
 
 
 def test_a_buffer_that_o_direct_refuses_is_written_through_the_page_cache(tmp_path):
