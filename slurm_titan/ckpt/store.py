@@ -65,7 +65,8 @@ class TransferConfig:
     they would need more than 9,000 parts (S3 allows 10,000)."""
     concurrency: int = 8
     """Parts in flight (upload memory is bounded by concurrency x part_size = 128 MiB; the S3 path
-    keeps up to 8 part buffers for the next upload)."""
+    keeps up to 8 part buffers for the next upload). An S3 restore holds up to twice that: the
+    ranges in flight and, while they wait their turn to be hashed, as many that landed early."""
     file_concurrency: int = 4
     """Files moved at once."""
     direct_io: bool = True
