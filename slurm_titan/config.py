@@ -42,6 +42,7 @@ class SlurmSpec:
     cpus_per_node: int | None = None
     mem: str | None = None
     port_window: list[int] = field(default_factory=lambda: [20000, 29999])
+    spare_nodes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,12 +100,15 @@ class CheckpointSpec:
 
 @dataclass
 class PreemptionSpec:
-    """Requeue policy: the warning signal comes `signal_seconds` before the time limit (time for a
-    checkpoint and its upload); crashes requeue only `max_failures` times; requeues are capped."""
+    """Retry policy: the warning signal comes `signal_seconds` before the time limit (time for a
+    checkpoint and its upload); requeues are capped by `max_requeues`; failed attempts are retried
+    (inside the allocation when it can) up to `max_failures` over the run, and the run ends as a
+    restart loop after `max_failures_without_progress` failures in a row that trained no new step."""
 
     signal_seconds: int = 300
     max_requeues: int = 20
-    max_failures: int = 0
+    max_failures: int = 20
+    max_failures_without_progress: int = 3
 
 
 @dataclass
@@ -233,6 +237,11 @@ def _validate(config: JobConfig) -> None:
     for key in ("signal_seconds", "max_requeues", "max_failures"):
         if getattr(config.preemption, key) < 0:
             raise ConfigError(where, f"preemption.{key}", f"must be >= 0, got {getattr(config.preemption, key)}")
+    if config.preemption.max_failures_without_progress < 1:
+        raise ConfigError(where, "preemption.max_failures_without_progress",
+                          f"must be >= 1, got {config.preemption.max_failures_without_progress}")
+    if slurm.spare_nodes < 0:
+        raise ConfigError(where, "slurm.spare_nodes", f"must be >= 0, got {slurm.spare_nodes}")
     if config.preemption.signal_seconds >= time_limit_minutes(slurm.time) * 60:
         raise ConfigError(where, "preemption.signal_seconds",
                           f"{config.preemption.signal_seconds} s is not shorter than slurm.time {slurm.time}")

@@ -17,7 +17,7 @@ HISTORY_FILE = "history.jsonl"
 
 @dataclass
 class Attempt:
-    """One run of the job (Slurm's SLURM_RESTART_COUNT numbers them from 0)."""
+    """One attempt of the job: one srun step, numbered from 0 across restarts in the allocation and requeues."""
 
     attempt: int
     hosts: list[str] = field(default_factory=list)
@@ -31,6 +31,13 @@ class Attempt:
     stopped_time: float | None = None
     stop_signal: str | None = None
     last_step: int | None = None  # the run's final step, trained in this attempt
+    trained_step: int | None = None  # the last step this attempt trained
+    progressed: bool | None = None  # it trained a step beyond every earlier attempt's
+    action: str | None = None  # what followed: stop | requeue | restart
+    cause: str | None = None  # a failure's attribution: "crashed on n2 rank 1 with SIGKILL", "node n2 lost"
+    culprit: str | None = None  # the node that failure is blamed on
+    note: str | None = None  # why the decision went that way ("max_failures=20 reached", ...)
+    excluded: list[str] = field(default_factory=list)  # nodes left out after this attempt
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -59,6 +66,10 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
             attempt.started, attempt.hosts = stamp, record.pop("hosts", [])
         elif event == "end":
             attempt.ended, attempt.exit_code, attempt.reason = stamp, record.pop("exit_code", None), record.pop("reason", None)
+            attempt.trained_step, attempt.progressed = record.pop("trained_step", None), record.pop("progressed", None)
+            attempt.action, attempt.cause = record.pop("action", None), record.pop("cause", None)
+            attempt.culprit, attempt.note = record.pop("culprit", None), record.pop("note", None) or None
+            attempt.excluded = record.pop("excluded", [])
         elif event == "first-step":
             attempt.first_step, attempt.first_step_time = record.pop("step"), stamp
         elif event == "stopped":
@@ -70,9 +81,18 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
     return [attempts[key] for key in sorted(attempts)]
 
 
+def stalled_failures(attempts: list[Attempt]) -> int:
+    """Failed attempts without progress in a row at the end of `attempts` (the restart-loop count)."""
+    count = 0
+    for attempt in attempts:
+        count = count + 1 if attempt.reason == "failed" and attempt.progressed is False else 0
+    return count
+
+
 def as_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
     """Attempts as dicts, each with `time_lost_s`: from its end to the next attempt's first step
-    (Slurm's wait, restore and start-up), the stall a requeue costs."""
+    (Slurm's wait, or the restart, then restore and start-up), and `steps_retrained`: the steps it
+    trained that the next attempt trained again (those after the checkpoint it resumed from)."""
     rows = [asdict(attempt) for attempt in attempts]
     for row, following in zip(rows, attempts[1:]):
         if row["reason"] is None:  # killed before the batch script could record its end
@@ -80,4 +100,7 @@ def as_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
         last_alive = row["ended"] or row["stopped_time"]
         if last_alive and following.first_step_time:
             row["time_lost_s"] = round(following.first_step_time - last_alive, 1)
+        last_trained = row["trained_step"] or row["stopped_at_step"]
+        if last_trained and following.first_step:
+            row["steps_retrained"] = max(0, last_trained - following.first_step + 1)
     return rows

@@ -12,7 +12,7 @@ import hashlib
 import json
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
 RANK_ENTRY = "slurm_titan.node.rank_entry"
 HOLD_SIGNALS_VAR = "hold_stop_signals"  # set by the node set-up template, used on the srun line
+STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES"
+"""srun options on the srun line: each attempt runs on the nodes the batch shell chose (spares left out)."""
 _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -94,9 +96,10 @@ class JobPlan:
 
     @property
     def launcher(self) -> str:
-        """What submitit's srun line starts the node supervisor with: the Python, behind the set-up's
-        hold on Slurm's warning signals (see slurm_titan.node.preemption)."""
-        return f"${HOLD_SIGNALS_VAR} {shlex.quote(self.python)}"
+        """What follows srun's own options on submitit's srun line: the attempt's nodes (srun options,
+        see slurm_titan.node.allocation), then the Python, behind the set-up's hold on Slurm's warning
+        signals (see slurm_titan.node.preemption)."""
+        return f"{STEP_NODES} ${HOLD_SIGNALS_VAR} {shlex.quote(self.python)}"
 
     @property
     def submitit_command(self) -> str:
@@ -107,6 +110,10 @@ class JobPlan:
         """The exact sbatch script submitit writes for this plan."""
         return _make_sbatch_string(command=self.submitit_command, folder=self.folder, **self.parameters)
 
+    def with_spares(self, spares: int) -> JobPlan:
+        """The same plan allocating `spares` spare nodes beside `slurm.nodes`."""
+        return replace(self, parameters=self.parameters | {"nodes": self.config.slurm.nodes + spares})
+
     def node_command(self) -> str:
         """What every node's supervisor starts for each of its devices."""
         return shlex.join(self.node.rank_argv)
@@ -115,7 +122,8 @@ class JobPlan:
         return (
             f"# ---- sbatch script ({self.folder}/%j_submission.sh) ----\n{self.script()}\n"
             f"# ---- on each of {self.config.slurm.nodes} node(s): {self.node.procs_per_node} process(es), "
-            f"RANK = SLURM_NODEID * {self.node.procs_per_node} + LOCAL_RANK ----\n{self.node_command()}\n"
+            f"RANK = node's place in SLURM_TITAN_NODES * {self.node.procs_per_node} + LOCAL_RANK ----\n"
+            f"{self.node_command()}\n"
         )
 
 
@@ -223,14 +231,16 @@ def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:
     return render("node_teardown.sh.tmpl", python=shlex.quote(python),
                   job_dir=shlex.quote(job_dir),
                   nodes=str(config.slurm.nodes), max_requeues=str(policy.max_requeues),
-                  max_failures=str(policy.max_failures), signal_seconds=str(policy.signal_seconds)).rstrip("\n").splitlines()
+                  max_failures=str(policy.max_failures),
+                  max_failures_without_progress=str(policy.max_failures_without_progress),
+                  signal_seconds=str(policy.signal_seconds)).rstrip("\n").splitlines()
 
 
 def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str]) -> dict[str, Any]:
     slurm = config.slurm
     parameters: dict[str, Any] = {
         "job_name": config.name,
-        "nodes": slurm.nodes,
+        "nodes": slurm.nodes + slurm.spare_nodes,
         "ntasks_per_node": 1,
         "time": time_limit_minutes(slurm.time),
         "setup": setup,
@@ -244,7 +254,7 @@ def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str])
     parameters |= {key: value for key, value in optional.items() if value is not None}
     if slurm.exclusive:
         parameters["exclusive"] = True
-    parameters["additional_parameters"] = {"requeue": True} | slurm.extra
+    parameters["additional_parameters"] = {"requeue": True, "no_kill": True} | slurm.extra
     return parameters
 
 
@@ -263,7 +273,8 @@ def plan_job(config: JobConfig) -> JobPlan:
                    env_exports=export_lines(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
                    stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS),
                    titan_module=shlex.quote(config.torchtitan.module),
-                   titan_config=shlex.quote(config.torchtitan.config)).rstrip("\n").splitlines()
+                   titan_config=shlex.quote(config.torchtitan.config), job_dir=shlex.quote(job_dir),
+                   nodes=str(config.slurm.nodes)).rstrip("\n").splitlines()
     checkpoint = _checkpoint_plan(config)
     node = NodeSpec(
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from slurm_titan.hostlist import expand_hostlist
 
 DEFAULT_PORT_WINDOW = (20000, 29999)
+NODES_ENV = "SLURM_TITAN_NODES"
+"""The attempt's training nodes, in node-rank order (set by the batch shell: `slurm_titan.node.allocation`)."""
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
@@ -91,20 +93,32 @@ def from_slurm_env(
     port_window: tuple[int, int] = DEFAULT_PORT_WINDOW,
     ephemeral: tuple[int, int] | None = None,
 ) -> Rendezvous:
-    """Build this node's rendezvous from SLURM_JOB_NODELIST / SLURM_NODEID / SLURM_JOB_NUM_NODES / SLURM_JOB_ID."""
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        raise RendezvousError("SLURM_JOB_NODELIST is not set: not running inside a Slurm job")
-    try:
-        hosts = tuple(expand_hostlist(nodelist))
-    except ValueError as error:
-        raise RendezvousError(str(error)) from None
-    num_nodes = _int_var(env, "SLURM_JOB_NUM_NODES")
-    node_rank = _int_var(env, "SLURM_NODEID")
-    if num_nodes != len(hosts):
-        raise RendezvousError(f"SLURM_JOB_NUM_NODES={num_nodes} but SLURM_JOB_NODELIST={nodelist} names {len(hosts)}")
-    if not 0 <= node_rank < num_nodes:
-        raise RendezvousError(f"SLURM_NODEID={node_rank} outside 0..{num_nodes - 1}")
+    """Build this node's rendezvous from Slurm's variables and the attempt's node list.
+
+    With SLURM_TITAN_NODES (the batch shell's choice of nodes for this attempt, spares left out) the
+    node rank is this node's position in it (SLURMD_NODENAME); without it, SLURM_JOB_NODELIST /
+    SLURM_NODEID / SLURM_JOB_NUM_NODES as Slurm gives them. The port comes from SLURM_JOB_ID.
+    """
+    if env.get(NODES_ENV):
+        hosts = tuple(env[NODES_ENV].split(","))
+        name = env.get("SLURMD_NODENAME")
+        if name not in hosts:
+            raise RendezvousError(f"SLURMD_NODENAME={name} is not one of {NODES_ENV}={env[NODES_ENV]}")
+        node_rank, num_nodes = hosts.index(name), len(hosts)
+    else:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not nodelist:
+            raise RendezvousError("SLURM_JOB_NODELIST is not set: not running inside a Slurm job")
+        try:
+            hosts = tuple(expand_hostlist(nodelist))
+        except ValueError as error:
+            raise RendezvousError(str(error)) from None
+        num_nodes = _int_var(env, "SLURM_JOB_NUM_NODES")
+        node_rank = _int_var(env, "SLURM_NODEID")
+        if num_nodes != len(hosts):
+            raise RendezvousError(f"SLURM_JOB_NUM_NODES={num_nodes} but SLURM_JOB_NODELIST={nodelist} names {len(hosts)}")
+        if not 0 <= node_rank < num_nodes:
+            raise RendezvousError(f"SLURM_NODEID={node_rank} outside 0..{num_nodes - 1}")
     port = master_port(_int_var(env, "SLURM_JOB_ID"), port_window)
     if ephemeral is not None:
         check_port_outside(port, ephemeral)

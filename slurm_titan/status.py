@@ -49,12 +49,18 @@ def _print(info: dict[str, Any]) -> None:
           f"  nodes={info['nodes'] or '-'} restarts={info['restarts']}"
           + (f" reason={info['reason']}" if info["reason"] and info["reason"] != "None" else ""))
     for attempt in info["attempts"]:
-        steps = f" steps {attempt['first_step'] or '-'}..{attempt['stopped_at_step'] or attempt['last_step'] or '-'}"
+        last = attempt["stopped_at_step"] or attempt["last_step"] or attempt["trained_step"]
+        steps = f" steps {attempt['first_step'] or '-'}..{last or '-'}"
         lost = f" lost {attempt['time_lost_s']}s" if "time_lost_s" in attempt else ""
         stop = f" on {attempt['stop_signal']}" if attempt["stop_signal"] else ""
+        cause = f", {attempt['cause']}" if attempt["cause"] else ""
+        then = f" -> {attempt['action']}" if attempt["action"] in ("restart", "requeue") else ""
+        retrained = f" retrained {attempt['steps_retrained']}" if attempt.get("steps_retrained") else ""
+        excluded = f" excluded {','.join(attempt['excluded'])}" if attempt["excluded"] else ""
+        note = f" ({attempt['note']})" if attempt["reason"] == "restart loop" and attempt.get("note") else ""
         print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
               f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
-              f"{stop}{steps}{lost}")
+              f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:

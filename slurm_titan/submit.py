@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import submitit
@@ -13,17 +14,26 @@ from slurm_titan.node.supervisor import NodeSupervisor
 from slurm_titan.plan import JobPlan
 
 
-def preflight(plan: JobPlan) -> None:
-    """What the cluster must offer before anything is submitted; ClusterError otherwise."""
+def preflight(plan: JobPlan) -> JobPlan:
+    """What the cluster must offer before anything is submitted (ClusterError otherwise); returns the
+    plan to submit: with fewer spare nodes, and one warning, when the partition has no room for all."""
     for command in ("sbatch", "srun", "scontrol"):
         slurm.run([command, "--version"])
-    slurm.check_resources(plan.config.slurm.partition, plan.config.slurm.nodes)
+    slurm_spec = plan.config.slurm
+    partition = slurm.check_resources(slurm_spec.partition, slurm_spec.nodes)
+    room = partition.total_nodes - slurm_spec.nodes
+    if slurm_spec.spare_nodes > room:
+        print(f"slurm-titan: WARNING: {plan.config.source}: slurm.spare_nodes={slurm_spec.spare_nodes} does not fit "
+              f"partition {partition.name!r} ({partition.total_nodes} nodes for {slurm_spec.nodes} + spares); "
+              f"submitting with {room} spare node(s)", file=sys.stderr)
+        plan = plan.with_spares(room)
     checkpoint = plan.node.checkpoint
     if checkpoint and checkpoint.remote:
         from slurm_titan.ckpt.store import open_store
 
         root = checkpoint.remote.split("{job_id}")[0].rstrip("/")
         open_store(root, endpoint_url=checkpoint.endpoint_url, check=True, create=True)
+    return plan
 
 
 def prepare_assets(plan: JobPlan) -> None:
@@ -35,7 +45,7 @@ def prepare_assets(plan: JobPlan) -> None:
 
 def submit(plan: JobPlan) -> registry.JobRecord:
     """Check the cluster, submit, record the job; returns its record."""
-    preflight(plan)
+    plan = preflight(plan)
     prepare_assets(plan)
     executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.launcher)
     executor.update_parameters(**plan.parameters)

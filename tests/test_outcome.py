@@ -8,33 +8,46 @@ import pytest
 
 from slurm_titan import history
 from slurm_titan.node.finish import attempt_exit_code
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, RequeuePolicy, decide
+from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 from slurm_titan.node.supervisor import node_exit_code, node_report_path
 
-POLICY = RequeuePolicy(max_requeues=3, max_failures=1)
+POLICY = RetryPolicy(max_requeues=3, max_failures=5, max_failures_without_progress=3)
+
+
+def _run(requeues: int = 0, failures: int = 0, stalled: int = 0, progressed: bool = True) -> RunSoFar:
+    return RunSoFar(requeues=requeues, failures=failures, stalled_failures=stalled, progressed=progressed)
 
 
 @pytest.mark.parametrize(
-    ("code", "attempt", "failures", "near_limit", "reason", "requeue"),
+    ("code", "near_limit", "run", "reason", "action"),
     [
-        (0, 0, 0, False, "finished", False),
-        (PREEMPTED_EXIT_CODE, 0, 0, False, "preempted", True),
-        (PREEMPTED_EXIT_CODE, 1, 0, True, "timed out", True),
-        (PREEMPTED_EXIT_CODE, 3, 0, False, "preempted", False),  # max_requeues reached
-        (1, 0, 0, False, "failed", True),  # max_failures=1 allows one retry
-        (1, 1, 1, False, "failed", False),
-        (PREFLIGHT_EXIT_CODE, 0, 0, False, "preflight failed", False),
-        (PREFLIGHT_EXIT_CODE, 0, 0, True, "preflight failed", False),
+        (0, False, _run(), "finished", STOP),
+        (PREEMPTED_EXIT_CODE, False, _run(), "preempted", REQUEUE),
+        (PREEMPTED_EXIT_CODE, True, _run(requeues=1), "timed out", REQUEUE),
+        (PREEMPTED_EXIT_CODE, False, _run(requeues=3), "preempted", STOP),  # max_requeues reached
+        (1, False, _run(), "failed", RESTART),  # unplanned failures are retried by default
+        (137, False, _run(failures=4, stalled=2), "failed", RESTART),  # progress resets the loop count
+        (1, False, _run(failures=2, stalled=1, progressed=False), "failed", RESTART),
+        (1, False, _run(failures=2, stalled=2, progressed=False), "restart loop", STOP),  # 3rd in a row
+        (1, False, _run(failures=5), "failed", STOP),  # max_failures over the run
+        (PREFLIGHT_EXIT_CODE, False, _run(), "preflight failed", STOP),
+        (PREFLIGHT_EXIT_CODE, True, _run(), "preflight failed", STOP),
     ],
 )
-def test_decision_table(code: int, attempt: int, failures: int, near_limit: bool, reason: str, requeue: bool) -> None:
-    outcome = decide(code, attempt, failures, near_limit, POLICY)
-    assert (outcome.reason, outcome.requeue) == (reason, requeue)
+def test_decision_table(code: int, near_limit: bool, run: RunSoFar, reason: str, action: str) -> None:
+    outcome = decide(code, near_limit, run, POLICY)
+    assert (outcome.reason, outcome.action) == (reason, action)
 
 
-def test_crash_is_not_requeued_by_default() -> None:
-    assert decide(1, 0, 0, False, RequeuePolicy(20, 0)).requeue is False
+def test_crash_is_retried_by_default_and_a_loop_is_named() -> None:
+    from slurm_titan.config import PreemptionSpec
+
+    spec = PreemptionSpec()
+    policy = RetryPolicy(spec.max_requeues, spec.max_failures, spec.max_failures_without_progress)
+    assert decide(1, False, _run(), policy).action == RESTART
+    loop = decide(1, False, _run(failures=2, stalled=2, progressed=False), policy)
+    assert loop.reason == "restart loop" and "3 failed attempts in a row without progress" in loop.note
 
 
 @pytest.mark.parametrize(
@@ -46,10 +59,10 @@ def test_node_verdict(ranks: dict[int, int], node: int) -> None:
     assert node_exit_code(ranks) == node
 
 
-def _report(job_dir: Path, node: int, code: int) -> None:
+def _report(job_dir: Path, node: int, code: int, failure: dict | None = None) -> None:
     path = node_report_path(job_dir, 0, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"host": f"n{node}", "exit_code": code, "ranks": {}}))
+    path.write_text(json.dumps({"host": f"n{node}", "exit_code": code, "ranks": {}, "first_failure": failure}))
 
 
 def test_attempt_code_from_node_reports(tmp_path: Path) -> None:

@@ -1,9 +1,17 @@
-"""The batch script's last word on an attempt: why it ended, and whether the job requeues itself.
+"""The batch script's last word on an attempt: why it ended, and what the job does next.
 
 Runs in the batch shell after srun returns (submitit's teardown lines). It reads every node's
-report, decides with `outcome.decide`, records the attempt's end in the run history, then
-either `scontrol requeue`s the job (a missing or failing scontrol is an error that says so,
-never a silent non-requeue) or exits with the code Slurm should record.
+report, blames the first failure on its node (`attribution`), decides with `outcome.decide`,
+records the attempt's end in the run history, then:
+
+- restarts inside the allocation after an unplanned failure: a new srun step (submitit's own srun
+  line from the job's submission script) on the healthy nodes this run has not left out, spares
+  first; no trip through the queue. Then it decides again, in a loop;
+- or `scontrol requeue`s the job (a preemption, the time limit, or a failure when the allocation
+  has too few good nodes or too little time left), with the nodes this run left out in the pending
+  job's ExcNodeList. A missing or failing scontrol is an error that says so, never a silent
+  non-requeue;
+- or exits with the code Slurm should record.
 """
 
 from __future__ import annotations
@@ -15,10 +23,14 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_titan import history, slurm
-from slurm_titan.node.outcome import Outcome, RequeuePolicy, decide
+from slurm_titan.errors import ClusterError
+from slurm_titan.hostlist import expand_hostlist
+from slurm_titan.node import allocation, attribution, progress
+from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 from slurm_titan.node.supervisor import node_report_path, say
 
@@ -74,8 +86,95 @@ def requeue(job_id: str, tries: int = REQUEUE_TRIES, pause_s: float = 2.0) -> No
         pause_s *= 2
 
 
-def failures_so_far(job_dir: Path) -> int:
-    return sum(1 for attempt in history.read_attempts(job_dir) if attempt.reason == "failed")
+def exclude_from_pending_job(job_id: str, hosts: list[str]) -> None:
+    """Set the requeued (pending) job's ExcNodeList, so that Slurm does not give it those nodes again
+    (checked on Slurm 22.05: the update holds for the pending job and its next run avoids them)."""
+    for _ in range(10):
+        result = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"],
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode == 0:
+            return
+        time.sleep(0.5)
+    say(f"WARNING: could not exclude {','.join(hosts)} from job {job_id}: {(result.stderr or result.stdout).strip()}")
+
+
+@dataclass
+class Attempt:
+    """The attempt being concluded: its number and nodes (node rank order)."""
+
+    number: int
+    hosts: list[str]
+
+
+def srun_line(job_dir: Path, job_id: str) -> str:
+    """submitit's srun line, from the job's own submission script (run again for a restart)."""
+    script = job_dir / f"{job_id}_submission.sh"
+    for line in script.read_text().splitlines():
+        if line.startswith("srun "):
+            return line
+    raise RuntimeError(f"{script} has no srun line")
+
+
+def run_so_far(job_dir: Path, attempt: int, requeues: int) -> RunSoFar:
+    """The earlier attempts' failures and best step, and whether `attempt` trained beyond it."""
+    earlier = [a for a in history.read_attempts(job_dir) if a.attempt < attempt]
+    best = max((a.trained_step or 0 for a in earlier), default=0)
+    trained = progress.read_trained_step(job_dir, attempt) or 0
+    return RunSoFar(requeues=requeues, failures=sum(1 for a in earlier if a.reason in ("failed", "restart loop")),
+                    stalled_failures=history.stalled_failures(earlier), progressed=trained > best)
+
+
+def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, args: argparse.Namespace,
+             env: dict[str, str]) -> tuple[Outcome, int]:
+    """Decide what follows `attempt`, leave out the node it blames if it should, record the end.
+    Returns the outcome and the attempt's exit code."""
+    code = attempt_exit_code(job_dir, attempt.number, len(attempt.hosts), srun_exit_code)
+    near_limit = code == PREEMPTED_EXIT_CODE and near_time_limit(job_id, args.signal_seconds)
+    run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
+    outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
+                                                        args.max_failures_without_progress))
+    failure, excluded = None, []
+    if code not in (0, PREEMPTED_EXIT_CODE, PREFLIGHT_EXIT_CODE):
+        allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
+        unhealthy = _unhealthy(allocated)
+        failure = attribution.first_failure(attribution.read_reports(job_dir, attempt.number, len(attempt.hosts)),
+                                            attempt.hosts, unhealthy)
+        if failure:
+            left_out = set(allocation.read_excluded(job_dir))
+            spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
+            culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
+            if outcome.action == RESTART and (why := attribution.exclusion_reason(failure, spare, culprits)):
+                allocation.exclude(job_dir, failure.host, why)
+                excluded = [failure.host]
+                say(f"left out {failure.host} for the rest of the run: {why}")
+    history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
+                         action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
+                         culprit=failure and failure.host, excluded=excluded,
+                         trained_step=progress.read_trained_step(job_dir, attempt.number), progressed=run.progressed)
+    say(f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
+        + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else "")
+        + {STOP: "", RESTART: "; restarting", REQUEUE: "; requeueing"}[outcome.action])
+    return outcome, code
+
+
+def _unhealthy(hosts: list[str]) -> set[str]:
+    try:
+        return allocation.unhealthy_nodes(hosts)
+    except ClusterError as error:
+        say(f"WARNING: node states unknown ({error})")
+        return set()
+
+
+def restart_in_allocation(job_dir: Path, job_id: str, nodes: int, signal_seconds: int) -> allocation.AttemptPlan | None:
+    """The next attempt inside this allocation, or None (with the reason said) when it cannot go on."""
+    left = slurm.time_left_seconds(job_id)
+    if left is not None and left <= signal_seconds + TIME_LIMIT_MARGIN_S:
+        say(f"{left} s left in the allocation: requeueing instead of restarting in it")
+        return None
+    plan = allocation.next_attempt(job_dir, nodes)
+    if plan is None:
+        say(f"fewer than {nodes} healthy nodes left in the allocation: requeueing")
+    return plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,27 +184,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--max-requeues", type=int, required=True)
     parser.add_argument("--max-failures", type=int, required=True)
+    parser.add_argument("--max-failures-without-progress", type=int, default=3)
     parser.add_argument("--signal-seconds", type=int, required=True)
     args = parser.parse_args(argv)
-    job_id = os.environ["SLURM_JOB_ID"]
-    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    env = dict(os.environ)
+    job_id = env["SLURM_JOB_ID"]
     job_dir = Path(args.job_dir.replace("{job_id}", job_id))
-    code = attempt_exit_code(job_dir, attempt, args.nodes, args.srun_exit_code)
-    near_limit = code == PREEMPTED_EXIT_CODE and near_time_limit(job_id, args.signal_seconds)
-    outcome: Outcome = decide(code, attempt, failures_so_far(job_dir), near_limit,
-                              RequeuePolicy(args.max_requeues, args.max_failures))
-    history.append_event(job_dir, "end", attempt, exit_code=code, reason=outcome.reason, requeue=outcome.requeue,
-                         note=outcome.note)
-    say(f"attempt {attempt} ended: {outcome.reason} (exit code {code})"
-        + (f"; {outcome.note}" if outcome.note else "") + ("; requeueing" if outcome.requeue else ""))
-    if not outcome.requeue:
-        return code
+    number = int(env.get(allocation.ATTEMPT_ENV) or env.get("SLURM_RESTART_COUNT", "0"))
+    hosts = (env.get(allocation.NODES_ENV) or "").split(",") if env.get(allocation.NODES_ENV) else \
+        expand_hostlist(env.get("SLURM_JOB_NODELIST", "localhost"))[:args.nodes]
+    attempt, srun_exit_code = Attempt(number, hosts), args.srun_exit_code
+    while True:
+        outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, args, env)
+        if outcome.action == STOP:
+            return code
+        if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, args.nodes,
+                                                                         args.signal_seconds)):
+            env |= plan.env()
+            attempt = Attempt(plan.attempt, list(plan.nodes))
+            say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")
+            srun_exit_code = subprocess.run(["bash", "-c", srun_line(job_dir, job_id)], env=env).returncode
+            continue
+        return requeue_job(job_dir, job_id, attempt.number)
+
+
+def requeue_job(job_dir: Path, job_id: str, attempt: int) -> int:
+    """`scontrol requeue`, the run's excluded nodes kept off the pending job; never returns on success."""
     try:
         requeue(job_id)
     except RuntimeError as error:
         say(f"ERROR: {error}")
         history.append_event(job_dir, "requeue-failed", attempt, error=str(error))
         return REQUEUE_FAILED_EXIT_CODE
+    if excluded := sorted(allocation.read_excluded(job_dir)):
+        exclude_from_pending_job(job_id, excluded)
     time.sleep(60)  # scontrol requeue ends this batch shell; never report an exit code of our own
     return 0
 

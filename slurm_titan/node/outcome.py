@@ -1,4 +1,18 @@
-"""Why an attempt ended, and whether the job goes back in the queue (a pure decision, unit-tested)."""
+"""Why an attempt ended, and what the job does next (a pure decision, unit-tested).
+
+An attempt is one srun step of the job: the first of each Slurm run, and every restart inside the
+allocation after it. What follows an attempt:
+
+- `stop`: the run ends (finished, a preflight failure, a cap reached, a restart loop);
+- `requeue`: back through Slurm's queue (a preemption or the time limit: the allocation is going);
+- `restart`: an unplanned failure; a new attempt inside the allocation when it still has enough
+  healthy nodes, else a requeue without the bad nodes (`slurm_titan.node.finish` chooses).
+
+Unplanned failures are retried by default. What stops a loop is progress: a failed attempt that
+trained no step beyond every earlier attempt's is "stalled"; `max_failures_without_progress` stalled
+failures in a row (nvidia-resiliency-ext's "3 cycles without progress") end the run as a
+`restart loop`. `max_failures` caps failed attempts over the whole run.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +23,51 @@ from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 PREFLIGHT_EXIT_CODE = 78  # EX_CONFIG: the node is not fit to run this job; never requeued
 STORAGE_EXIT_CODE = 74  # EX_IOERR: checkpoint storage unreachable before training
 
+STOP, REQUEUE, RESTART = "stop", "requeue", "restart"
+
 
 @dataclass(frozen=True)
-class RequeuePolicy:
+class RetryPolicy:
+    """`preemption.*`: caps on requeues (planned stops) and on failed attempts."""
+
     max_requeues: int
     max_failures: int
+    max_failures_without_progress: int = 3
+
+
+@dataclass(frozen=True)
+class RunSoFar:
+    """What the decision needs of the run before this attempt, and whether this attempt progressed."""
+
+    requeues: int  # Slurm's SLURM_RESTART_COUNT
+    failures: int  # failed attempts before this one
+    stalled_failures: int  # failed attempts without progress in a row just before this one
+    progressed: bool  # this attempt trained a step beyond every earlier attempt's
 
 
 @dataclass(frozen=True)
 class Outcome:
-    reason: str  # finished | preempted | timed out | failed | preflight failed
-    requeue: bool
+    reason: str  # finished | preempted | timed out | failed | restart loop | preflight failed
+    action: str  # STOP | REQUEUE | RESTART
     note: str = ""
 
 
-def decide(exit_code: int, attempt: int, failures_so_far: int, near_time_limit: bool,
-           policy: RequeuePolicy) -> Outcome:
-    """Decide for attempt number `attempt` (0-based = requeues so far) that ended with `exit_code`."""
+def decide(exit_code: int, near_time_limit: bool, run: RunSoFar, policy: RetryPolicy) -> Outcome:
+    """Decide what follows an attempt that ended with `exit_code` (the node reports combined)."""
     if exit_code == 0:
-        return Outcome("finished", False)
+        return Outcome("finished", STOP)
     if exit_code == PREFLIGHT_EXIT_CODE:
-        return Outcome("preflight failed", False, "a node failed the preflight: never requeued")
+        return Outcome("preflight failed", STOP, "a node failed the preflight: never retried")
     if exit_code == PREEMPTED_EXIT_CODE:
         reason = "timed out" if near_time_limit else "preempted"
-    else:
-        reason = "failed"
-        if failures_so_far >= policy.max_failures:
-            return Outcome(reason, False, f"exit code {exit_code}; max_failures={policy.max_failures} reached")
-    if attempt >= policy.max_requeues:
-        return Outcome(reason, False, f"max_requeues={policy.max_requeues} reached")
-    return Outcome(reason, True)
+        if run.requeues >= policy.max_requeues:
+            return Outcome(reason, STOP, f"max_requeues={policy.max_requeues} reached")
+        return Outcome(reason, REQUEUE)
+    progress = "after progress" if run.progressed else "without progress"
+    if run.failures + 1 > policy.max_failures:
+        return Outcome("failed", STOP, f"exit code {exit_code} {progress}; max_failures={policy.max_failures} reached")
+    stalled = 0 if run.progressed else run.stalled_failures + 1
+    if stalled >= policy.max_failures_without_progress:
+        return Outcome("restart loop", STOP, f"{stalled} failed attempts in a row without progress "
+                                             f"(max_failures_without_progress={policy.max_failures_without_progress})")
+    return Outcome("failed", RESTART, f"exit code {exit_code} {progress}")

@@ -29,6 +29,7 @@ from typing import Any
 from slurm_titan import history, rendezvous
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.node import resume
+from slurm_titan.node.allocation import ATTEMPT_ENV
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, STORAGE_EXIT_CODE
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, ignore_signals, take_stop_signals
@@ -63,6 +64,8 @@ class RankGroup:
                  gated: bool = False) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
+        self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
         self.gates: list[int] = []  # write ends of the ranks' pipes
         for local_rank in range(rdzv.procs_per_node):
             rank_env = env | rdzv.process_env(local_rank)
@@ -76,6 +79,13 @@ class RankGroup:
                                                         preexec_fn=ignore_signals, pass_fds=gate[:1] if gate else ())
             if gate:
                 os.close(gate[0])
+            threading.Thread(target=self._time_exit, args=(rank,), name=f"rank-{rank}-waiter", daemon=True).start()
+
+    def _time_exit(self, rank: int) -> None:
+        """Block on one rank and note when it exited: the attribution compares these times across nodes,
+        so that the rank that died first is blamed, not the peers that died after it in a collective."""
+        self.processes[rank].wait()
+        self.exit_times[rank] = time.time()
 
     def release(self, verdict: dict[str, str] | None) -> None:
         """Let the ranks go on: with the restore's verdict (what to add to their environment), or
@@ -105,6 +115,7 @@ class RankGroup:
         while worker.is_alive():
             worker.join(POLL_S)
             if worker.is_alive() and (failure := first_failure(self.poll())):
+                self._note_failure(failure)
                 say(f"rank {failure[0]} exited with code {failure[1]} during the checkpoint restore: abandoning it")
                 self.release(None)
                 return
@@ -113,6 +124,11 @@ class RankGroup:
             self.kill()
             raise outcome["error"]
         self.release(outcome["verdict"])
+
+    def _note_failure(self, failure: tuple[int, int]) -> None:
+        if self.failed_first is None:
+            self.failed_first = {"rank": failure[0], "exit_code": failure[1],
+                                 "time": self.exit_times.get(failure[0], time.time())}
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes.values():
@@ -143,6 +159,7 @@ class RankGroup:
             if all(code is not None for code in codes.values()):
                 return codes  # type: ignore[return-value]
             time.sleep(POLL_S)
+        self._note_failure(failure)
         say(f"rank {failure[0]} exited with code {failure[1]}; stopping the node's other ranks")
         self.stop()
         return {rank: process.wait() for rank, process in self.processes.items()}
@@ -178,15 +195,15 @@ class NodeSupervisor:
     def __call__(self) -> None:
         spec, env = self.spec, dict(os.environ)
         job_id = env["SLURM_JOB_ID"]
-        attempt = int(env.get("SLURM_RESTART_COUNT", "0"))
+        attempt = int(env.get(ATTEMPT_ENV) or env.get("SLURM_RESTART_COUNT", "0"))
         job_dir, argv = spec.resolve(job_id)
-        report = node_report_path(job_dir, attempt, int(env.get("SLURM_NODEID", "0")))
         try:
             rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window,
                                              rendezvous.read_ephemeral_range())
         except rendezvous.RendezvousError as error:
             say(f"ERROR before training: {error}")
-            self._finish(report, 1, {})
+            self._finish(node_report_path(job_dir, attempt, int(env.get("SLURM_NODEID", "0"))), 1, {})
+        report = node_report_path(job_dir, attempt, rdzv.node_rank)
         self.stop_file = job_dir / "attempts" / str(attempt) / f"stop-node-{rdzv.node_rank}"
         take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
         first = rdzv.node_rank * rdzv.procs_per_node
@@ -211,7 +228,7 @@ class NodeSupervisor:
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv.world_size, report)
         rank_codes = self.ranks.wait()
-        self._finish(report, node_exit_code(rank_codes), rank_codes)
+        self._finish(report, node_exit_code(rank_codes), rank_codes, self.ranks.failed_first)
 
     def _restore(self, job_id: str, world_size: int, report: Path) -> None:
         checkpoint, ranks = self.spec.checkpoint, self.ranks
@@ -224,11 +241,14 @@ class NodeSupervisor:
             self._finish(report, STORAGE_EXIT_CODE, {})
 
     @staticmethod
-    def _finish(report: Path, code: int, rank_codes: dict[int, int]) -> None:
-        """Write the node's report for the batch script's decision; exit non-zero only on failure."""
+    def _finish(report: Path, code: int, rank_codes: dict[int, int],
+                failed_first: dict[str, float | int] | None = None) -> None:
+        """Write the node's report for the batch script's decision (with the node's first failing rank,
+        its exit code and when it was seen, for the attribution); exit non-zero only on failure."""
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps({"host": socket.gethostname(), "exit_code": code,
-                                      "ranks": {str(r): c for r, c in rank_codes.items()}}))
+        report.write_text(json.dumps({"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                                      "exit_code": code, "ranks": {str(r): c for r, c in rank_codes.items()},
+                                      "first_failure": failed_first}))
         say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == PREEMPTED_EXIT_CODE else ""))
         if code not in (0, PREEMPTED_EXIT_CODE):
             sys.exit(code)

@@ -1,0 +1,130 @@
+"""Which nodes of the allocation train the next attempt, and its number (runs in the batch shell).
+
+The job allocates `slurm.nodes + slurm.spare_nodes` nodes with `sbatch --no-kill`, so the
+allocation outlives a dead node. Each attempt is one srun step on `slurm.nodes` of them: the first
+healthy ones (Slurm answers for them) that this run has not excluded. The batch set-up runs
+`python -m slurm_titan.node.allocation` and evals what it prints; `finish` calls `next_attempt`
+again before a restart inside the allocation. The srun line reads the choice from
+SLURM_TITAN_NODES / SLURM_TITAN_NUM_NODES; the node supervisors from SLURM_TITAN_NODES and
+SLURM_TITAN_ATTEMPT_INDEX.
+
+Attempts are numbered across restarts inside the allocation and requeues alike: the next number is
+one past the highest `attempts/<A>/` folder of the job, which this module creates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_titan import slurm
+from slurm_titan.errors import ClusterError
+from slurm_titan.hostlist import expand_hostlist
+from slurm_titan.rendezvous import NODES_ENV
+
+NUM_NODES_ENV = "SLURM_TITAN_NUM_NODES"
+ATTEMPT_ENV = "SLURM_TITAN_ATTEMPT_INDEX"
+EXCLUDED_FILE = "excluded-nodes.json"
+_UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT")
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """One attempt's number and nodes (node rank = position in `nodes`)."""
+
+    attempt: int
+    nodes: tuple[str, ...]
+
+    def env(self) -> dict[str, str]:
+        return {ATTEMPT_ENV: str(self.attempt), NODES_ENV: ",".join(self.nodes), NUM_NODES_ENV: str(len(self.nodes))}
+
+
+def read_excluded(job_dir: Path) -> dict[str, str]:
+    """Nodes this run left out, with why; an unreadable file is one warning and counts as empty."""
+    path = job_dir / EXCLUDED_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {str(host): str(why) for host, why in data.items()}
+    except (OSError, ValueError, AttributeError) as error:
+        print(f"slurm-titan: WARNING: {path} is unreadable ({error}); no node is excluded", file=sys.stderr)
+        return {}
+
+
+def exclude(job_dir: Path, host: str, why: str) -> dict[str, str]:
+    """Add `host` to the run's excluded nodes (written whole, atomically); returns them all."""
+    excluded = read_excluded(job_dir) | {host: why}
+    path = job_dir / EXCLUDED_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(excluded, indent=1, sort_keys=True))
+    tmp.replace(path)
+    return excluded
+
+
+def unhealthy_nodes(hosts: list[str]) -> set[str]:
+    """Those of `hosts` that Slurm reports down, drained, failing or not responding (one scontrol call)."""
+    result = slurm.run(["scontrol", "show", "node", "-o", ",".join(hosts)], check=False)
+    bad = set()
+    for line in result.stdout.splitlines():
+        fields = slurm.parse_key_values(line)
+        if any(flag in fields.get("State", "") for flag in _UNHEALTHY):
+            bad.add(fields.get("NodeName", ""))
+    return bad
+
+
+def choose_nodes(allocated: list[str], wanted: int, unhealthy: set[str], excluded: set[str]) -> list[str]:
+    """The first `wanted` allocated nodes that are healthy and not excluded (fewer if there are not enough)."""
+    return [host for host in allocated if host not in unhealthy and host not in excluded][:wanted]
+
+
+def next_attempt_number(job_dir: Path) -> int:
+    """Create and return the next free `attempts/<A>` number."""
+    root = job_dir / "attempts"
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(entry.name) for entry in root.iterdir() if entry.name.isdigit()]
+    number = max(taken, default=-1) + 1
+    (root / str(number)).mkdir()
+    return number
+
+
+def next_attempt(job_dir: Path, wanted: int, env: dict[str, str] | None = None) -> AttemptPlan | None:
+    """The next attempt on this allocation, or None when too few healthy, non-excluded nodes are left."""
+    env = os.environ if env is None else env
+    allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
+    try:
+        unhealthy = unhealthy_nodes(allocated)
+    except ClusterError as error:  # slurmctld busy: trust the allocation
+        print(f"slurm-titan: WARNING: node states unknown ({error})", file=sys.stderr)
+        unhealthy = set()
+    nodes = choose_nodes(allocated, wanted, unhealthy, set(read_excluded(job_dir)))
+    if len(nodes) < wanted:
+        return None
+    return AttemptPlan(next_attempt_number(job_dir), tuple(nodes))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the first attempt's `export` lines for the batch set-up to eval."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    args = parser.parse_args(argv)
+    job_dir = Path(args.job_dir.replace("{job_id}", os.environ["SLURM_JOB_ID"]))
+    job_dir.mkdir(parents=True, exist_ok=True)
+    plan = next_attempt(job_dir, args.nodes)
+    if plan is None:  # a requeue landed on excluded nodes: train on them rather than not at all
+        allocated = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
+        print(f"slurm-titan: WARNING: fewer than {args.nodes} healthy nodes not excluded by this run in "
+              f"{','.join(allocated)}; using the allocation's first {args.nodes}", file=sys.stderr)
+        plan = AttemptPlan(next_attempt_number(job_dir), tuple(allocated[:args.nodes]))
+    print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in plan.env().items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

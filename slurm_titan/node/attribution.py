@@ -1,0 +1,87 @@
+"""Which node an attempt's failure belongs to, and whether that node is left out (runs in the batch shell).
+
+Every node supervisor reports its ranks' exit codes and the first failure it saw, with the time
+(`attempts/<A>/node-<N>.json`). The attempt's failure is the earliest of them: the rank that died
+first, not the peers that died after it in a collective. A node without a report that Slurm no
+longer answers for was lost. Pure functions over those reports, unit-tested on recorded ones.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+LOST = "lost"
+CRASHED = "crashed"
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """The first failure of an attempt: a rank that crashed on `host`, or `host` lost whole."""
+
+    host: str
+    kind: str  # CRASHED | LOST
+    rank: int | None = None
+    exit_code: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == LOST:
+            return f"node {self.host} lost"
+        return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}"
+
+
+def exit_description(code: int | None) -> str:
+    """`SIGKILL` for a process killed by a signal (Popen's negative codes, or 128+N), else `exit code N`."""
+    if code is None:
+        return "no exit code"
+    number = -code if code < 0 else code - 128 if 128 < code < 128 + 65 else None
+    if number is not None:
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
+    """The node reports of an attempt that exist and parse, by node rank."""
+    reports = {}
+    for node in range(nodes):
+        path = job_dir / "attempts" / str(attempt) / f"node-{node}.json"
+        try:
+            reports[node] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return reports
+
+
+def first_failure(reports: dict[int, dict], hosts: list[str], unhealthy: set[str]) -> NodeFailure | None:
+    """The earliest rank failure any node saw; else a node that sent no report and Slurm calls unhealthy."""
+    seen = [(report["first_failure"]["time"], node, report["first_failure"])
+            for node, report in reports.items() if report.get("first_failure")]
+    if seen:
+        _, node, failure = min(seen, key=lambda item: item[0])
+        return NodeFailure(reports[node].get("host") or hosts[node], CRASHED, int(failure["rank"]),
+                           int(failure["exit_code"]))
+    lost = [host for node, host in enumerate(hosts) if node not in reports and host in unhealthy]
+    if lost:
+        return NodeFailure(lost[0], LOST)
+    return None
+
+
+def exclusion_reason(failure: NodeFailure, spare_left: bool, earlier_culprits: list[str]) -> str | None:
+    """Why `failure.host` is left out for the rest of the run, or None to keep it.
+
+    A lost node is left out. A node blamed before in this run is left out (a node that fails every
+    time costs one retry, not the whole retry budget). With a healthy spare waiting, a node is left
+    out on its first failure: swapping costs nothing, and a suspect node may fail again.
+    """
+    if failure.kind == LOST:
+        return "lost"
+    if failure.host in earlier_culprits:
+        return f"failed again ({failure.describe()})"
+    if spare_left:
+        return f"suspect, swapped for a spare ({failure.describe()})"
+    return None

@@ -1,0 +1,79 @@
+"""Unplanned failures on the real local Slurm cluster: a crashed rank, a node that fails every time, a
+crash that repeats (a restart loop). Faults are real SIGKILLs of the training processes, from outside.
+
+Every run that completes is compared with one uninterrupted run of the same config: every step trained,
+every loss equal, the job COMPLETED.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import Cli
+from e2e_runs import KillAtStep, job_dir, job_field, step_losses, wait_for_log
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+STEPS = 16
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=4"]
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Losses of the uninterrupted run."""
+    cli = Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server)
+    job = cli.submit(*CONFIG)
+    assert cli.wait(job)["state"] == "COMPLETED"
+    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
+    assert [step for step, _ in losses] == list(range(1, STEPS + 1))
+    return dict(losses)
+
+
+def assert_same_training(cli: Cli, job: str, reference: dict[int, str]) -> None:
+    """Every step's loss equals the uninterrupted run's; the last attempt trained to the end."""
+    for rank in (0, 1):
+        losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))  # retrained steps: the last wins
+        assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"
+
+
+def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    with KillAtStep(folder, job, {"RANK": "1"}, step=7, times=1) as fault:
+        status = cli.wait(job, timeout=900)
+    assert len(fault.killed) == 1
+    assert status["state"] == "COMPLETED", status
+    assert job_field(cli, job, "Restarts") == 0, "recovered through the queue, not inside the allocation"
+    first, second = status["attempts"][:2]
+    assert (first["reason"], first["action"]) == ("failed", "restart")
+    assert first["cause"] == f"crashed on {fault.killed[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
+    assert first["excluded"] == []  # a first failure without a spare: the node stays
+    assert second["first_step"] == 5 and first["steps_retrained"] >= 2  # resumed from the checkpoint of step 4
+    assert_same_training(cli, job, reference)
+    shown = cli("status", job).stdout
+    assert "crashed on" in shown and "restart" in shown
+
+
+def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  1")
+    bad = cli.status(job)["attempts"][0]["hosts"][1]
+    with KillAtStep(folder, job, {"SLURMD_NODENAME": bad}, step=3) as fault:
+        status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    assert len(fault.killed) == 1, "the bad node was used again"
+    first, second = status["attempts"][:2]
+    assert first["excluded"] == [bad] and bad not in second["hosts"]
+    assert job_field(cli, job, "Restarts") == 0
+    assert_same_training(cli, job, reference)
+
+
+def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -> None:
+    job = cli.submit(*CONFIG)
+    with KillAtStep(job_dir(cli, job), job, {"RANK": "0"}, step=6):
+        status = cli.wait(job, timeout=1200)
+    assert status["state"] == "FAILED", status
+    last = status["attempts"][-1]
+    assert last["reason"] == "restart loop" and "3 failed attempts in a row without progress" in last["note"]
+    assert last["cause"].startswith("crashed on ") and last["trained_step"] in (5, 6)
+    assert "restart loop" in cli("status", job).stdout
