@@ -29,7 +29,7 @@ JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
 RANK_ENTRY = "slurm_titan.node.rank_entry"
 HOLD_SIGNALS_VAR = "hold_stop_signals"  # set by the node set-up template, used on the srun line
-STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES"
+STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --ntasks=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES"
 """srun options on the srun line: each attempt runs on the nodes the batch shell chose (spares left out)."""
 _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
