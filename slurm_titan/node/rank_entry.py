@@ -21,6 +21,10 @@ def prepare_device(device: str) -> None:
     elif device == "npu":
         import torch_npu  # noqa: F401  registers the "npu" device and the "hccl" backend
 
+        from slurm_titan.node import npu_peak_flops
+
+        npu_peak_flops.install()  # MFU against the Ascend chip's peak, not an A100's
+
 
 def main() -> None:
     preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing

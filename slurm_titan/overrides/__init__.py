@@ -19,7 +19,10 @@ NPU_ROTARY_ROPE = "slurm_titan.overrides.npu_rope.npu_rotary_rope"
 NPU_RMS_NORM = "slurm_titan.overrides.npu_norm.npu_rms_norm"
 """RMSNorm -> ``npu_rms_norm``, upstream RMSNorm on other devices."""
 
-OVERRIDE_TARGETS: tuple[str, ...] = (NPU_FUSED_ATTENTION, NPU_ROTARY_ROPE, NPU_RMS_NORM)
+NPU_SELECTIVE_AC = "slurm_titan.overrides.npu_selective_ac.npu_selective_ac"
+"""Selective activation checkpointing that also saves ``npu_fusion_attention``'s outputs."""
+
+OVERRIDE_TARGETS: tuple[str, ...] = (NPU_FUSED_ATTENTION, NPU_ROTARY_ROPE, NPU_RMS_NORM, NPU_SELECTIVE_AC)
 """Every override target this package registers."""
 
 DEFAULT_NPU_OVERRIDES: tuple[str, ...] = OVERRIDE_TARGETS

@@ -1,0 +1,72 @@
+"""MFU on Ascend: the chip's documented BF16 peak, or a warning and MFU 0, never an A100's 312 TFLOPS."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+import torchtitan.components.metrics
+import torchtitan.tools.logging
+import torchtitan.trainer
+from torchtitan.tools import utils as titan_utils
+
+from slurm_titan.node import npu_peak_flops, rank_entry
+from slurm_titan.node.npu_peak_flops import npu_get_peak_flops, peak_flops
+
+DOCUMENTED = [  # torch.npu.get_device_name() on each chip -> torchtitan-npu's figure
+    ("Ascend910B1", 373.88e12),
+    ("Ascend910B2", 353.8944e12),
+    ("Ascend910B3", 294.912e12),
+    ("Ascend910B4", 245.76e12),
+    ("Ascend910_9362", 353.8944e12),
+    ("Ascend910_9392", 353.8944e12),
+    ("Ascend950PR", 432e12),
+    ("Ascend950DT", 486e12),
+]
+UNDOCUMENTED = ["Ascend910B2C", "Ascend910B4-1", "Ascend910_9391", "Ascend910_9382", "Ascend910A", "Ascend310P3"]
+
+
+@pytest.mark.parametrize(("name", "flops"), DOCUMENTED)
+def test_documented_chips(name: str, flops: float) -> None:
+    assert peak_flops(name) == flops
+
+
+@pytest.mark.parametrize("name", UNDOCUMENTED)
+def test_undocumented_chips_have_no_figure(name: str) -> None:
+    assert peak_flops(name) is None
+
+
+@pytest.fixture
+def restore_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo the installation after the test; give torchtitan's warn_once a fresh memory."""
+    monkeypatch.setattr(titan_utils, "get_peak_flops", titan_utils.get_peak_flops)
+    monkeypatch.setattr(torchtitan.tools.logging, "_logged", set())
+
+
+def _lookups() -> list:
+    """The lookup as both torchtitan callers reach it (``utils.get_peak_flops``)."""
+    return [torchtitan.components.metrics.utils.get_peak_flops, torchtitan.trainer.utils.get_peak_flops]
+
+
+def test_install_reaches_both_callers(restore_lookup) -> None:
+    npu_peak_flops.install()
+    for lookup in _lookups():
+        assert [lookup(name) for name, _ in DOCUMENTED] == [flops for _, flops in DOCUMENTED]
+
+
+def test_unknown_chip_warns_once_and_reports_mfu_zero(restore_lookup, caplog: pytest.LogCaptureFixture) -> None:
+    npu_peak_flops.install()
+    peaks = [lookup("Ascend910_9391") for lookup in _lookups()]
+    assert peaks == [math.inf, math.inf]
+    assert [r.getMessage() for r in caplog.records if "MFU not known" in r.getMessage()] == [
+        "MFU not known for Ascend910_9391: no documented BF16 peak, mfu(%) is reported as 0"]
+    num_flops_per_token, tps = 6 * 8e9, 3000.0
+    assert 100 * num_flops_per_token * tps / peaks[0] == 0.0  # torchtitan's MFU formula (metrics.py)
+
+
+def test_prepare_device_installs_it_for_npu(restore_lookup, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))  # no torch_npu here
+    rank_entry.prepare_device("npu")
+    assert titan_utils.get_peak_flops is npu_get_peak_flops
