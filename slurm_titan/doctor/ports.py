@@ -16,9 +16,9 @@ def parse_port_list(text: str) -> PortRanges:
     for item in (part.strip() for part in text.strip().split(",")):
         if not item:
             continue
-        low, _, high = item.partition("-")
+        low, dash, high = item.partition("-")
         try:
-            first, last = int(low), int(high or low)
+            first, last = int(low), int(high if dash else low)
         except ValueError:
             raise ValueError(f"not a port or low-high range: {item!r}") from None
         if first > last:
