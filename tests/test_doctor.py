@@ -29,7 +29,7 @@ from slurm_titan.doctor.npu_smi import (
     parse_key_values,
     parse_npu_smi_info,
 )
-from slurm_titan.doctor.report import FAIL, WARN, Finding, format_table
+from slurm_titan.doctor.report import WARN, Finding, format_table
 from slurm_titan.plan import plan_job
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -50,7 +50,8 @@ def with_temps(facts: NodeFacts, *temps: int) -> NodeFacts:
 
 def test_temperature_warns_at_75_and_fails_at_85() -> None:
     findings = node_findings(with_temps(npu_facts(), 74, 75, 84, 85), NPU)
-    assert found(findings, "temperature") == [(WARN, "NPU 1 chip 0 (910B3): 75 C"), (WARN, "NPU 2 chip 0 (910B3): 84 C"),
+    assert found(findings, "temperature") == [(WARN, "NPU 1 chip 0 (910B3): 75 C"),
+                                              (WARN, "NPU 2 chip 0 (910B3): 84 C"),
                                               (FAIL, "NPU 3 chip 0 (910B3): 85 C")]
     assert {f.expected for f in findings if f.check == "temperature"} == {"below 75 C (at 85 C the NPU throttles)"}
     custom = node_findings(with_temps(npu_facts(), 80), replace(NPU, temp_warn_c=90, temp_fail_c=95))
@@ -105,7 +106,7 @@ def test_driver_against_the_toolkits_compatible_drivers() -> None:
                                              "CANN 8.5.0's compatible drivers")]
 
 
-def test_a_missing_driver_version_file_is_a_warning(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_missing_driver_version_file_is_a_warning(tmp_path: Path) -> None:
     facts = npu_facts(problems={"driver version": f"no {tmp_path}/driver/version.info"})
     assert [(f.severity, f.check) for f in node_findings(facts, NPU)] == [(WARN, "driver version")]
 
@@ -191,7 +192,8 @@ def test_tls_must_agree_and_device_ips_differ_across_nodes() -> None:
              npu_facts(2, network={"0": replace(PORT, ip="10.10.100.12", tls_switch=1)}),
              npu_facts(3, network={"0": PORT})]
     assert [(f.node, f.check, f.found) for f in compare_nodes(nodes)] == [
-        ("2 (n3)", "device TLS", "1"), ("3 (n4)", "device IP", "NPU network port 0: 10.10.100.10, as port 0 of node 0 (n1)")]
+        ("2 (n3)", "device TLS", "1"),
+        ("3 (n4)", "device IP", "NPU network port 0: 10.10.100.10, as port 0 of node 0 (n1)")]
 
 
 def test_collector_reads_hccn_tool(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -182,15 +182,11 @@ def hccn_tool_path(ascend_home: str) -> str | None:
     return shutil.which("hccn_tool") or (str(default) if os.access(default, os.X_OK) else None)
 
 
-def _hccn(tool: str, device: str, *query: str) -> str:
-    return run_tool([tool, "-i", device, *query], HCCN_TIMEOUT_S)
-
-
 def network_port(tool: str, device: str) -> HccnDevice:
     """One NPU's IP, link state, network health and TLS switch (a query that fails leaves its field None)."""
     def query(parse: Callable[[str], T], *args: str) -> T | None:
         try:
-            return parse(_hccn(tool, device, *args))
+            return parse(run_tool([tool, "-i", device, *args], HCCN_TIMEOUT_S))
         except FactError:
             return None
 
@@ -200,8 +196,8 @@ def network_port(tool: str, device: str) -> HccnDevice:
 
 
 def ping_device(ascend_home: str, device: str, address: str) -> tuple[int, int]:
-    """(transmitted, received) of `hccn_tool -i <device> -ping -g address <address>` (it exits non-zero when
-    packets are lost, so its output is read whatever the exit status)."""
+    """(transmitted, received) of `hccn_tool -i <device> -ping -g address <address>` (its source returns an
+    error when a packet times out, so the output is read whatever the exit status)."""
     tool = hccn_tool_path(ascend_home)
     if tool is None:
         raise FactError("hccn_tool is not installed")

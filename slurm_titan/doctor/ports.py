@@ -1,8 +1,9 @@
 """Pure functions on the kernel's port lists: `net.ipv4.ip_local_reserved_ports` and blocks inside a range.
 
 The reserved-ports list is comma-separated ports and `low-high` ranges, e.g. `60000-60031,8080` (an empty
-file: nothing reserved). CANN's HCCL_IF_BASE_PORT page: HCCL uses 60000-60031 by default, "需要执行如下命令预留"
-`sysctl -w net.ipv4.ip_local_reserved_ports=60000-60031`: a reserved port is never picked as an ephemeral one.
+file: nothing reserved). CANN's HCCL_IF_BASE_PORT page: HCCL uses 60000-60031 by default,
+"需要执行如下命令预留" `sysctl -w net.ipv4.ip_local_reserved_ports=60000-60031`: the kernel never picks a
+reserved port as an ephemeral one.
 """
 
 from __future__ import annotations
