@@ -22,14 +22,14 @@ from slurm_titan.doctor import (
     run_preflight,
 )
 from slurm_titan.doctor import facts as facts_module
-from slurm_titan.doctor.checks import compare_nodes, node_failures
+from slurm_titan.doctor.checks import compare_nodes, node_findings
 from slurm_titan.doctor.facts import NodeFacts, collect_facts, run_tool
 from slurm_titan.doctor.npu_smi import (
     parse_colon_fields,
     parse_key_values,
     parse_npu_smi_info,
 )
-from slurm_titan.doctor.report import Failure, format_table
+from slurm_titan.doctor.report import WARN, Finding, format_table
 from slurm_titan.plan import plan_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,8 @@ def npu_facts(rank: int = 0, info: str = "info_910b3_a2.txt", **changes: object)
                      {"python": "3.11.2", "slurm-titan": "0.1.0", "torch": "2.14.0", "torch_npu": "2.14.0",
                       "torchtitan": "0.3.0"},
                      npu_smi=parse_npu_smi_info(recorded(info)), firmware={str(i): "7.1.0.11.220" for i in range(8)},
-                     cann_version="8.1.RC1", device_count=8)
+                     cann_version="9.2.0", cann_ops_version="9.2.0", davinci=[f"davinci{i}" for i in range(8)],
+                     device_count=8)
     return replace(base, **changes)
 
 
@@ -104,8 +105,8 @@ def test_board_and_install_info() -> None:
 def test_missing_npu_smi_is_a_failed_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
-    failures = node_failures(collect_facts(NPU, 0), NPU)
-    assert Failure(failures[0].node, "npu-smi", "npu-smi not on PATH", "`npu-smi info` listing the chips") in failures
+    failures = node_findings(collect_facts(NPU, 0), NPU)
+    assert Finding(failures[0].node, "npu-smi", "npu-smi not on PATH", "`npu-smi info` listing the chips") in failures
 
 
 def test_collector_reads_a_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -115,18 +116,29 @@ def test_collector_reads_a_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
                     f'else cat {DATA}/info_910b3_a2.txt; fi\n')
     tool.chmod(0o755)
     home = tmp_path / "toolkit"
-    (home / f"{facts_module.platform.machine()}-linux").mkdir(parents=True)
-    (home / f"{facts_module.platform.machine()}-linux/ascend_toolkit_install.info").write_text(
-        recorded("ascend_toolkit_install.info"))
+    arch = home / f"{facts_module.platform.machine()}-linux"
+    arch.mkdir(parents=True)
+    (arch / "ascend_toolkit_install.info").write_text(recorded("ascend_toolkit_install_8.5.0.info"))
+    (arch / "ascend_ops_install.info").write_text(recorded("ascend_ops_install.info"))
+    (tmp_path / "driver").mkdir()
+    (tmp_path / "driver/version.info").write_text(recorded("driver_version.info"))
+    (tmp_path / "dev").mkdir()
+    for i in range(8):
+        (tmp_path / f"dev/davinci{i}").touch()
+    (tmp_path / "dev/davinci_manager").touch()
     monkeypatch.setenv("PATH", f"{tool.parent}:/usr/bin:/bin")
     monkeypatch.setenv("ASCEND_HOME_PATH", str(home))
     monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
-    facts = collect_facts(replace(NPU, checkpoint_dir=str(tmp_path / "ckpt/{job_id}")), 0)
-    assert (facts.npu_smi.driver_version, facts.cann_version, facts.device_count) == ("23.0.7", "8.1.RC1", 8)
+    monkeypatch.setattr(facts_module, "DAVINCI", str(tmp_path / "dev/davinci[0-9]*"))
+    facts = collect_facts(replace(NPU, checkpoint_dir=str(tmp_path / "ckpt/{job_id}"), ascend_home=str(tmp_path)), 0)
+    assert (facts.npu_smi.driver_version, facts.cann_version, facts.device_count) == ("23.0.7", "8.5.0", 8)
+    assert (facts.cann_ops_version, facts.driver["Innerversion"], facts.davinci[-1]) == \
+        ("8.5.0", "V100R001C15SPC006B220", "davinci7")
+    assert facts.cann_compatible.startswith("[V100R001C15],") and facts.network is None  # no hccn_tool here
     assert set(facts.firmware.values()) == {"7.1.0.11.220"} and len(facts.firmware) == 8
     assert facts.disk_path == str(tmp_path) and facts.disk_free_bytes > 0
     assert NodeFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
-    problems = {f.check for f in node_failures(facts, NPU)} - {"torch_npu"}  # torch_npu is not installed here
+    problems = {f.check for f in node_findings(facts, NPU)} - {"torch_npu"}  # torch_npu is not installed here
     assert not problems
 
 
@@ -139,13 +151,14 @@ def test_a_hanging_tool_times_out() -> None:
 
 
 def test_unhealthy_and_busy_chips_fail_warning_passes() -> None:
-    failures = node_failures(npu_facts(info="info_910b3_unhealthy.txt"), NPU)
+    failures = node_findings(npu_facts(info="info_910b3_unhealthy.txt"), NPU)
     assert [(f.check, f.found) for f in failures] == [
         ("chip health", "NPU 3 chip 0 (910B3): Critical"),
+        ("temperature", "NPU 3 chip 0 (910B3): 96 C"),
         ("chip health", "NPU 5 chip 0 (910B3): Alarm"),
         ("chip busy", "NPU 6 chip 0 (910B3): 58012/65536 MB HBM in use"),
     ]
-    assert not node_failures(npu_facts(info="info_910b3_unhealthy.txt"), replace(NPU, visible_devices=(0, 1)))
+    assert not node_findings(npu_facts(info="info_910b3_unhealthy.txt"), replace(NPU, visible_devices=(0, 1)))
 
 
 def test_node_checks_against_the_config() -> None:
@@ -153,14 +166,14 @@ def test_node_checks_against_the_config() -> None:
                      checkpoint_size_source="estimated", socket_ifnames=("ib0",), hccl_port_ranges=((61000, 61127),))
     facts = npu_facts(device_count=4, disk_path="/ckpt", disk_free_bytes=120 * 10**9, interfaces=["eth0", "lo"],
                       ephemeral_range=(32768, 65000), firmware={"0": "7.1.0.11.220", "1": "7.1.0.7.220"})
-    found = {f.check: f.found for f in node_failures(facts, expect)}
+    found = {f.check: f.found for f in node_findings(facts, expect)}
     assert found == {
         "chips": "8 chips",
         "firmware": "7.1.0.11.220, 7.1.0.7.220",
         "device count": "4 (torch.npu.device_count())",
         "disk": "120.0 GB free at /ckpt",
         "network interface": "no ib0 (has eth0, lo)",
-        "HCCL ports": "61000-61127 overlaps this node's ephemeral ports 32768-65000",
+        "HCCL ports": "61000-61127 overlaps this node's ephemeral ports 32768-65000 (61000-61127 not reserved)",
     }
 
 
@@ -176,23 +189,26 @@ def test_mixed_drivers_chips_and_versions_are_named() -> None:
 
 
 def test_a_tie_expects_the_lowest_node_rank_and_agreement_passes() -> None:
-    pair = [npu_facts(1, cann_version="8.0.RC3"), npu_facts(0)]
+    pair = [npu_facts(1, cann_version="9.1.0"), npu_facts(0)]
     assert [(f.node, f.found, f.expected) for f in compare_nodes(pair)] == \
-        [("1 (n2)", "8.0.RC3", "8.1.RC1 (as on 1 of 2 nodes)")]
+        [("1 (n2)", "9.1.0", "9.2.0 (as on 1 of 2 nodes)")]
     assert compare_nodes([npu_facts(0), npu_facts(1)]) == []
 
 
 def test_table_format_and_exception() -> None:
-    failures = [Failure("0 (n1)", "driver", "24.1.rc3", "23.0.7 (as on 7 of 8 nodes)"),
-                Failure("12", "preflight", "no report within 600 s", "node-12.json")]
-    assert format_table(failures) == (
-        "node    check      found                   expected\n"
-        "------  ---------  ----------------------  ---------------------------\n"
-        "0 (n1)  driver     24.1.rc3                23.0.7 (as on 7 of 8 nodes)\n"
-        "12      preflight  no report within 600 s  node-12.json")
-    error = PreflightFailed(failures, 16)
+    findings = [Finding("0 (n1)", "driver", "24.1.rc3", "23.0.7 (as on 7 of 8 nodes)"),
+                Finding("12", "preflight", "no report within 600 s", "node-12.json"),
+                Finding("3 (n4)", "temperature", "NPU 0 chip 0 (910B3): 78 C", "below 75 C", WARN)]
+    assert format_table(findings) == (
+        "node    level  check        found                       expected\n"
+        "------  -----  -----------  --------------------------  ---------------------------\n"
+        "0 (n1)  fail   driver       24.1.rc3                    23.0.7 (as on 7 of 8 nodes)\n"
+        "12      fail   preflight    no report within 600 s      node-12.json\n"
+        "3 (n4)  warn   temperature  NPU 0 chip 0 (910B3): 78 C  below 75 C")
+    error = PreflightFailed(findings, 16)
     assert error.exit_code == PREFLIGHT_EXIT_CODE == 78
-    assert str(error).startswith("preflight failed: 2 problem(s) on 2 of 16 node(s); training not started\nnode ")
+    assert str(error).startswith("preflight failed: 2 problem(s) on 2 of 16 node(s), 1 warning(s); "
+                                 "training not started\nnode ")
 
 
 def test_expectations_of_the_70b_job() -> None:
@@ -236,7 +252,7 @@ def test_three_cpu_nodes_agree(tmp_path: Path) -> None:
     assert run_nodes(tmp_path, [0, 1, 2], 3, expect=expect) == {0: None, 1: None, 2: None}
     folder = tmp_path / "doctor/attempt-0"
     assert sorted(p.name for p in folder.iterdir()) == ["node-0.json", "node-1.json", "node-2.json", "verdict.json"]
-    assert json.loads((folder / "verdict.json").read_text()) == {"nodes": 3, "failures": []}
+    assert json.loads((folder / "verdict.json").read_text()) == {"nodes": 3, "findings": []}
 
 
 def test_one_odd_node_stops_every_node_with_the_same_table(tmp_path: Path) -> None:
@@ -246,18 +262,18 @@ def test_one_odd_node_stops_every_node_with_the_same_table(tmp_path: Path) -> No
     outcome = run_nodes(tmp_path, [0, 1, 2], 3, collect=collect, expect=NPU)
     assert all(isinstance(error, PreflightFailed) for error in outcome.values())
     assert len({str(error) for error in outcome.values()}) == 1
-    assert "2 (n3)  torch  2.13.0  2.14.0 (as on 2 of 3 nodes)" in str(outcome[0])
+    assert Finding("2 (n3)", "torch", "2.13.0", "2.14.0 (as on 2 of 3 nodes)") in outcome[0].findings
 
 
 def test_a_silent_node_fails_the_preflight(tmp_path: Path) -> None:
     outcome = run_nodes(tmp_path, [0, 1], 3, timeout_s=1)
-    assert [(f.node, f.check, f.found) for f in outcome[0].failures] == [("2", "preflight", "no report within 1 s")]
-    assert outcome[1].failures == outcome[0].failures
+    assert [(f.node, f.check, f.found) for f in outcome[0].findings] == [("2", "preflight", "no report within 1 s")]
+    assert outcome[1].findings == outcome[0].findings
 
 
 def test_no_verdict_fails_the_other_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(exchange, "VERDICT_GRACE_S", 0.5)
-    failures = run_nodes(tmp_path, [1], 2, timeout_s=0.5)[1].failures
+    failures = run_nodes(tmp_path, [1], 2, timeout_s=0.5)[1].findings
     assert [(f.check, f.found) for f in failures] == [("preflight", "no verdict from node 0 within 1 s")]
 
 
@@ -288,7 +304,8 @@ def test_doctor_by_hand_without_npu_smi(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
     assert cli.main([]) == PREFLIGHT_EXIT_CODE
     out = capsys.readouterr().out
-    assert "npu-smi    npu-smi not on PATH" in out
+    assert any(line.split()[2:4] == ["fail", "npu-smi"] and line.endswith("`npu-smi info` listing the chips")
+               for line in out.splitlines() if "npu-smi not on PATH" in line)
 
 
 def test_the_doctor_does_not_import_torch() -> None:

@@ -1,8 +1,10 @@
 """`slurm-titan doctor [--config CONFIG] [--json]`: the preflight checks of this node, by hand.
 
-Without a config it checks what needs none (npu-smi, every chip's health, CANN, torch_npu); with one, also
-the job's device count, visible devices, interfaces, ports and checkpoint disk. Exit 0 when all pass,
-PREFLIGHT_EXIT_CODE otherwise. Cross-node checks need a job: they run in every job's preflight.
+Without a config it checks what needs none (npu-smi, every chip's health and temperature, CANN and its ops
+package, driver / CANN / torch_npu compatibility, torch_npu seeing any NPU, the NPUs' network ports); with one,
+also the job's device count, visible devices, interfaces, ports and checkpoint disk. Warnings are printed with
+the failures (`--json`: under "warnings"); exit 0 unless a check failed, PREFLIGHT_EXIT_CODE then. Cross-node
+checks need a job: they run in every job's preflight.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from slurm_titan.doctor.checks import node_failures
+from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.expectations import GB, DoctorExpectations
 from slurm_titan.doctor.facts import NodeFacts, collect_facts
-from slurm_titan.doctor.report import format_table
+from slurm_titan.doctor.report import FAIL, WARN, failures, format_table
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="job config (YAML) whose expectations to check this node against")
-    parser.add_argument("--json", action="store_true", help="machine-readable output: facts and failures")
+    parser.add_argument("--json", action="store_true", help="machine-readable output: facts, failures, warnings")
 
 
 def expectations(config_path: str | None) -> DoctorExpectations:
@@ -47,11 +49,15 @@ def describe(facts: NodeFacts) -> str:
         firmware = ", ".join(sorted(set(facts.firmware.values()))) or "-"
         count = "-" if facts.device_count is None else facts.device_count
         lines.append(f"driver {smi.driver_version if smi else '-'}, firmware {firmware}, "
-                     f"CANN {facts.cann_version or '-'}, torch_npu sees {count} device(s)")
+                     f"CANN {facts.cann_version or '-'} (ops {facts.cann_ops_version or '-'}), "
+                     f"torch_npu sees {count} device(s), {len(facts.davinci or [])} /dev/davinci*")
         for chip in smi.chips if smi else ():
             hbm = f"{chip.hbm_used_mb}/{chip.hbm_total_mb} MB HBM" if chip.hbm_total_mb else "HBM -"
             lines.append(f"  NPU {chip.npu_id} chip {chip.chip_id}: {chip.name} {chip.health}, "
                          f"{chip.temp_c if chip.temp_c is not None else '-'} C, {hbm}")
+        for device, port in (facts.network or {}).items():
+            lines.append(f"  NPU network port {device}: {port.ip or '-'}, link {port.link or '-'}, "
+                         f"health {port.net_health or '-'}, TLS {'-' if port.tls_switch is None else port.tls_switch}")
     if facts.disk_free_bytes is not None:
         lines.append(f"checkpoint disk: {facts.disk_free_bytes / GB:.1f} GB free at {facts.disk_path}")
     return "\n".join(lines)
@@ -60,13 +66,15 @@ def describe(facts: NodeFacts) -> str:
 def run(args: argparse.Namespace) -> int:
     expect = expectations(args.config)
     facts = collect_facts(expect, node_rank=0)
-    failures = node_failures(facts, expect)
+    findings = node_findings(facts, expect)
     if args.json:
-        print(json.dumps({"facts": facts.to_json(), "failures": [asdict(f) for f in failures]}, indent=1))
+        print(json.dumps({"facts": facts.to_json(), **{
+            key: [asdict(f) for f in findings if f.severity == severity]
+            for key, severity in (("failures", FAIL), ("warnings", WARN))}}, indent=1))
     else:
         print(describe(facts))
-        print(f"\n{format_table(failures)}" if failures else "all checks passed")
-    return PREFLIGHT_EXIT_CODE if failures else 0
+        print(f"\n{format_table(findings)}" if findings else "all checks passed")
+    return PREFLIGHT_EXIT_CODE if failures(findings) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,12 @@
 """The preflight of a job: every node reports through the job folder, node 0 judges, every node obeys.
 
-Files (shared filesystem, each written whole then renamed into place):
-`<job_dir>/doctor/attempt-A/node-N.json` (node N's facts and own failures) and `.../verdict.json`
-(node 0's list of failures, from every report plus the cross-node comparison). Node 0 waits `timeout_s`
-for the reports (a missing one is a failure); the others wait `timeout_s + VERDICT_GRACE_S` for the verdict.
+Files (shared filesystem, each written whole then renamed into place): `<job_dir>/doctor/attempt-A/node-N.json`
+(node N's facts and own findings), `.../reach-N.json` (jobs of several nodes whose NPUs have hccn_tool facts:
+node N's ping from one of its NPUs to one NPU of node N+1 mod the node count, a ring, so that every node is
+pinged once whatever the node count) and `.../verdict.json` (node 0's list of findings, from every report plus
+the cross-node comparison). Node 0 waits `timeout_s` after its own report for the others (a missing one is a
+failure); the others wait `timeout_s + VERDICT_GRACE_S` for the verdict. The preflight fails on a failure;
+warnings are returned.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from slurm_titan.doctor.checks import compare_nodes, node_failures
+from slurm_titan.doctor.checks import compare_nodes, node_findings, ping_pair, reachability
 from slurm_titan.doctor.expectations import DoctorExpectations
-from slurm_titan.doctor.facts import NodeFacts, collect_facts
-from slurm_titan.doctor.report import Failure, PreflightFailed
+from slurm_titan.doctor.facts import FactError, NodeFacts, collect_facts, ping_device
+from slurm_titan.doctor.report import Finding, PreflightFailed, failures
 
 DEFAULT_TIMEOUT_S = 600.0
 VERDICT_GRACE_S = 120.0
 POLL_S = 0.5
 VERDICT = "verdict.json"
 Collector = Callable[[DoctorExpectations, int], NodeFacts]
+Pinger = Callable[[str, str, str], tuple[int, int]]
+"""(ascend home, own hccn_tool device id, peer device IP) -> (packets sent, received); FactError if it cannot run."""
 
 
 def attempt_dir(job_dir: Path, attempt: int) -> Path:
@@ -45,48 +50,90 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _wait_json(path: Path, timeout_s: float) -> dict[str, Any] | None:
-    deadline = time.monotonic() + timeout_s
+def _wait_json(path: Path, deadline: float) -> dict[str, Any] | None:
     while (data := _read_json(path)) is None and time.monotonic() < deadline:
         time.sleep(POLL_S)
     return data
 
 
-def judge(folder: Path, num_nodes: int, timeout_s: float) -> list[Failure]:
-    """Node 0: wait for every node's report, then every failure of the job (own checks, comparison, silence)."""
-    deadline = time.monotonic() + timeout_s
+def _findings(rows: list[dict[str, str]]) -> list[Finding]:
+    return [Finding(**row) for row in rows]
+
+
+def _pings(report: dict[str, Any], num_nodes: int) -> bool:
+    """Whether this node's report promises a reach-N.json."""
+    return num_nodes > 1 and bool(report["facts"].get("network"))
+
+
+def judge(folder: Path, num_nodes: int, deadline: float, timeout_s: float) -> list[Finding]:
+    """Node 0: wait until `deadline` for every node's report (and ping), then every finding of the job (own
+    checks, pings, comparison, silence)."""
     reports: dict[int, dict[str, Any]] = {}
+    reach: dict[int, dict[str, Any]] = {}
     while True:
         for rank in range(num_nodes):
             if rank not in reports and (report := _read_json(folder / f"node-{rank}.json")) is not None:
                 reports[rank] = report
-        if len(reports) == num_nodes or time.monotonic() >= deadline:
+            if rank in reports and rank not in reach and _pings(reports[rank], num_nodes) and \
+                    (ping := _read_json(folder / f"reach-{rank}.json")) is not None:
+                reach[rank] = ping
+        waiting = len(reports) < num_nodes or any(_pings(report, num_nodes) and rank not in reach
+                                                  for rank, report in reports.items())
+        if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
-    failures = [Failure(**row) for rank in sorted(reports) for row in reports[rank]["failures"]]
-    failures += compare_nodes([NodeFacts.from_json(report["facts"]) for report in reports.values()])
-    failures += [Failure(str(rank), "preflight", f"no report within {timeout_s:.0f} s", f"{folder}/node-{rank}.json")
+    findings = [finding for rank in sorted(reports) for finding in _findings(reports[rank]["findings"])]
+    findings += [finding for rank in sorted(reach) for finding in _findings(reach[rank]["findings"])]
+    findings += compare_nodes([NodeFacts.from_json(report["facts"]) for report in reports.values()])
+    findings += [Finding(str(rank), "preflight", f"no report within {timeout_s:.0f} s", f"{folder}/node-{rank}.json")
                  for rank in range(num_nodes) if rank not in reports]
-    return failures
+    findings += [Finding(str(rank), "device reachability", f"no ping result within {timeout_s:.0f} s",
+                         f"{folder}/reach-{rank}.json")
+                 for rank, report in sorted(reports.items()) if _pings(report, num_nodes) and rank not in reach]
+    return findings
+
+
+def _reach(folder: Path, facts: NodeFacts, num_nodes: int, expect: DoctorExpectations, deadline: float,
+           ping: Pinger) -> list[Finding]:
+    """This node's ping of the next node's NPU (nothing when that node stays silent: judged as silence)."""
+    peer_report = _wait_json(folder / f"node-{(facts.node_rank + 1) % num_nodes}.json", deadline)
+    if peer_report is None:
+        return []
+    peer = NodeFacts.from_json(peer_report["facts"])
+    pair = ping_pair(facts, peer)
+    if pair is None:
+        return []
+    try:
+        outcome: tuple[int, int] | str = ping(expect.ascend_home, *pair)
+    except (FactError, OSError, ValueError) as error:
+        outcome = str(error)
+    return reachability(facts, peer, *pair, outcome)
 
 
 def run_preflight(job_dir: Path, attempt: int, node_rank: int, num_nodes: int, expect: DoctorExpectations,
-                  timeout_s: float = DEFAULT_TIMEOUT_S, *, collect: Collector = collect_facts) -> None:
-    """Run this node's part of the job's preflight; PreflightFailed (the same table on every node) if any
-    node failed a check, the nodes differ, or a node or the verdict stayed silent past the timeout."""
+                  timeout_s: float = DEFAULT_TIMEOUT_S, *, collect: Collector = collect_facts,
+                  ping: Pinger = ping_device) -> list[Finding]:
+    """Run this node's part of the job's preflight and return the job's warnings; PreflightFailed (the same
+    table on every node) if any node failed a check, the nodes differ, or a node or the verdict stayed silent
+    past the timeout."""
     folder = attempt_dir(job_dir, attempt)
     folder.mkdir(parents=True, exist_ok=True)
     facts = collect(expect, node_rank)
-    _write_json(folder / f"node-{node_rank}.json",
-                {"facts": facts.to_json(), "failures": [asdict(f) for f in node_failures(facts, expect)]})
+    _write_json(folder / f"node-{node_rank}.json", {"facts": facts.to_json(), "findings": [
+        asdict(f) for f in node_findings(facts, expect, num_nodes)]})
+    deadline = time.monotonic() + timeout_s
+    if num_nodes > 1 and facts.network:
+        _write_json(folder / f"reach-{node_rank}.json", {"findings": [
+            asdict(f) for f in _reach(folder, facts, num_nodes, expect, deadline, ping)]})
     if node_rank == 0:
-        failures = judge(folder, num_nodes, timeout_s)
-        _write_json(folder / VERDICT, {"nodes": num_nodes, "failures": [asdict(f) for f in failures]})
-    elif (verdict := _wait_json(folder / VERDICT, timeout_s + VERDICT_GRACE_S)) is not None:
-        failures = [Failure(**row) for row in verdict["failures"]]
+        findings = judge(folder, num_nodes, deadline, timeout_s)
+        _write_json(folder / VERDICT, {"nodes": num_nodes, "findings": [asdict(f) for f in findings]})
+    elif (verdict := _wait_json(folder / VERDICT, deadline + VERDICT_GRACE_S)) is not None:
+        findings = _findings(verdict["findings"])
     else:
         waited = timeout_s + VERDICT_GRACE_S
-        failures = [Failure(facts.label, "preflight", f"no verdict from node 0 within {waited:.0f} s",
+        findings = [Finding(facts.label, "preflight", f"no verdict from node 0 within {waited:.0f} s",
                             str(folder / VERDICT))]
-    if failures:
-        raise PreflightFailed(failures, num_nodes)
+    if failures(findings):
+        raise PreflightFailed(findings, num_nodes)
+    return findings

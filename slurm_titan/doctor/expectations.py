@@ -37,6 +37,10 @@ class DoctorExpectations:
     checkpoint_dir: str | None = None
     checkpoint_bytes: int | None = None
     checkpoint_size_source: str = ""
+    temp_warn_c: int = 75
+    temp_fail_c: int = 85
+    """Chip temperature limits: seed 000 ("正常应该在75°C以下,如果到85°C以上,NPU会降频": normal below
+    75 C, above 85 C the NPU throttles). At `temp_warn_c` or more a warning, at `temp_fail_c` or more a failure."""
 
     @classmethod
     def from_config(cls, config: JobConfig, checkpoint_dir: str | None) -> DoctorExpectations:

@@ -1,28 +1,41 @@
-"""A failed check as a table row, the table, and the exception that stops a job before training."""
+"""A finding of a check as a table row, the table, and the exception that stops a job before training.
+
+A finding is a failure (`FAIL`: the job must not start) or a warning (`WARN`: printed with the failures and in
+`--json`, but the preflight passes).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
 
-_COLUMNS = ("node", "check", "found", "expected")
+FAIL = "fail"
+WARN = "warn"
+_COLUMNS = ("node", "level", "check", "found", "expected")
 
 
 @dataclass(frozen=True)
-class Failure:
-    """One failed check: on which node (`rank (host)`), what was found, what was expected."""
+class Finding:
+    """One check's verdict on one node (`rank (host)`): what was found, what was expected, how bad it is."""
 
     node: str
     check: str
     found: str
     expected: str
+    severity: str = FAIL
 
 
-def format_table(failures: list[Failure]) -> str:
-    """An aligned plain-text table with a header row, one line per failure."""
-    rows = [_COLUMNS, *((f.node, f.check, f.found, f.expected) for f in failures)]
+def failures(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings that fail the preflight (not the warnings)."""
+    return [finding for finding in findings if finding.severity == FAIL]
+
+
+def format_table(findings: list[Finding]) -> str:
+    """An aligned plain-text table with a header row, one line per finding."""
+    rows = [_COLUMNS, *((f.node, f.severity, f.check, f.found, f.expected) for f in findings)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
@@ -30,12 +43,16 @@ def format_table(failures: list[Failure]) -> str:
 
 
 class PreflightFailed(SlurmTitanError):
-    """The preflight found problems; `str()` is a summary line and the table. Exit code PREFLIGHT_EXIT_CODE."""
+    """The preflight found problems; `str()` is a summary line and the table (warnings included).
+    Exit code PREFLIGHT_EXIT_CODE."""
 
     exit_code = PREFLIGHT_EXIT_CODE
 
-    def __init__(self, failures: list[Failure], num_nodes: int) -> None:
-        self.failures = failures
-        nodes = len({f.node for f in failures})
-        super().__init__(f"preflight failed: {len(failures)} problem(s) on {nodes} of {num_nodes} node(s); "
-                         f"training not started\n{format_table(failures)}")
+    def __init__(self, findings: list[Finding], num_nodes: int) -> None:
+        self.findings = findings
+        failed = failures(findings)
+        nodes = len({f.node for f in failed})
+        warned = len(findings) - len(failed)
+        super().__init__(f"preflight failed: {len(failed)} problem(s) on {nodes} of {num_nodes} node(s)"
+                         f"{f', {warned} warning(s)' if warned else ''}; training not started\n"
+                         f"{format_table(findings)}")
