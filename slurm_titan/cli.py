@@ -64,7 +64,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _check_overrides(args: argparse.Namespace) -> int:
     from slurm_titan.overrides.check import main as check_main
 
-    return check_main(["--quick"] if args.quick else [])
+    return check_main(["--device", args.device, *(["--quick"] if args.quick else [])])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,8 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(handler=_doctor)
 
     check = commands.add_parser("check-overrides", help="check the NPU overrides against torchtitan's "
-                                                        "reference maths and torch_npu's documented contracts (CPU)")
+                                                        "reference maths: on CPU through torch_npu's documented "
+                                                        "contracts, or with --device npu on this node's NPU")
     check.add_argument("--quick", action="store_true", help="fewer random cases")
+    check.add_argument("--device", choices=("cpu", "npu"), default="cpu",
+                       help="cpu: torch_npu's contract models; npu: torch_npu's kernels on an NPU")
     check.set_defaults(handler=_check_overrides)
     return parser
 

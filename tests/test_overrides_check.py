@@ -1,7 +1,18 @@
-"""The equivalence checks pass, report as a table, and catch a broken translation."""
+"""The equivalence checks pass, report as a table and verdicts, catch a broken translation, and run on a device."""
 
+import sys
+import types
+
+import pytest
+import torch
+
+import slurm_titan.overrides.check as check
 import slurm_titan.overrides.npu_attention as npu_attention
-from slurm_titan.overrides.check import main, run_checks
+from slurm_titan.cli import main as cli_main
+from slurm_titan.overrides.check import Target, main, run_checks, run_device_checks
+from slurm_titan.overrides.kernel_models import MODEL_KERNELS
+from slurm_titan.overrides.kernels import NpuKernels, torch_npu_kernels
+from slurm_titan.overrides.npu_rope import NpuComplexRoPE, rotary_npu
 
 
 def test_all_checks_pass():
@@ -10,8 +21,8 @@ def test_all_checks_pass():
     assert not failed, failed
     checks = {r.check for r in results}
     assert {
-        "rope.reference fwd",
-        "rope.reference bwd",
+        "rope.tables fwd",
+        "rope.npu_model fwd",
         "rope.npu_model bwd",
         "attention.reference_vs_flex fwd",
         "attention.reference_vs_math bwd",
@@ -20,14 +31,19 @@ def test_all_checks_pass():
         "rmsnorm.npu_model bwd",
     } <= checks
     assert {r.dtype for r in results} == {"float32", "bfloat16"}
-    assert all(r.tolerance == 0 for r in results if r.check.startswith("rope.reference"))
+    assert all(r.tolerance == 0 for r in results if r.check.startswith("rope.tables"))
+    shapes = {r.shape for r in results}
+    assert any("D128" in s and "docs 7/8" in s for s in shapes)  # head dim 128, more than 5 docs per row
+    assert any(s.startswith("B1 ") for s in shapes) and any(not s.startswith("B1 ") for s in shapes)
 
 
-def test_main_prints_table(capsys):
+def test_main_prints_table_and_one_verdict_per_check(capsys):
     assert main(["--quick", "--seed", "3"]) == 0
-    out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["check", "dtype", "shape", "max", "error", "tolerance", "ok"]
-    assert "checks passed" in out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["check", "dtype", "shape", "max", "error", "tolerance", "ok"]
+    verdicts = [line for line in lines if line.startswith("ok   ")]
+    assert len(verdicts) == len({tuple(v.split(":")[0].split()[1:]) for v in verdicts}) == 2 * 10
+    assert lines[-1].endswith("checks passed")
 
 
 def test_a_wrong_scale_fails_only_the_npu_attention_check(monkeypatch):
@@ -35,3 +51,68 @@ def test_a_wrong_scale_fails_only_the_npu_attention_check(monkeypatch):
     monkeypatch.setattr(npu_attention, "fusion_attention_kwargs", lambda **kw: translate(**kw) | {"scale": 1.0})
     failed = {r.check for r in run_checks(seed=1, quick=True) if not r.ok}
     assert failed == {"attention.npu_model fwd", "attention.npu_model bwd"}
+
+
+def test_the_old_complex_cache_lookup_fails_the_cpu_check(monkeypatch):
+    def old_forward(self, query, key, positions=None, *, kernels=None):
+        cache = self._reshape_cache(query, positions)  # upstream's complex64 index/gather, as before the fix
+        return rotary_npu(query, key, cache.real, cache.imag, kernels)
+
+    monkeypatch.setattr(NpuComplexRoPE, "forward", old_forward)
+    results = run_checks(seed=0, quick=True)
+    failed = [r for r in results if not r.ok]
+    assert {r.check for r in failed} == {"rope.npu_model raised"}
+    assert {r.shape.split()[0] for r in failed} >= {"B1", "B2"}  # index at batch 1, gather above
+    assert all("AscendUnsupportedError" in r.raised and "complex64" in r.raised for r in failed)
+
+
+def test_device_checks_run_through_the_device_plumbing():
+    devices = set()
+
+    def on(kernel):
+        def call(*args, **kwargs):
+            devices.update(a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+            return kernel(*args, **kwargs)
+
+        return call
+
+    names = ("npu_fusion_attention", "npu_rotary_mul", "npu_rms_norm")
+    kernels = NpuKernels(*(on(getattr(MODEL_KERNELS, name)) for name in names))
+    target = Target("npu_kernel", torch.device("cpu"), kernels, refuse_unsupported=False)
+    results = run_device_checks(target, seed=2, quick=True)
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+    assert devices == {torch.device("cpu")}
+    assert {r.dtype for r in results} == {"bfloat16"}
+    assert {r.check for r in results} == {
+        f"{family}.npu_kernel {way}" for family in ("rope", "attention", "rmsnorm") for way in ("fwd", "bwd")
+    } | {"rope.tables fwd"}
+    assert any("L2304" in r.shape for r in results)  # a document longer than the 2048 compressed mask
+
+
+def test_device_npu_without_torch_npu_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu -> ImportError(name="torch_npu")
+    torch_npu_kernels.cache_clear()
+    assert cli_main(["check-overrides", "--device", "npu"]) == 2
+    out = capsys.readouterr()
+    assert out.err == "check-overrides --device npu: torch_npu is not installed\n" and out.out == ""
+
+
+@pytest.mark.parametrize(
+    "npu, message",
+    [
+        (types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0), "torch_npu sees 0 NPUs"),
+        (None, "torch_npu does not import: libhccl.so: cannot open shared object file"),
+    ],
+)
+def test_device_npu_without_npus_is_one_line(monkeypatch, capsys, npu, message):
+    fake = types.ModuleType("torch_npu")
+    fake.npu_fusion_attention = fake.npu_rotary_mul = fake.npu_rms_norm = None
+    if npu is None:
+        error = OSError(message.split(": ", 1)[1] + "\n(more lines)")
+        monkeypatch.setattr(check, "torch_npu_kernels", lambda: (_ for _ in ()).throw(error))
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    torch_npu_kernels.cache_clear()
+    assert main(["--device", "npu"]) == 2
+    assert capsys.readouterr().err == f"check-overrides --device npu: {message}\n"
+    torch_npu_kernels.cache_clear()

@@ -71,10 +71,15 @@ def test_sparse_mode_0_band_from_pre_and_next_tokens():
         ({"actual_seq_qlen": [4, 7], "actual_seq_kvlen": [4, 7]}, "ending at T"),
         ({"head_num": 3}, "head_num"),
         ({"keep_prob": 0.0}, "keep_prob"),
+        ({"value": torch.randn(8, 2, 8, dtype=torch.bfloat16)}, "share a dtype"),
+        ({"query": torch.randn(8, 4, 776), "key": torch.randn(8, 2, 776), "value": torch.randn(8, 2, 776)}, "768"),
+        ({"head_num": 512, "query": torch.randn(8, 512, 8)}, "at most 256"),
+        ({"actual_seq_qlen": list(range(1, 1025)) + [8], "actual_seq_kvlen": [4, 8]}, "at most 1024"),
     ],
 )
 def test_fusion_attention_model_rejects_contract_violations(change, message):
     q, kv = torch.randn(8, 4, 8), torch.randn(8, 2, 8)
+    change = {"query": q, "key": kv, "value": kv} | change
     kwargs = (
         dict(
             head_num=4,
@@ -87,7 +92,24 @@ def test_fusion_attention_model_rejects_contract_violations(change, message):
         | change
     )
     with pytest.raises(ValueError, match=message):
-        npu_fusion_attention_model(q, kv, kv, **kwargs)
+        npu_fusion_attention_model(**kwargs)
+
+
+def test_fusion_attention_model_varlen_limits():
+    q = torch.zeros(2**20 + 1, 1, 8)
+    tnd = dict(head_num=1, input_layout="TND", atten_mask=compressed_causal_mask(CPU), sparse_mode=3)
+    with pytest.raises(ValueError, match="1048576 tokens"):
+        npu_fusion_attention_model(q, q, q, **tnd, actual_seq_qlen=[q.shape[0]], actual_seq_kvlen=[q.shape[0]])
+    q = torch.randn(1024, 1, 8)
+    ends = list(range(1, 1025))  # 1024 one-token sequences: the most one call takes
+    assert npu_fusion_attention_model(q, q, q, **tnd, actual_seq_qlen=ends, actual_seq_kvlen=ends)[0].shape == q.shape
+
+
+def test_fusion_attention_model_takes_int_lists_not_tensors():
+    q = torch.randn(8, 1, 8)
+    tnd = dict(head_num=1, input_layout="TND", atten_mask=compressed_causal_mask(CPU), sparse_mode=3)
+    with pytest.raises(TypeError, match="int"):
+        npu_fusion_attention_model(q, q, q, **tnd, actual_seq_qlen=torch.tensor([4, 8]), actual_seq_kvlen=[4, 8])
 
 
 def test_fusion_attention_model_rejects_fully_masked_rows_and_unmodelled_inputs():
@@ -100,13 +122,51 @@ def test_fusion_attention_model_rejects_fully_masked_rows_and_unmodelled_inputs(
         npu_fusion_attention_model(q, q, q, 1, "BNSD", atten_mask=compressed_causal_mask(CPU), sparse_mode=4)
 
 
-def test_rotary_mul_model_half_mode():
+def test_rotary_mul_model_half_and_interleave_modes():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 1, 4)
-    r1, r2 = torch.full_like(x, 2.0), torch.full_like(x, 10.0)
-    # r1 * x + r2 * cat(-x2, x1) with x1 = [1, 2], x2 = [3, 4]
-    assert npu_rotary_mul_model(x, r1, r2).flatten().tolist() == [2 - 30, 4 - 40, 6 + 10, 8 + 20]
+    r1, r2 = torch.full_like(x, 0.5), torch.full_like(x, 0.25)
+    # half: r1 * x + r2 * cat(-x2, x1) with x1 = [1, 2], x2 = [3, 4]
+    assert npu_rotary_mul_model(x, r1, r2).flatten().tolist() == [0.5 - 0.75, 1 - 1, 1.5 + 0.25, 2 + 0.5]
+    # interleave: pairs (1, 2), (3, 4) -> (-2, 1), (-4, 3)
+    out = npu_rotary_mul_model(x, r1, r2, rotary_mode="interleave")
+    assert out.flatten().tolist() == [0.5 - 0.5, 1 + 0.25, 1.5 - 1, 2 + 0.75]
     with pytest.raises(NotImplementedError):
-        npu_rotary_mul_model(x, r1, r2, rotary_mode="interleave")
+        npu_rotary_mul_model(x, r1, r2, rotary_mode="quarter")
+
+
+def test_interleave_mode_is_upstream_complex_rope():
+    torch.manual_seed(0)
+    x, angles = torch.randn(1, 6, 3, 8), torch.rand(1, 6, 1, 4) * 6
+    rotated = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (4, 2))) * torch.polar(torch.ones(()), angles))
+    r1, r2 = (t.repeat_interleave(2, dim=-1) for t in (angles.cos(), angles.sin()))
+    torch.testing.assert_close(npu_rotary_mul_model(x, r1, r2, rotary_mode="interleave"), rotated.flatten(-2))
+
+
+@pytest.mark.parametrize(
+    "shape, table, mode, ok",
+    [
+        ((2, 6, 3, 8), (1, 6, 1, 8), "interleave", True),  # BSND with 1S1D
+        ((2, 6, 3, 8), (2, 6, 1, 8), "interleave", False),  # BS1D: half mode only
+        ((2, 6, 3, 8), (2, 6, 1, 8), "half", True),
+        ((2, 6, 3, 8), (2, 6, 3, 8), "half", True),
+        ((2, 6, 3, 8), (1, 6, 3, 8), "half", False),  # no layout keeps dims 1 and 2 but not 0
+        ((1, 6, 1000, 8), (1, 6, 1, 8), "half", False),  # N < 1000
+        ((2, 6, 500, 8), (1, 6, 1, 8), "interleave", False),  # B * N < 1000
+    ],
+)
+def test_rotary_mul_model_table_layouts(shape, table, mode, ok):
+    x, r = torch.zeros(shape), torch.zeros(table)
+    if ok:
+        npu_rotary_mul_model(x, r, r, rotary_mode=mode)
+    else:
+        with pytest.raises(ValueError, match="does not take"):
+            npu_rotary_mul_model(x, r, r, rotary_mode=mode)
+
+
+def test_rotary_mul_model_tables_lie_in_minus_one_one():
+    x = torch.zeros(1, 2, 1, 4)
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        npu_rotary_mul_model(x, torch.full((1, 2, 1, 4), 1.5), torch.zeros(1, 2, 1, 4))
 
 
 def test_rms_norm_model():

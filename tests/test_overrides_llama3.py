@@ -8,7 +8,9 @@ from torchtitan.models.common.attention import FlexAttention
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import ComplexRoPE
 
-from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
+from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES, npu_attention, npu_norm, npu_rope
+from slurm_titan.overrides.kernel_models import MODEL_KERNELS
+from slurm_titan.overrides.npu_capabilities import RefuseAscendUnsupported
 from slurm_titan.overrides.npu_attention import NpuFusedAttention
 from slurm_titan.overrides.npu_norm import NpuRMSNorm
 from slurm_titan.overrides.npu_rope import NpuComplexRoPE
@@ -70,3 +72,20 @@ def test_debugmodel_trains_on_cpu_with_per_document_masking(npu_config):
         changed = (logits(edited) - out).abs().amax(dim=(0, 2))
     assert changed[:50].max() == 0  # the first document (and earlier tokens) cannot see it
     assert changed[50:].min() > 0
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_debugmodel_npu_paths_train_on_the_contract_models_without_complex_kernels(npu_config, monkeypatch, batch):
+    # Every override takes its NPU path with the contract models, as if the tensors were on an NPU.
+    for module in (npu_attention, npu_norm, npu_rope):
+        monkeypatch.setattr(module, "select_kernels", lambda kernels, *tensors: MODEL_KERNELS)
+    config, _ = npu_config
+    torch.manual_seed(0)
+    model = config.model_spec.model.build()
+    model.init_states(buffer_device=torch.device("cpu"))
+    positions = torch.cat([torch.arange(40), torch.arange(24)]).repeat(batch, 1)
+    tokens = torch.randint(0, 2048, (batch, 64))
+    with RefuseAscendUnsupported():
+        out = model(tokens, positions=positions, attention_masks=model.get_attention_masks(positions))
+        out.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())

@@ -7,16 +7,24 @@ import torch
 from torchtitan.models.common.attention import VarlenMetadata, create_varlen_metadata_for_document
 
 from slurm_titan.overrides.attention_args import (
+    compressed_causal_mask,
     document_ends,
     fusion_attention_kwargs,
     host_offsets,
     softmax_scale,
+    varlen_calls,
 )
 from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.kernels import NpuKernels, select_kernels
 from slurm_titan.overrides.npu_attention import npu_attention
 from slurm_titan.overrides.npu_norm import rms_norm_npu
-from slurm_titan.overrides.npu_rope import deinterleave, half_rotation_tables, reinterleave
+from slurm_titan.overrides.reference_attention import reference_attention
+from slurm_titan.overrides.npu_rope import (
+    deinterleave,
+    half_rotation_tables,
+    interleave_rotation_tables,
+    reinterleave,
+)
 
 
 def _positions(*rows: list[int]) -> torch.Tensor:
@@ -106,9 +114,11 @@ def test_rope_interleave_round_trip_and_tables():
     x = torch.arange(8.0).view(1, 1, 1, 8)
     assert deinterleave(x).flatten().tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
     assert torch.equal(reinterleave(deinterleave(x)), x)
-    cache = torch.polar(torch.ones(3, 2), torch.tensor([[0.1, 0.2]] * 3))
-    r1, r2 = half_rotation_tables(cache)
-    assert r1.shape == (3, 4) and torch.allclose(r1[:, :2], r1[:, 2:]) and torch.allclose(r2[0, :2], cache.imag[0])
+    cos, sin = torch.tensor([[0.1, 0.2]] * 3).cos(), torch.tensor([[0.1, 0.2]] * 3).sin()
+    r1, r2 = half_rotation_tables(cos, sin)
+    assert r1.shape == (3, 4) and torch.equal(r1[:, :2], r1[:, 2:]) and torch.equal(r2[0, :2], sin[0])
+    r1, r2 = interleave_rotation_tables(cos, sin)
+    assert torch.equal(r1[0], cos[0].repeat_interleave(2)) and torch.equal(r2[0], sin[0].repeat_interleave(2))
 
 
 def test_rms_norm_casts_gamma_to_input_dtype():
@@ -123,3 +133,61 @@ def test_select_kernels():
     assert select_kernels(None, cpu, None) is None
     assert select_kernels(MODEL_KERNELS, cpu) is MODEL_KERNELS
     assert select_kernels(None) is None
+
+
+def test_varlen_calls_one_for_the_batch_within_the_limits():
+    assert varlen_calls([3, 8, 16], batch=2, seq_len=8) == [(slice(0, 2), [3, 8, 16])]
+
+
+def test_varlen_calls_split_per_row_beyond_1024_documents():
+    one_token_docs = list(range(1, 1025))  # row 0: 1024 documents of one token
+    ends = one_token_docs + [1024 + 512, 2048]  # row 1: two documents
+    assert varlen_calls(ends, batch=2, seq_len=1024) == [(slice(0, 1), one_token_docs), (slice(1, 2), [512, 1024])]
+
+
+def test_varlen_calls_split_per_row_beyond_2_to_the_20_tokens():
+    seq_len = 2**19
+    ends = [seq_len * (i + 1) for i in range(3)]
+    assert varlen_calls(ends, batch=3, seq_len=seq_len) == [(slice(i, i + 1), [seq_len]) for i in range(3)]
+
+
+def test_varlen_calls_refuse_a_row_beyond_the_limits():
+    with pytest.raises(ValueError, match="batch row 0 holds 1025 documents in 1025 tokens.*at most 1024"):
+        varlen_calls(list(range(1, 1026)), batch=1, seq_len=1025)
+
+
+def test_npu_attention_splits_a_batch_beyond_the_limits_into_rows(monkeypatch):
+    calls = []
+
+    def recording_attention(query, key, value, head_num, input_layout, **kwargs):
+        calls.append((query.shape[0], kwargs["actual_seq_qlen"]))
+        return MODEL_KERNELS.npu_fusion_attention(query, key, value, head_num, input_layout, **kwargs)
+
+    kernels = NpuKernels(recording_attention, MODEL_KERNELS.npu_rotary_mul, MODEL_KERNELS.npu_rms_norm)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 8, 2, 8), torch.randn(2, 8, 1, 8), torch.randn(2, 8, 1, 8)
+    whole = npu_attention(q, k, v, [3, 8, 10, 16], scale=None, dropout=0.0, kernels=kernels)
+    monkeypatch.setattr("slurm_titan.overrides.attention_args.VARLEN_MAX_SEQUENCES", 3)
+    split = npu_attention(q, k, v, [3, 8, 10, 16], scale=None, dropout=0.0, kernels=kernels)
+    assert calls == [(16, [3, 8, 10, 16]), (8, [3, 8]), (8, [2, 8])]
+    torch.testing.assert_close(split, whole)
+
+
+def test_compressed_mask_is_built_on_the_cpu_and_copied(monkeypatch):
+    devices = []
+    triu = torch.triu
+    monkeypatch.setattr(torch, "triu", lambda x, **kw: devices.append(x.device) or triu(x, **kw))
+    compressed_causal_mask.cache_clear()
+    assert compressed_causal_mask(torch.device("meta")).device == torch.device("meta")
+    assert devices == [torch.device("cpu")]
+    compressed_causal_mask.cache_clear()
+
+
+def test_npu_attention_over_1024_documents_in_a_batch_fits_the_kernel_contract():
+    # Row 0: 1024 one-token documents; row 1: 6 documents. One call would pass 1030 sequences.
+    row1 = [100, 200, 300, 400, 500, 1024]
+    ends = list(range(1, 1025)) + [1024 + e for e in row1]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 1024, 2, 8), torch.randn(2, 1024, 1, 8), torch.randn(2, 1024, 1, 8)
+    out = npu_attention(q, k, v, ends, scale=None, dropout=0.0, kernels=MODEL_KERNELS)
+    torch.testing.assert_close(out, reference_attention(q, k, v, ends, scale=None, dropout=0.0))

@@ -1,7 +1,8 @@
 """Pure translation from torchtitan's packed-document attention to ``npu_fusion_attention`` arguments.
 
-Contract relied on (torch_npu ``npu_fusion_attention``, documented in
-Ascend/op-plugin ``docs/context/torch_npu-npu_fusion_attention.md``):
+Contract relied on (torch_npu ``npu_fusion_attention``, documented in torch_npu
+2.14.0's docstrings and Ascend/op-plugin
+``docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md``):
 
 * ``input_layout="TND"`` is the varlen layout: query ``(T, Nq, D)``, key/value
   ``(T, Nkv, D)`` with ``Nq % Nkv == 0`` (GQA); ``head_num`` is ``Nq``.
@@ -13,6 +14,9 @@ Ascend/op-plugin ``docs/context/torch_npu-npu_fusion_attention.md``):
   per sequence it is plain causal attention inside each sequence.
 * ``scale`` defaults to 1.0 (not 1/sqrt(D)); ``keep_prob`` is the dropout
   keep ratio in (0, 1].
+* One TND call takes at most 1024 sequences and 2**20 tokens
+  (:mod:`.npu_capabilities`): a batch beyond that is split into one call per
+  row (rows never share a document, see :func:`document_ends`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 import torch
 from torchtitan.models.common.attention import VarlenMetadata
+
+from .npu_capabilities import VARLEN_MAX_SEQUENCES, VARLEN_MAX_TOKENS
 
 RIGHT_DOWN_CAUSAL = 3
 """``sparse_mode`` for per-sequence causal masking from the compressed mask."""
@@ -55,11 +61,36 @@ def softmax_scale(scale: float | None, head_dim: int) -> float:
     return head_dim**-0.5 if scale is None else scale
 
 
+def varlen_calls(doc_ends: Sequence[int], batch: int, seq_len: int) -> list[tuple[slice, list[int]]]:
+    """The TND calls for a batch: ``(batch rows, cumulative document ends within them)`` each.
+
+    One call for the whole batch when it fits the varlen limits, else one per
+    row; a single row beyond them raises ``ValueError``.
+    """
+    if len(doc_ends) <= VARLEN_MAX_SEQUENCES and batch * seq_len <= VARLEN_MAX_TOKENS:
+        return [(slice(0, batch), list(doc_ends))]
+    calls = []
+    for row in range(batch):
+        start = row * seq_len
+        ends = [end - start for end in doc_ends if start < end <= start + seq_len]
+        if len(ends) > VARLEN_MAX_SEQUENCES or seq_len > VARLEN_MAX_TOKENS:
+            raise ValueError(
+                f"batch row {row} holds {len(ends)} documents in {seq_len} tokens; npu_fusion_attention (TND) "
+                f"takes at most {VARLEN_MAX_SEQUENCES} documents and {VARLEN_MAX_TOKENS} tokens per call"
+            )
+        calls.append((slice(row, row + 1), ends))
+    return calls
+
+
 @cache
 def compressed_causal_mask(device: torch.device) -> torch.Tensor:
-    """The 2048x2048 mask sparse mode 3 expects: True above the diagonal (masked)."""
-    ones = torch.ones(COMPRESSED_MASK_SIZE, COMPRESSED_MASK_SIZE, dtype=torch.bool, device=device)
-    return torch.triu(ones, diagonal=1)
+    """The 2048x2048 mask sparse mode 3 expects: True above the diagonal (masked).
+
+    Built on the CPU and copied to ``device``, so no device kernel for a bool
+    ``triu`` is needed.
+    """
+    ones = torch.ones(COMPRESSED_MASK_SIZE, COMPRESSED_MASK_SIZE, dtype=torch.bool)
+    return torch.triu(ones, diagonal=1).to(device)
 
 
 def fusion_attention_kwargs(

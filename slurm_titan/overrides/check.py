@@ -1,29 +1,39 @@
-"""CPU equivalence checks for the NPU overrides (``slurm-titan check-overrides``).
+"""Equivalence checks for the NPU overrides (``slurm-titan check-overrides [--device npu]``).
 
-Over random packed-document batches (GQA, several documents per row, fp32
-and bf16, forward and backward):
+Over random packed-document batches plus fixed wide ones (GQA, up to 8
+documents per row, head dim 128), forward and backward:
 
-* ``rope.reference``: the RoPE override off NPU is upstream ``ComplexRoPE``, bit for bit.
-* ``rope.npu_model``: its NPU path, run on the ``npu_rotary_mul`` contract model.
-* ``attention.reference_vs_flex``: the attention override off NPU against
-  upstream FlexAttention with torchtitan's own block-causal document mask
-  (eager, forward only: FlexAttention has no CPU backward).
-* ``attention.reference_vs_math``: the same against fp64 math attention under
-  that mask, forward and backward.
-* ``attention.npu_model``: the attention NPU path, run on the
-  ``npu_fusion_attention`` contract model, against the reference path.
-* ``rmsnorm.npu_model``: the RMSNorm NPU path on the ``npu_rms_norm`` model
-  against upstream ``RMSNorm``.
+* ``rope.tables``: the NPU RoPE path's cos/sin tables, read from a real view
+  of the cache, equal upstream ``ComplexRoPE``'s complex cache lookup bit for bit.
+* ``rope.<kernels>``: the NPU RoPE path (``interleave`` mode at batch 1,
+  ``half`` above) against upstream ``ComplexRoPE``.
+* ``attention.reference_vs_flex`` (CPU only): the attention override off NPU
+  against upstream FlexAttention with torchtitan's own block-causal document
+  mask (eager, forward only: FlexAttention has no CPU backward).
+* ``attention.reference_vs_math`` (CPU only): the same against fp64 math
+  attention under that mask, forward and backward.
+* ``attention.<kernels>``: the attention NPU path against the reference path.
+* ``rmsnorm.<kernels>``: the RMSNorm NPU path against upstream ``RMSNorm``.
 
-The error of a result against an expectation is ``max|a - b| / max(1, max|b|)``.
+``<kernels>`` is ``npu_model`` on CPU: the NPU paths run on the contract models
+of :mod:`.kernel_models`, under :class:`.npu_capabilities.RefuseAscendUnsupported`
+(so an op Ascend lacks fails the check), in fp32 and bf16. With ``--device
+npu`` it is ``npu_kernel``: the NPU paths run torch_npu's kernels on NPU
+tensors in bf16 (plus a case with a document longer than the 2048-token
+compressed mask), against the same references computed on the CPU; the RoPE
+cache is copied to the device, not recomputed there. The error of a result
+against an expectation is ``max|a - b| / max(1, max|b|)``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -46,16 +56,20 @@ from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import ComplexRoPE
 
 from .kernel_models import MODEL_KERNELS
+from .kernels import NpuKernels, torch_npu_kernels
 from .npu_attention import npu_fused_attention
+from .npu_capabilities import RefuseAscendUnsupported
 from .npu_norm import npu_rms_norm
-from .npu_rope import npu_rotary_rope
+from .npu_rope import npu_rotary_rope, rotation_angles
 
 DTYPES = (torch.float32, torch.bfloat16)
+DEVICE_DTYPES = (torch.bfloat16,)
+"""The device run checks the training dtype."""
 TOLERANCES = {
     torch.float32: {"fwd": 5e-6, "bwd": 5e-6},
     torch.bfloat16: {"fwd": 2e-2, "bwd": 4e-2},
 }
-"""Relative error bounds per dtype; ``rope.reference`` must match exactly."""
+"""Relative error bounds per dtype; ``rope.tables`` must match exactly."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +81,55 @@ class CheckResult:
     shape: str
     max_error: float
     tolerance: float
+    raised: str = ""
+    """The first line of the exception the checked code raised (then ``max_error`` is inf)."""
 
     @property
     def ok(self) -> bool:
         return math.isfinite(self.max_error) and self.max_error <= self.tolerance
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the checks run the NPU code paths: a device for their tensors and the kernels they call."""
+
+    name: str
+    """Names the checks: ``rope.<name>``, ..."""
+    device: torch.device
+    kernels: NpuKernels
+    refuse_unsupported: bool
+    """Run the NPU paths under :class:`RefuseAscendUnsupported` (a CPU stand-in for the device's gaps)."""
+
+    def context(self) -> AbstractContextManager[object]:
+        return RefuseAscendUnsupported() if self.refuse_unsupported else nullcontext()
+
+
+CPU_MODELS = Target("npu_model", torch.device("cpu"), MODEL_KERNELS, refuse_unsupported=True)
+"""The NPU paths on CPU, with the contract models, refusing what Ascend lacks."""
+
+
+class DeviceUnavailable(Exception):
+    """No NPU to check on; the message is one line."""
+
+
+def npu_target() -> Target:
+    """torch_npu's kernels on the current NPU, or :class:`DeviceUnavailable` saying why not."""
+    try:
+        kernels = torch_npu_kernels()  # imports torch_npu, which adds torch.npu
+    except ImportError as exc:
+        if exc.name == "torch_npu":
+            raise DeviceUnavailable("torch_npu is not installed") from None
+        raise DeviceUnavailable(f"torch_npu does not import: {_first_line(exc)}") from None
+    except Exception as exc:  # a native extension's import (CANN not sourced, ...) can raise anything
+        raise DeviceUnavailable(f"torch_npu does not import: {_first_line(exc)}") from None
+    if not torch.npu.is_available() or torch.npu.device_count() == 0:
+        raise DeviceUnavailable("torch_npu sees 0 NPUs")
+    return Target("npu_kernel", torch.device("npu"), kernels, refuse_unsupported=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -100,6 +159,16 @@ class _Case:
         return torch.stack([torch.cat([torch.arange(n) for n in row]) for row in self.doc_lengths])
 
 
+WIDE_CASES = (
+    _Case(((90, 3, 17, 40, 1, 33, 72),), n_heads=8, n_kv_heads=2, head_dim=128),
+    _Case(((20, 20, 20, 20, 20, 20, 8), (64, 32, 16, 8, 4, 2, 1, 1)), n_heads=4, n_kv_heads=1, head_dim=128),
+)
+"""Fixed cases with llama3's head dim, GQA and more documents per row than the random ones."""
+
+LONG_CASE = _Case(((2100, 150, 54),), n_heads=2, n_kv_heads=1, head_dim=128)
+"""A document longer than the 2048x2048 compressed causal mask (device runs only: dense CPU maths is slow)."""
+
+
 def _random_case(gen: torch.Generator) -> _Case:
     def pick(options: Sequence[int]) -> int:
         return options[int(torch.randint(len(options), (1,), generator=gen))]
@@ -121,17 +190,27 @@ def _error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.double() - expected).abs().max().item() / scale
 
 
+Outputs = tuple[torch.Tensor, list[torch.Tensor]]
+"""A result and the gradients of the inputs (empty: forward only), on the CPU."""
+
+
 def _fwd_bwd(
     fn: Callable[..., torch.Tensor],
     inputs: Sequence[torch.Tensor],
     grad_out: torch.Tensor | None,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``fn(*inputs)`` and, given ``grad_out``, the gradients of every input."""
-    leaves = [x.detach().clone().requires_grad_(grad_out is not None) for x in inputs]
-    out = fn(*leaves)
-    if grad_out is None:
-        return out.detach(), []
-    return out.detach(), list(torch.autograd.grad(out, leaves, grad_out.to(out.dtype)))
+    target: Target | None = None,
+) -> Outputs:
+    """``fn(*inputs)`` and, given ``grad_out``, the gradients of every input.
+
+    With a ``target``, the inputs are moved to its device and ``fn`` runs (forward
+    and backward) in its context; without one, on the CPU as given.
+    """
+    device = target.device if target else inputs[0].device
+    leaves = [x.detach().to(device).clone().requires_grad_(grad_out is not None) for x in inputs]
+    with target.context() if target else nullcontext():
+        out = fn(*leaves)
+        grads = [] if grad_out is None else torch.autograd.grad(out, leaves, grad_out.to(device, out.dtype))
+    return out.detach().cpu(), [g.cpu() for g in grads]
 
 
 class _Recorder:
@@ -141,43 +220,41 @@ class _Recorder:
         self.case, self.dtype = case, dtype
         self.results: list[CheckResult] = []
 
-    def compare(
-        self,
-        check: str,
-        actual: tuple[torch.Tensor, list[torch.Tensor]],
-        expected: tuple[torch.Tensor, list[torch.Tensor]],
-        *,
-        exact: bool = False,
-    ) -> None:
+    def compare(self, check: str, actual: Outputs, expected: Outputs, *, exact: bool = False) -> None:
         tolerances = TOLERANCES[self.dtype]
         self._add(f"{check} fwd", _error(actual[0], expected[0]), 0.0 if exact else tolerances["fwd"])
         if expected[1]:
             errors = [_error(a, e) for a, e in zip(actual[1], expected[1], strict=True)]
             self._add(f"{check} bwd", max(errors), 0.0 if exact else tolerances["bwd"])
 
-    def _add(self, check: str, error: float, tolerance: float) -> None:
+    def raised(self, check: str, exc: Exception) -> None:
+        self._add(check, math.inf, 0.0, f"{type(exc).__name__}: {_first_line(exc)}")
+
+    def _add(self, check: str, error: float, tolerance: float, raised: str = "") -> None:
         dtype = str(self.dtype).removeprefix("torch.")
-        self.results.append(CheckResult(check, dtype, self.case.label, error, tolerance))
+        self.results.append(CheckResult(check, dtype, self.case.label, error, tolerance, raised))
 
 
-def _rope_checks(rec: _Recorder, gen: torch.Generator) -> None:
+def _rope_checks(rec: _Recorder, gen: torch.Generator, target: Target) -> None:
     case, dtype = rec.case, rec.dtype
     cfg = ComplexRoPE.Config(dim=case.head_dim, max_seq_len=case.seq_len, theta=500000, scaling="llama")
-    upstream, override = cfg.build(), npu_rotary_rope(cfg).build()
+    upstream, override = cfg.build(), npu_rotary_rope(cfg).build().to(target.device)
     positions = case.positions()
     q = torch.randn(case.batch, case.seq_len, case.n_heads, case.head_dim, generator=gen).to(dtype)
     k = torch.randn(case.batch, case.seq_len, case.n_kv_heads, case.head_dim, generator=gen).to(dtype)
     grad = torch.randn(q.numel() + k.numel(), generator=gen)
 
-    def run(rope: Callable[..., tuple[torch.Tensor, torch.Tensor]], **kwargs: object):
-        def fn(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-            return torch.cat([t.flatten() for t in rope(q, k, positions, **kwargs)])
+    with target.context():
+        tables = torch.stack(rotation_angles(override.cache, positions.to(target.device), case.seq_len)).cpu()
+    cache = upstream._reshape_cache(q, positions)
+    rec.compare("rope.tables", (tables, []), (torch.stack([cache.real, cache.imag]), []), exact=True)
 
-        return _fwd_bwd(fn, (q, k), grad)
+    def flat(rope: Callable[..., tuple[torch.Tensor, torch.Tensor]], rope_positions: torch.Tensor, **kwargs: object):
+        return lambda q, k: torch.cat([t.flatten() for t in rope(q, k, rope_positions, **kwargs)])
 
-    expected = run(upstream)
-    rec.compare("rope.reference", run(override), expected, exact=True)
-    rec.compare("rope.npu_model", run(override, kernels=MODEL_KERNELS), expected)
+    expected = _fwd_bwd(flat(upstream, positions), (q, k), grad)
+    npu_path = flat(override, positions.to(target.device), kernels=target.kernels)
+    rec.compare(f"rope.{target.name}", _fwd_bwd(npu_path, (q, k), grad, target), expected)
 
 
 def _document_mask_mod(positions: torch.Tensor) -> _mask_mod_signature:
@@ -216,63 +293,97 @@ def _flex_attention(positions: torch.Tensor) -> Callable[..., torch.Tensor]:
     return fn
 
 
-def _attention_checks(rec: _Recorder, gen: torch.Generator) -> None:
+def _attention_checks(rec: _Recorder, gen: torch.Generator, target: Target, *, upstream: bool) -> None:
     case, dtype = rec.case, rec.dtype
     positions = case.positions()
-    metadata = create_varlen_metadata_for_document(positions)
     attention = npu_fused_attention(FlexAttention.Config()).build()
 
-    def override(**kwargs: object) -> Callable[..., torch.Tensor]:
+    def override(metadata_positions: torch.Tensor, **kwargs: object) -> Callable[..., torch.Tensor]:
+        metadata = create_varlen_metadata_for_document(metadata_positions)
         return lambda q, k, v: attention(q, k, v, attention_masks=metadata, **kwargs)
 
     shape_q = (case.batch, case.seq_len, case.n_heads, case.head_dim)
     shape_kv = (case.batch, case.seq_len, case.n_kv_heads, case.head_dim)
     q, k, v = (torch.randn(s, generator=gen).to(dtype) for s in (shape_q, shape_kv, shape_kv))
     grad = torch.randn(shape_q, generator=gen)
-    allowed = create_mask(_document_mask_mod(positions), case.batch, None, case.seq_len, case.seq_len, device="cpu")
 
-    reference = _fwd_bwd(override(), (q, k, v), grad)
-    flex = _fwd_bwd(_flex_attention(positions), (q, k, v), None)
-    rec.compare("attention.reference_vs_flex", (reference[0], []), flex)
-    math_fp64 = _fwd_bwd(_math_attention(allowed, case.head_dim**-0.5), [x.double() for x in (q, k, v)], grad)
-    rec.compare("attention.reference_vs_math", reference, math_fp64)
-    rec.compare("attention.npu_model", _fwd_bwd(override(kernels=MODEL_KERNELS), (q, k, v), grad), reference)
+    reference = _fwd_bwd(override(positions), (q, k, v), grad)
+    if upstream:
+        flex = _fwd_bwd(_flex_attention(positions), (q, k, v), None)
+        rec.compare("attention.reference_vs_flex", (reference[0], []), flex)
+        allowed = create_mask(_document_mask_mod(positions), case.batch, None, case.seq_len, case.seq_len, device="cpu")
+        math_fp64 = _fwd_bwd(_math_attention(allowed, case.head_dim**-0.5), [x.double() for x in (q, k, v)], grad)
+        rec.compare("attention.reference_vs_math", reference, math_fp64)
+    npu_path = override(positions.to(target.device), kernels=target.kernels)
+    rec.compare(f"attention.{target.name}", _fwd_bwd(npu_path, (q, k, v), grad, target), reference)
 
 
-def _rms_norm_checks(rec: _Recorder, gen: torch.Generator) -> None:
+def _rms_norm_checks(rec: _Recorder, gen: torch.Generator, target: Target) -> None:
     case, dtype = rec.case, rec.dtype
     dim = case.n_heads * case.head_dim
     cfg = RMSNorm.Config(normalized_shape=dim)
-    upstream, override = cfg.build(), npu_rms_norm(cfg).build()  # weights come in via functional_call
+    upstream, override = cfg.build(), npu_rms_norm(cfg).build().to(target.device)  # weights via functional_call
     x = torch.randn(case.batch, case.seq_len, dim, generator=gen).to(dtype)
     weight = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
     grad = torch.randn(x.shape, generator=gen)
 
-    def run(norm: torch.nn.Module, **kwargs: object):
-        return _fwd_bwd(lambda x, w: functional_call(norm, {"weight": w}, (x,), kwargs), (x, weight), grad)
+    def run(norm: torch.nn.Module, **kwargs: object) -> Callable[..., torch.Tensor]:
+        return lambda x, w: functional_call(norm, {"weight": w}, (x,), kwargs)
 
-    rec.compare("rmsnorm.npu_model", run(override, kernels=MODEL_KERNELS), run(upstream))
+    npu_path = _fwd_bwd(run(override, kernels=target.kernels), (x, weight), grad, target)
+    rec.compare(f"rmsnorm.{target.name}", npu_path, _fwd_bwd(run(upstream), (x, weight), grad))
+
+
+def _run(
+    cases: Sequence[_Case],
+    dtypes: Sequence[torch.dtype],
+    gen: torch.Generator,
+    target: Target,
+    *,
+    upstream: bool,
+) -> list[CheckResult]:
+    """Every case in every dtype; a check family that raises is one failed row, and the others still run."""
+    families: dict[str, Callable[[_Recorder], None]] = {
+        "rope": lambda rec: _rope_checks(rec, gen, target),
+        "attention": lambda rec: _attention_checks(rec, gen, target, upstream=upstream),
+        "rmsnorm": lambda rec: _rms_norm_checks(rec, gen, target),
+    }
+    results: list[CheckResult] = []
+    for case in cases:
+        for dtype in dtypes:
+            rec = _Recorder(case, dtype)
+            for family, check in families.items():
+                try:
+                    check(rec)
+                except Exception as exc:  # a kernel or a refused op: report it, check the rest
+                    rec.raised(f"{family}.{target.name} raised", exc)
+            results.extend(rec.results)
+    return results
+
+
+def _random_cases(gen: torch.Generator, quick: bool) -> list[_Case]:
+    return [_random_case(gen) for _ in range(2 if quick else 6)]
 
 
 def run_checks(seed: int = 0, quick: bool = False) -> list[CheckResult]:
-    """Run every check over random cases (2 when ``quick``, else 6) in fp32 and bf16."""
+    """The CPU checks: random cases (2 when ``quick``, else 6) and :data:`WIDE_CASES`, fp32 and bf16."""
     gen = torch.Generator().manual_seed(seed)
-    cases = [_random_case(gen) for _ in range(2 if quick else 6)]
-    results: list[CheckResult] = []
-    for case in cases:
-        for dtype in DTYPES:
-            rec = _Recorder(case, dtype)
-            for check in (_rope_checks, _attention_checks, _rms_norm_checks):
-                check(rec, gen)
-            results.extend(rec.results)
-    return results
+    cases = [*_random_cases(gen, quick), *WIDE_CASES]
+    return _run(cases, DTYPES, gen, CPU_MODELS, upstream=True)
+
+
+def run_device_checks(target: Target, seed: int = 0, quick: bool = False) -> list[CheckResult]:
+    """The NPU-path checks on ``target``: the CPU run's cases plus :data:`LONG_CASE`, in bf16."""
+    gen = torch.Generator().manual_seed(seed)
+    cases = [*_random_cases(gen, quick), *WIDE_CASES, LONG_CASE]
+    return _run(cases, DEVICE_DTYPES, gen, target, upstream=False)
 
 
 def format_table(results: Sequence[CheckResult]) -> str:
     """The results as an aligned text table."""
     header = ("check", "dtype", "shape", "max error", "tolerance", "ok")
     rows = [
-        (r.check, r.dtype, r.shape, f"{r.max_error:.3g}", f"{r.tolerance:.3g}", "ok" if r.ok else "FAIL")
+        (r.check, r.dtype, r.shape, f"{r.max_error:.3g}", f"{r.tolerance:.3g}", "ok" if r.ok else f"FAIL {r.raised}")
         for r in results
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -280,17 +391,42 @@ def format_table(results: Sequence[CheckResult]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def format_verdicts(results: Sequence[CheckResult]) -> str:
+    """One line per check and dtype: ``ok``/``FAIL``, its worst error and the case it came from."""
+    groups: dict[tuple[str, str], list[CheckResult]] = defaultdict(list)
+    for r in results:
+        groups[r.check, r.dtype].append(r)
+    lines = []
+    for (check, dtype), group in groups.items():
+        worst = max(group, key=lambda r: (not r.ok, r.max_error))
+        verdict = "ok" if all(r.ok for r in group) else "FAIL"
+        detail = worst.raised or f"max error {worst.max_error:.3g} (tolerance {worst.tolerance:.3g})"
+        lines.append(f"{verdict:4} {check} {dtype}: {detail} in {worst.shape}, {len(group)} cases")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the check table; 0 when every check passes, else 1."""
+    """Print the check table and one verdict per check; 0 when every check passes, 2 without a device, else 1."""
     parser = argparse.ArgumentParser(
         prog="slurm-titan check-overrides",
-        description="Check the NPU overrides on CPU against upstream torchtitan and the torch_npu contract models.",
+        description="Check the NPU overrides against upstream torchtitan: on CPU through torch_npu's contract "
+        "models, or with --device npu through torch_npu's kernels on an NPU.",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random cases")
     parser.add_argument("--quick", action="store_true", help="fewer random cases")
+    parser.add_argument("--device", choices=("cpu", "npu"), default="cpu", help="where the NPU code paths run")
     args = parser.parse_args(argv)
-    results = run_checks(seed=args.seed, quick=args.quick)
+    if args.device == "npu":
+        try:
+            target = npu_target()
+        except DeviceUnavailable as exc:
+            print(f"check-overrides --device npu: {exc}", file=sys.stderr)
+            return 2
+        results = run_device_checks(target, seed=args.seed, quick=args.quick)
+    else:
+        results = run_checks(seed=args.seed, quick=args.quick)
     print(format_table(results))
+    print(format_verdicts(results))
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed}/{len(results)} checks passed")
     return 1 if failed else 0

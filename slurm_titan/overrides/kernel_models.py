@@ -1,16 +1,20 @@
 """Executable plain-torch models of the documented torch_npu kernel contracts.
 
 They stand in for ``torch_npu`` (see :data:`MODEL_KERNELS`) so the NPU code
-paths can be run and differentiated on CPU. Sources: Ascend/op-plugin
-``docs/context/torch_npu-npu_fusion_attention.md``,
-``docs/context/torch_npu-npu_rotary_mul.md`` and
-``docs/context/（beta）torch_npu-npu_rms_norm.md`` (also on hiascend.com,
-"Ascend Extension for PyTorch" API reference).
+paths can be run and differentiated on CPU. Sources: torch_npu 2.14.0's
+docstrings (``torch_npu/_op_plugin_docs.py``) and Ascend/op-plugin
+``docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md``,
+``torch_npu-npu_rotary_mul.md`` and ``（beta）torch_npu-npu_rms_norm.md`` (also
+on hiascend.com, "Ascend Extension for PyTorch" API reference).
 
 The models implement what the overrides use and are strict about it: an
 argument outside the modelled subset raises ``NotImplementedError``, a
-documented precondition that is violated raises ``ValueError``, so a wrong
-translation fails loudly instead of being quietly reinterpreted.
+documented precondition that is violated raises ``ValueError`` (``TypeError``
+for an argument of the wrong type, e.g. a tensor where the schema says
+``int[]``), so a wrong translation fails loudly instead of being quietly
+reinterpreted. They do not model devices, memory formats or precision: run
+them under :class:`.npu_capabilities.RefuseAscendUnsupported` to refuse the ops
+Ascend lacks.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from .kernels import NpuKernels
+from .npu_capabilities import (
+    FUSION_ATTENTION_MAX_HEAD_DIM,
+    FUSION_ATTENTION_MAX_HEADS,
+    VARLEN_MAX_SEQUENCES,
+    VARLEN_MAX_TOKENS,
+)
 
 _COMPRESSED_MASK_SIZE = 2048
 
@@ -59,7 +69,9 @@ def npu_fusion_attention_model(
     ``[0]`` (attention_out, in the input layout and dtype) is modelled; the
     softmax statistics and dropout seed/offset/length are returned as ``None``/0.
     ``inner_precise``, ``gen_mask_parallel`` and ``sync`` only affect precision
-    and scheduling on the device; they are accepted and ignored.
+    and scheduling on the device; they are accepted and ignored. Documented
+    limits: query, key and value of one dtype; D <= 768; Nq <= 256; TND at
+    most 1024 sequences and 2**20 tokens per call.
     """
     if pse is not None or padding_mask is not None or prefix is not None:
         raise NotImplementedError("pse, padding_mask and prefix are not modelled")
@@ -67,10 +79,16 @@ def npu_fusion_attention_model(
         raise ValueError(f"keep_prob must be in (0, 1], got {keep_prob}")
     if key.shape[:-1] != value.shape[:-1] or query.shape[-1] != key.shape[-1]:
         raise ValueError(f"shape mismatch: query {query.shape}, key {key.shape}, value {value.shape}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise ValueError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if query.shape[-1] > FUSION_ATTENTION_MAX_HEAD_DIM:
+        raise ValueError(f"head dim {query.shape[-1]} exceeds {FUSION_ATTENTION_MAX_HEAD_DIM}")
     seqs_q, seqs_k, seqs_v, merge = _split_sequences(query, key, value, input_layout, actual_seq_qlen, actual_seq_kvlen)
     n_q, n_kv = seqs_q[0].shape[0], seqs_k[0].shape[0]
-    if n_q != head_num or n_q % n_kv:
-        raise ValueError(f"head_num={head_num} with {n_q} query and {n_kv} key/value heads")
+    if n_q != head_num or n_q % n_kv or n_q > FUSION_ATTENTION_MAX_HEADS:
+        raise ValueError(
+            f"head_num={head_num} with {n_q} query and {n_kv} key/value heads (at most {FUSION_ATTENTION_MAX_HEADS})"
+        )
     outs = []
     for index, (q, k, v) in enumerate(zip(seqs_q, seqs_k, seqs_v, strict=True)):
         mask = _sequence_mask(
@@ -107,6 +125,8 @@ def _split_sequences(
     if layout == "TND":
         if actual_seq_qlen is None or actual_seq_kvlen is None:
             raise ValueError("TND needs actual_seq_qlen and actual_seq_kvlen")
+        if not 1 <= query.shape[0] <= VARLEN_MAX_TOKENS or not 1 <= key.shape[0] <= VARLEN_MAX_TOKENS:
+            raise ValueError(f"TND takes 1 to {VARLEN_MAX_TOKENS} tokens, got {query.shape[0]} and {key.shape[0]}")
         q_bounds = _segments(actual_seq_qlen, query.shape[0], "actual_seq_qlen")
         kv_bounds = _segments(actual_seq_kvlen, key.shape[0], "actual_seq_kvlen")
         if len(q_bounds) != len(kv_bounds):
@@ -119,6 +139,10 @@ def _split_sequences(
 
 def _segments(cumulative: Sequence[int], total: int, name: str) -> list[tuple[int, int]]:
     """``(start, end)`` of each sequence from cumulative end offsets that must cover all tokens."""
+    if isinstance(cumulative, torch.Tensor) or not all(isinstance(e, int) for e in cumulative):
+        raise TypeError(f"{name} must be a sequence of ints (schema int[]), got {cumulative!r}")
+    if len(cumulative) > VARLEN_MAX_SEQUENCES:
+        raise ValueError(f"{name} holds {len(cumulative)} sequences; TND takes at most {VARLEN_MAX_SEQUENCES}")
     ends = list(cumulative)
     starts = [0, *ends[:-1]]
     if not ends or any(e < s for s, e in zip(starts, ends, strict=True)) or ends[-1] != total:
@@ -178,21 +202,55 @@ def _require_compressed_mask(mask: torch.Tensor, sparse_mode: int) -> None:
         raise ValueError(f"sparse_mode {sparse_mode} needs the compressed 2048x2048 upper-triangular atten_mask")
 
 
+_ROTARY_LAYOUTS = ("BNSD", "BSND", "SBND")
+_ROTARY_TABLES = {"half": ("S", "BS", "BSN"), "interleave": ("S",)}
+"""Per mode, the input dims (besides D) an ``r1``/``r2`` table keeps: ``half`` takes
+e.g. 1S1D, BS1D, BSND for BSND input; ``interleave`` only 1S1D (11SD for BNSD, S11D for SBND)."""
+
+
 def npu_rotary_mul_model(
     input: torch.Tensor,
     r1: torch.Tensor,
     r2: torch.Tensor,
     rotary_mode: str = "half",
 ) -> torch.Tensor:
-    """``torch_npu.npu_rotary_mul`` half mode: ``r1 * x + r2 * cat(-x2, x1)`` on 4-D tensors."""
-    if rotary_mode != "half":
+    """``torch_npu.npu_rotary_mul``: ``r1 * x + r2 * rotate(x)`` on 4-D tensors.
+
+    ``half``: ``rotate(x) = cat(-x2, x1)`` over the halves of the last dim.
+    ``interleave``: ``rotate(x)`` maps each pair ``(x[2i], x[2i+1])`` to
+    ``(-x[2i+1], x[2i])``. Limits (jit_compile=False, A2/A3): D even and < 896;
+    ``half``: B, N < 1000; ``interleave``: B * N < 1000; tables in [-1, 1] of
+    a shape :data:`_ROTARY_TABLES` allows for one of the layouts BNSD, BSND, SBND.
+    """
+    if rotary_mode not in _ROTARY_TABLES:
         raise NotImplementedError(f"rotary_mode {rotary_mode!r} is not modelled")
     if input.dim() != 4 or r1.dim() != 4 or r2.dim() != 4:
         raise ValueError("npu_rotary_mul takes 4-D input, r1 and r2")
     if input.shape[-1] % 2 or input.shape[-1] >= 896:
         raise ValueError(f"head dim must be even and < 896, got {input.shape[-1]}")
-    x1, x2 = torch.chunk(input, 2, dim=-1)
-    return r1 * input + r2 * torch.cat((-x2, x1), dim=-1)
+    if r1.shape != r2.shape or not _rotary_table_fits(input.shape, r1.shape, rotary_mode):
+        raise ValueError(f"{rotary_mode} mode does not take r1 {tuple(r1.shape)}, r2 {tuple(r2.shape)} "
+                         f"for input {tuple(input.shape)}")
+    if r1.abs().max() > 1 or r2.abs().max() > 1:
+        raise ValueError("r1 and r2 must lie in [-1, 1]")
+    if rotary_mode == "half":
+        x1, x2 = torch.chunk(input, 2, dim=-1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    else:
+        rotated = torch.stack((-input[..., 1::2], input[..., ::2]), dim=-1).flatten(-2)
+    return r1 * input + r2 * rotated
+
+
+def _rotary_table_fits(shape: torch.Size, table: torch.Size, mode: str) -> bool:
+    """Whether ``table`` is an allowed ``r1``/``r2`` shape for ``shape`` under some layout, within its B, N limits."""
+    for layout in _ROTARY_LAYOUTS:
+        sizes = dict(zip(layout[:3], shape[:3], strict=True))
+        b_n_ok = sizes["B"] * sizes["N"] < 1000 if mode == "interleave" else max(sizes["B"], sizes["N"]) < 1000
+        for kept in _ROTARY_TABLES[mode]:
+            expected = (*(sizes[d] if d in kept else 1 for d in layout[:3]), shape[3])
+            if b_n_ok and tuple(table) == expected:
+                return True
+    return False
 
 
 def npu_rms_norm_model(

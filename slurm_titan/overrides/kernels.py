@@ -43,9 +43,14 @@ def select_kernels(kernels: NpuKernels | None, *tensors: torch.Tensor | None) ->
 
     Explicit ``kernels`` win (tests run the NPU path on CPU with the contract
     models). Otherwise torch_npu's kernels are used when every given tensor is
-    a plain tensor on an ``npu`` device (``None`` entries are ignored);
-    DTensors stay on the reference path, as torch_npu's kernels carry no
-    sharding rules.
+    a plain tensor on an ``npu`` device (``None`` entries are ignored).
+    DTensors stay on the reference path: torch_npu 2.14.0 does register
+    DTensor sharding for ``npu_fusion_attention`` and ``npu_rms_norm``
+    (``torch_npu/distributed/tensor/_attention.py``, ``_math_ops.py``), but the
+    NPU paths work out host-side arguments (the TND document ends of the
+    batch, the RoPE tables) for plain local tensors and were never checked
+    with sharded ones, while upstream's path is the one torchtitan's parallel
+    plans are written for.
     """
     if kernels is not None:
         return kernels

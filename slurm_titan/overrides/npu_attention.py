@@ -26,7 +26,7 @@ from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention, VarlenAttention, VarlenMetadata
 from torchtitan.protocols.module import Module
 
-from .attention_args import document_ends, fusion_attention_kwargs, host_offsets
+from .attention_args import document_ends, fusion_attention_kwargs, host_offsets, varlen_calls
 from .kernels import NpuKernels, select_kernels
 from .reference_attention import reference_attention
 
@@ -41,20 +41,27 @@ def npu_attention(
     dropout: float,
     kernels: NpuKernels,
 ) -> torch.Tensor:
-    """Per-document causal attention via ``kernels.npu_fusion_attention``; returns ``(B, L, Nq, Hv)``."""
+    """Per-document causal attention via ``kernels.npu_fusion_attention``; returns ``(B, L, Nq, Hv)``.
+
+    One call for the batch, or one per row beyond the varlen limits
+    (:func:`.attention_args.varlen_calls`).
+    """
     batch, seq_len, n_heads, head_dim = q_BLNH.shape
-    kwargs = fusion_attention_kwargs(
-        n_heads=n_heads,
-        head_dim=head_dim,
-        doc_ends=doc_ends,
-        scale=scale,
-        dropout=dropout,
-        device=q_BLNH.device,
-    )
-    # TND: batch rows folded into one packed token axis; output [0] is attention_out.
-    q_TNH, k_TNH, v_TNH = (x.flatten(0, 1) for x in (q_BLNH, k_BLNH, v_BLNH))
-    out_TNH = kernels.npu_fusion_attention(q_TNH, k_TNH, v_TNH, **kwargs)[0]
-    return out_TNH.unflatten(0, (batch, seq_len))
+    outs = []
+    for rows, ends in varlen_calls(doc_ends, batch, seq_len):
+        kwargs = fusion_attention_kwargs(
+            n_heads=n_heads,
+            head_dim=head_dim,
+            doc_ends=ends,
+            scale=scale,
+            dropout=dropout,
+            device=q_BLNH.device,
+        )
+        # TND: batch rows folded into one packed token axis; output [0] is attention_out.
+        q_TNH, k_TNH, v_TNH = (x[rows].flatten(0, 1) for x in (q_BLNH, k_BLNH, v_BLNH))
+        out_TNH = kernels.npu_fusion_attention(q_TNH, k_TNH, v_TNH, **kwargs)[0]
+        outs.append(out_TNH.unflatten(0, (-1, seq_len)))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 class NpuFusedAttention(Module):

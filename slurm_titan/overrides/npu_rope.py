@@ -3,14 +3,26 @@
     --override.imports slurm_titan.overrides.npu_rope.npu_rotary_rope
 
 ``ComplexRoPE`` rotates adjacent pairs ``(x[2i], x[2i+1])`` by the angle of
-cache entry ``i``. ``npu_rotary_mul(x, r1, r2)`` in its default ``half`` mode
-computes ``r1 * x + r2 * cat(-x2, x1)`` with ``x1, x2`` the two halves of the
-last dim (Ascend/op-plugin ``docs/context/torch_npu-npu_rotary_mul.md``). So
-the NPU path de-interleaves the head dim (even dims, then odd dims), rotates
-with ``r1 = cat(cos, cos)``, ``r2 = cat(sin, sin)`` and re-interleaves. The
-``interleave`` mode would avoid the shuffles but only accepts ``1S1D`` tables,
-while torchtitan's per-document positions give a ``BS1D`` table, which the
-``half`` mode accepts. Like upstream, the rotation runs in fp32.
+cache entry ``i``. ``npu_rotary_mul(x, r1, r2, rotary_mode)`` computes
+``r1 * x + r2 * rotate(x)`` (Ascend/op-plugin
+``docs/zh/custom_APIs/torch_npu/torch_npu-npu_rotary_mul.md``; torch_npu
+2.14.0 docstring):
+
+* ``interleave``: ``rotate(x)`` pairs ``(x[2i], x[2i+1])`` like torchtitan, so
+  ``r1 = repeat_interleave(cos, 2)``, ``r2 = repeat_interleave(sin, 2)``
+  rotate ``x`` as it is. The table must be ``1S1D`` for BSND input: used at
+  batch 1 (the 8B configs), where the per-document table has one row.
+* ``half``: ``rotate(x) = cat(-x2, x1)`` over the two halves of the last dim,
+  which also takes ``BS1D`` tables: used at batch > 1. The head dim is
+  de-interleaved (even dims, then odd dims), rotated with
+  ``r1 = cat(cos, cos)``, ``r2 = cat(sin, sin)`` and re-interleaved.
+
+Like upstream, the rotation runs in fp32. torchtitan's cache is complex64, and
+Ascend's index/gather kernels have no complex dtypes (:mod:`.npu_capabilities`),
+so the positions are looked up in a real view of the cache
+(``torch.view_as_real``, no kernel); no complex tensor is indexed on the device.
+Upstream's asynchronous bounds check of the positions (``torch._assert_async``,
+whose aten kernels are CPU and CUDA ones) is not run on this path.
 
 Tensors off NPU (and DTensors) run upstream ``ComplexRoPE`` unchanged.
 """
@@ -26,10 +38,33 @@ from torchtitan.models.common.rope import ComplexRoPE
 from .kernels import NpuKernels, select_kernels
 
 
-def half_rotation_tables(rope_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r1, r2)`` for ``npu_rotary_mul``'s half mode from a complex cache ``(..., D/2)``: fp32 ``(..., D)``."""
-    cos, sin = rope_cache.real.float(), rope_cache.imag.float()
+def rotation_angles(
+    rope_cache: torch.Tensor,
+    positions: torch.Tensor | None,
+    seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of every token from a complex ``(max_seq_len, D/2)`` cache: fp32 ``(1 or B, L, 1, D/2)``.
+
+    ``positions`` ``(B, L)`` picks cache rows per token (``None``: rows
+    ``0..seq_len-1`` for every batch row), read from the cache's real view.
+    """
+    angles = torch.view_as_real(rope_cache)  # (max_seq_len, D/2, [cos, sin])
+    if positions is None:
+        rows = angles[:seq_len].unsqueeze(0)
+    else:
+        rows = angles.index_select(0, positions.flatten()).unflatten(0, positions.shape)
+    rows = rows.unsqueeze(2)
+    return rows[..., 0], rows[..., 1]
+
+
+def half_rotation_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r1, r2)`` for ``half`` mode on de-interleaved input: ``cat(cos, cos)``, ``cat(sin, sin)``."""
     return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+
+def interleave_rotation_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r1, r2)`` for ``interleave`` mode: every angle repeated for both dims of its pair."""
+    return torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([sin, sin], dim=-1).flatten(-2)
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
@@ -45,15 +80,26 @@ def reinterleave(x: torch.Tensor) -> torch.Tensor:
 def rotary_npu(
     query: torch.Tensor,
     key: torch.Tensor,
-    rope_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
     kernels: NpuKernels,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ComplexRoPE on ``(B, L, N, D)`` query/key via ``kernels.npu_rotary_mul`` (BSND layout)."""
-    r1, r2 = half_rotation_tables(rope_cache)
+    """ComplexRoPE on ``(B, L, N, D)`` query/key via ``kernels.npu_rotary_mul`` (BSND layout).
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        rotated = kernels.npu_rotary_mul(deinterleave(x.float()), r1, r2)
-        return reinterleave(rotated).type_as(x)
+    ``cos``/``sin`` are :func:`rotation_angles`; batch 1 runs ``interleave``
+    mode on its ``1S1D`` table, larger batches ``half`` mode.
+    """
+    if query.shape[0] == 1:
+        r1, r2 = interleave_rotation_tables(cos, sin)
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            return kernels.npu_rotary_mul(x.float(), r1, r2, rotary_mode="interleave").type_as(x)
+
+    else:
+        r1, r2 = half_rotation_tables(cos, sin)
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            return reinterleave(kernels.npu_rotary_mul(deinterleave(x.float()), r1, r2)).type_as(x)
 
     return rotate(query), rotate(key)
 
@@ -77,13 +123,14 @@ class NpuComplexRoPE(ComplexRoPE):
         kernels = select_kernels(kernels, query, key)
         if kernels is None:
             return super().forward(query, key, positions)
-        return rotary_npu(query, key, self._reshape_cache(query, positions), kernels)
+        cos, sin = rotation_angles(self.cache, positions, query.shape[1])
+        return rotary_npu(query, key, cos, sin, kernels)
 
 
 @override(
     target=ComplexRoPE.Config,
     exact=True,
-    description="ComplexRoPE rotation via torch_npu.npu_rotary_mul (half mode) on NPU.",
+    description="ComplexRoPE rotation via torch_npu.npu_rotary_mul (interleave at batch 1, else half) on NPU.",
 )
 def npu_rotary_rope(cfg: ComplexRoPE.Config) -> NpuComplexRoPE.Config:
     return derive(cfg, NpuComplexRoPE.Config)
