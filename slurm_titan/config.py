@@ -110,7 +110,11 @@ class CheckpointSpec:
 
     `{name}` and `{job_id}` in `local` / `remote` are filled in per job. S3 credentials come from
     the environment (AWS_ACCESS_KEY_ID, ...), never from this file. `upload_cpus` (a CPU list such
-    as "48-63") gives the uploader CPUs of its own, away from the ones training uses.
+    as "48-63") gives the uploader CPUs of its own, away from the ones training uses. On NPU nodes torch_npu
+    binds each rank's threads to its device's cores (CPU_AFFINITY_CONF, `environment.npu.cpu_affinity`, on by
+    default): mode 1/2 splits all cores evenly over the node's NPUs unless each device gets a range, so with
+    binding on the config must give every device a range that leaves the upload CPUs out (checked before
+    submitting); the ranges' NUMA locality (`lscpu`, `npu-smi info -t topo`) is the user's to choose.
     """
 
     enable: bool = False
