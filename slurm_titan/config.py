@@ -20,17 +20,29 @@ import yaml
 
 from slurm_titan.ckpt.background import parse_cpu_list
 from slurm_titan.errors import ConfigError
-from slurm_titan.npu_env import NpuSpec, npu_variables
+from slurm_titan.npu_env import NpuSpec, check_npu
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
 ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_GRES_ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::[A-Za-z][A-Za-z0-9_.-]*)?(?::([1-9][0-9]*))?$")
+AUTO_GRES = "auto"
+_MOVED = {
+    "environment.npu.connect_timeout_s": "timeouts.startup_s (HCCL_CONNECT_TIMEOUT is derived from it)",
+    "environment.npu.exec_timeout_s": "timeouts.collective_s (HCCL_EXEC_TIMEOUT is derived from it)",
+}
+"""Keys that moved: refused with a pointer, never silently ignored."""
 
 
 @dataclass
 class SlurmSpec:
-    """Resources and scheduling. `extra` passes any other sbatch option through (`{"mem-per-cpu": "2G"}`)."""
+    """Resources and scheduling. `extra` passes any other sbatch option through (`{"mem-per-cpu": "2G"}`).
+
+    `gres` becomes sbatch `--gres`: "auto" (the default) asks for `npu:<devices_per_node>` in NPU jobs and
+    nothing otherwise (sites that constrain devices by cgroup give a job without it no /dev/davinci*); "none" or
+    null asks for nothing; any other value (`npu:16`, `gpu:8`, `gpu:a100:4,shard:2`) is passed as it is.
+    """
 
     nodes: int = 1
     devices_per_node: int = 1
@@ -43,7 +55,14 @@ class SlurmSpec:
     mem: str | None = None
     port_window: list[int] = field(default_factory=lambda: [20000, 29999])
     spare_nodes: int = 0
+    gres: str | None = AUTO_GRES
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def gres_request(self, device: str) -> str | None:
+        """The `--gres` value this job asks for, None for none."""
+        if self.gres == AUTO_GRES:
+            return f"npu:{self.devices_per_node}" if device == "npu" else None
+        return None if self.gres in (None, "none") else self.gres
 
 
 @dataclass
@@ -61,6 +80,15 @@ class TorchtitanSpec:
     override_imports: list[str] = field(default_factory=list)
     activation_checkpoint: ActivationCheckpoint | None = None
     debug_assets: str | None = None
+
+    def option(self, dotted: str, default: Any = None) -> Any:
+        """The value `args` gives torchtitan option `dotted` (`"comm.trace_buf_size"`), or `default`."""
+        node: Any = self.args
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
 
 
 @dataclass
@@ -83,7 +111,11 @@ class CheckpointSpec:
 
     `{name}` and `{job_id}` in `local` / `remote` are filled in per job. S3 credentials come from
     the environment (AWS_ACCESS_KEY_ID, ...), never from this file. `upload_cpus` (a CPU list such
-    as "48-63") gives the uploader CPUs of its own, away from the ones training uses.
+    as "48-63") gives the uploader CPUs of its own, away from the ones training uses. On NPU nodes torch_npu
+    binds each rank's threads to its device's cores (CPU_AFFINITY_CONF, `environment.npu.cpu_affinity`, on by
+    default): mode 1/2 splits all cores evenly over the node's NPUs unless each device gets a range, so with
+    binding on the config must give every device a range that leaves the upload CPUs out (checked before
+    submitting); the ranges' NUMA locality (`lscpu`, `npu-smi info -t topo`) is the user's to choose.
     """
 
     enable: bool = False
@@ -112,6 +144,27 @@ class PreemptionSpec:
 
 
 @dataclass
+class TimeoutSpec:
+    """How long ranks wait for each other: `startup_s` from process-group creation to the end of the first
+    step (rendezvous, communicator set-up, every node's checkpoint restore and load), `collective_s` for one
+    collective after that (it must outlast the longest stall of one rank while the others wait, such as a
+    synchronous checkpoint save: a 70B checkpoint is ~850 GB, ~106 GB per node on 8 nodes).
+
+    Derived together, in this order of firing: torch's process-group watchdog (torchtitan's
+    `comm.init_timeout_seconds` = startup_s, then `comm.train_timeout_seconds` = collective_s) fires first and,
+    on NPU, dumps HCCL's flight recorder (TORCH_HCCL_DUMP_ON_TIMEOUT) and tears the process down;
+    HCCL_EXEC_TIMEOUT, the device-side wait, is max(startup_s, collective_s) + 120 s, so it fires only if the
+    watchdog did not. HCCL_CONNECT_TIMEOUT (link set-up, within CANN's [120, 7200]) is startup_s: a node late
+    by up to the start-up budget still connects. torch_npu's HCCL_ASYNC_ERROR_HANDLING page suggests the
+    opposite order (HCCL's own timeout error first, for its diagnosis); the flight recorder's per-rank record of
+    the pending collective is what a hang needs, hence this order.
+    """
+
+    startup_s: int = 1800
+    collective_s: int = 1200
+
+
+@dataclass
 class JobConfig:
     """A whole job: name, where its run folders go, and the sections above."""
 
@@ -122,6 +175,7 @@ class JobConfig:
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
+    timeouts: TimeoutSpec = field(default_factory=TimeoutSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
 
@@ -187,6 +241,8 @@ def _build(cls: type, data: dict[str, Any], where: str, prefix: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
+        if path in _MOVED:
+            raise ConfigError(where, path, f"moved: set {_MOVED[path]}")
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
@@ -260,11 +316,51 @@ def _validate(config: JobConfig) -> None:
     if config.checkpoint.expected_size_gb is not None and config.checkpoint.expected_size_gb < 1:
         raise ConfigError(where, "checkpoint.expected_size_gb",
                           f"must be >= 1, got {config.checkpoint.expected_size_gb}")
+    _check_gres(config)
+    for key in ("startup_s", "collective_s"):
+        if getattr(config.timeouts, key) < 1:
+            raise ConfigError(where, f"timeouts.{key}", f"must be >= 1, got {getattr(config.timeouts, key)}")
+    for option in ("comm.init_timeout_seconds", "comm.train_timeout_seconds"):
+        if config.torchtitan.option(option) is not None:
+            raise ConfigError(where, f"torchtitan.args.{option}", "comes from the timeouts section; set it there")
     if config.environment.device == "npu":
-        npu_variables(config)  # validates environment.npu
+        check_npu(config)
+        _check_npu_torchtitan(config)
     for key in ("module", "config"):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):
             raise ConfigError(where, f"torchtitan.{key}", f"{getattr(config.torchtitan, key)!r} is not a Python name")
+
+
+def _check_gres(config: JobConfig) -> None:
+    where, slurm = config.source, config.slurm
+    if "gres" in slurm.extra:
+        raise ConfigError(where, "slurm.extra.gres", "set slurm.gres instead (default: npu:<devices_per_node> "
+                                                     "for NPU jobs)")
+    request = slurm.gres_request(config.environment.device)
+    if request is None:
+        return
+    for item in request.split(","):
+        match = _GRES_ITEM.match(item)
+        if not match:
+            raise ConfigError(where, "slurm.gres", f"{item!r} in {request!r} is not name[:type][:count] "
+                                                   "(Slurm --gres), e.g. 'npu:8'")
+        if match[1] == "npu" and match[2] and int(match[2]) < slurm.devices_per_node:
+            raise ConfigError(where, "slurm.gres", f"{request!r} gives each node {match[2]} NPUs but "
+                                                   f"slurm.devices_per_node is {slurm.devices_per_node}")
+
+
+def _check_npu_torchtitan(config: JobConfig) -> None:
+    """What the NPU overrides cannot run: refused before submitting (torchtitan's own checks pass them)."""
+    where, titan = config.source, config.torchtitan
+    degree = titan.option("parallelism.context_parallel_degree", 1)
+    if isinstance(degree, int) and degree > 1:
+        raise ConfigError(where, "torchtitan.args.parallelism.context_parallel_degree",
+                          f"{degree}: the NPU attention (npu_fusion_attention, TND varlen) has no context-parallel "
+                          "path, and torchtitan's own check runs before the override; use 1 on NPU")
+    if titan.option("compile.enable") is True:
+        raise ConfigError(where, "torchtitan.args.compile.enable",
+                          "torch.compile needs triton-ascend, which the npu extra does not install, and "
+                          "npu_fusion_attention has no graph mode (torch_npu docs); leave it off on NPU")
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:

@@ -1,22 +1,45 @@
-"""The node environment of an NPU job, generated from `environment.npu` and checked against CANN's documented ranges.
+"""The node environment of an NPU job, generated from `environment.npu` and `timeouts`, checked against the
+documented ranges of CANN and torch_npu.
 
-Sources (CANN 8.x environment variable reference, hiascend.com `envref_07_*` / `hcclenvref_07_*`):
+Sources (CANN 8.x environment variable reference, hiascend.com `envref_07_*` / `hcclenvref_07_*`; Ascend
+Extension for PyTorch (torch_npu) environment variable reference, Ascend/pytorch
+`docs/zh/environment_variable_reference/*.md`):
 
 - `set_env.sh`: `<ascend>/ascend-toolkit/set_env.sh` (CANN <= 8.3), `<ascend>/cann/set_env.sh` (8.5+), NNAL's
-  ATB library `<ascend>/nnal/atb/set_env.sh`. A batch shell does not read ~/.bashrc, so the job sources them.
+  ATB library `<ascend>/nnal/atb/set_env.sh`. A batch shell does not read ~/.bashrc, and submitit's set-up lines
+  run on the batch host only, so every node's task sources them itself before its supervisor starts
+  (`cann_launcher`). set_env.sh only sets CANN's own paths (prepending to LD_LIBRARY_PATH, PATH, PYTHONPATH), so
+  the variables below, exported by the batch script and passed on by srun, keep their values.
 - ASCEND_RT_VISIBLE_DEVICES: logical device ids, comma-separated, ascending, nothing else in the value.
 - HCCL_CONNECT_TIMEOUT: integer seconds in [120, 7200]. HCCL_EXEC_TIMEOUT: integer seconds in
-  [0, 2147483647] on Atlas A2/A3 (0: never).
+  [0, 2147483647] on Atlas A2/A3 (0: never); with HCCL_OP_EXPANSION_MODE=AIV at most 1091.
 - HCCL_IF_IP (one address) outranks HCCL_SOCKET_IFNAME; `=a,b` selects exactly interface a or b.
   GLOO_SOCKET_IFNAME takes plain comma-separated names (torch.distributed).
 - HCCL_HOST_SOCKET_PORT_RANGE / HCCL_NPU_SOCKET_PORT_RANGE: `low-high` within [1, 65535] (1-1023 reserved),
   no fewer ports than HCCL processes per NPU; without them the ranks of one node can collide on the default
   ports (EI0020, Communication_Error_Bind_IP_Port). Here: one node-wide block of `ports_per_device` ports per
-  device each, outside `slurm.port_window` (the master port) and the kernel's ephemeral range (checked again
-  on every node by the doctor against its own /proc/sys/net/ipv4/ip_local_port_range).
+  device each. HCCL_IF_BASE_PORT: the first of the host ports HCCL's root-info (rank-table-free) bootstrap
+  listens on, 32 of them from CANN 8.2; its default 60000-60031 lies in the kernel's default ephemeral range,
+  which CANN says to reserve (`sysctl -w net.ipv4.ip_local_reserved_ports=60000-60031`). All three blocks are
+  kept outside `slurm.port_window` (the master port) and the ephemeral range (checked again on every node by
+  the doctor against its own /proc/sys/net/ipv4/ip_local_port_range).
 - PYTORCH_NPU_ALLOC_CONF (torch_npu): `option:value,...`; max_split_size_mb > 20, garbage_collection_threshold
   in (0, 1), expandable_segments True/False, base_addr_aligned_kb 0..16, page_size 1g, segment_size_mb > 0;
   a non-default max_split_size_mb or garbage_collection_threshold needs expandable_segments:False.
+- TASK_QUEUE_ENABLE (torch_npu): 0 off, 1 (torch_npu's default) level 1, 2 level 2 (balances the two launch
+  pipeline stages; recommended for host-bound nets). STREAMS_PER_DEVICE: 8 or 32 (any other value: a warning and
+  32). CPU_AFFINITY_CONF: `<mode>[,npu<i>:<a>-<b>]...[,npu_affine:<0|1>]`, mode 0 (torch_npu's default: no
+  binding), 1 (each device's threads bound to its block of cores: all cores split evenly over the node's NPUs,
+  or the `npu<i>:<a>-<b>` range given for device i), 2 (1 plus the hot threads pinned to fixed cores of the
+  block). HCCL_BUFFSIZE (CANN): integer MB >= 1 (default 200). MULTI_STREAM_MEMORY_RESERVE is not in torch_npu's
+  reference (it lists MULTI_STREAM_MEMORY_REUSE); hicann/torchtitan-npu's `scripts/run_train_multinodes.sh`
+  exports it as 1, with TASK_QUEUE_ENABLE=2, CPU_AFFINITY_CONF=1 and STREAMS_PER_DEVICE=32: the defaults here.
+- Flight recorder and async errors: ProcessGroupHCCL reads TORCH_HCCL_TRACE_BUFFER_SIZE,
+  TORCH_HCCL_DUMP_ON_TIMEOUT (dump on a watchdog timeout or error; needs TORCH_HCCL_ENABLE_MONITORING=1 and a
+  trace buffer), TORCH_HCCL_DEBUG_INFO_TEMP_FILE (file prefix, rank appended) and HCCL_ASYNC_ERROR_HANDLING
+  (0 off, 1 on); it ignores the NCCL names torchtitan sets from `comm.trace_buf_size` / `comm.save_traces_folder`
+  (torchtitan/distributed/utils.py), so they are set here from the same torchtitan options.
+  HCCL_DETERMINISTIC=true follows torchtitan's `debug.deterministic`.
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slurm_titan.ckpt.background import parse_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
 from slurm_titan.templating import render
@@ -39,12 +63,27 @@ LINUX_EPHEMERAL = (32768, 60999)
 """The kernel's default net.ipv4.ip_local_port_range, assumed at plan time."""
 CONNECT_TIMEOUT_RANGE = (120, 7200)
 EXEC_TIMEOUT_RANGE = (0, 2_147_483_647)
+AIV_EXEC_TIMEOUT_MAX = 1091
+DUMP_MARGIN_S = 120
+"""How much longer HCCL_EXEC_TIMEOUT waits than torch's watchdog: time for the flight-recorder dump
+(TORCH_HCCL_WAIT_TIMEOUT_DUMP_MILSEC, 60 s by default) before the device-side timeout fires."""
+IF_BASE_PORTS = 32
+"""Ports HCCL_IF_BASE_PORT's block holds (CANN >= 8.2)."""
 PORT_FLOOR = 1024
 PORT_CEILING = 65535
+TASK_QUEUE_LEVELS = (0, 1, 2)
+STREAM_POOL_SIZES = (8, 32)
+TITAN_COMM_DEFAULTS = {"comm.trace_buf_size": 20000, "comm.save_traces_folder": "comm_traces",
+                       "comm.save_traces_file_prefix": "rank_"}
+"""torchtitan 0.3.0's CommConfig defaults for the flight recorder (torchtitan/config/configs.py)."""
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_AFFINITY_RANGE = re.compile(r"^npu(\d+):(\d+)-(\d+)$")
 _MANAGED = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_IP", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
             "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_HOST_SOCKET_PORT_RANGE",
-            "HCCL_NPU_SOCKET_PORT_RANGE", "PYTORCH_NPU_ALLOC_CONF")
+            "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE",
+            "CPU_AFFINITY_CONF", "STREAMS_PER_DEVICE", "MULTI_STREAM_MEMORY_RESERVE", "HCCL_BUFFSIZE",
+            "TORCH_HCCL_TRACE_BUFFER_SIZE", "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_ENABLE_MONITORING",
+            "TORCH_HCCL_DEBUG_INFO_TEMP_FILE", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_DETERMINISTIC")
 
 
 @dataclass
@@ -54,7 +93,18 @@ class NpuSpec:
     `set_env` pins CANN's set_env.sh (default: the first of `<ascend_home>/ascend-toolkit/set_env.sh` and
     `<ascend_home>/cann/set_env.sh` that exists on the node). `visible_devices` defaults to
     0..devices_per_node-1. `socket_ifname` names the NICs for HCCL's and gloo's bootstrap; `if_ip` is for one-node
-    jobs only (one node's address). `port_base` pins the first HCCL port (default: computed).
+    jobs only (one node's address). `port_base` pins the first HCCL socket port and `if_base_port`
+    HCCL_IF_BASE_PORT (default: both computed, in one block with the socket ports). The timeouts come from the
+    job's `timeouts` section.
+
+    Performance settings (torchtitan-npu's values by default): `task_queue` (TASK_QUEUE_ENABLE, 2),
+    `cpu_affinity` (CPU_AFFINITY_CONF, "1"; null leaves binding off), `streams_per_device` (32),
+    `multi_stream_memory_reserve` (1; null: unset), `hccl_buffsize_mb` (HCCL_BUFFSIZE; null: CANN's 200).
+    With binding on, `checkpoint.upload_cpus` must lie outside the cores torch_npu binds the ranks to: mode 1/2
+    splits all of a node's cores over its NPUs, so only per-device ranges (`"1,npu0:0-21,npu1:24-45,..."`,
+    logical device ids as torch_npu numbers them) can leave cores free; the plan checks the upload CPUs
+    against them (see `affinity_problem`).
+    The preflight warns at `temp_warn_c` (75) and fails at `temp_fail_c` (85 C: the NPU throttles).
     """
 
     ascend_home: str = "/usr/local/Ascend"
@@ -62,11 +112,17 @@ class NpuSpec:
     visible_devices: list[int] | None = None
     socket_ifname: list[str] = field(default_factory=list)
     if_ip: str | None = None
-    connect_timeout_s: int = 1200
-    exec_timeout_s: int = 1836
     port_base: int | None = None
     ports_per_device: int = 16
+    if_base_port: int | None = None
     alloc_conf: str | None = "expandable_segments:True"
+    task_queue: int = 2
+    cpu_affinity: str | None = "1"
+    streams_per_device: int = 32
+    multi_stream_memory_reserve: int | None = 1
+    hccl_buffsize_mb: int | None = None
+    temp_warn_c: int = 75
+    temp_fail_c: int = 85
 
 
 @dataclass(frozen=True)
@@ -83,6 +139,14 @@ class PortRange:
         return self.low <= high and low <= self.high
 
 
+class PortError(ValueError):
+    """No valid placement of the HCCL ports; `key` is the config key to change."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(problem)
+        self.key = key
+
+
 def set_env_candidates(spec: NpuSpec) -> list[str]:
     """CANN set_env.sh paths the job tries, in order."""
     if spec.set_env:
@@ -95,35 +159,56 @@ def visible_devices(spec: NpuSpec, devices_per_node: int) -> list[int]:
 
 
 def hccl_port_ranges(spec: NpuSpec, devices_per_node: int, port_window: tuple[int, int],
-                     ephemeral: tuple[int, int] = LINUX_EPHEMERAL) -> tuple[PortRange, PortRange]:
-    """The (host, NPU) port ranges of every node: two adjacent blocks of ports_per_device ports per device.
+                     ephemeral: tuple[int, int] = LINUX_EPHEMERAL) -> tuple[PortRange, PortRange, PortRange]:
+    """The (host, NPU, HCCL_IF_BASE_PORT) port ranges of every node: two adjacent blocks of ports_per_device
+    ports per device, then the 32 root-info ports (unless `if_base_port` pins them elsewhere).
 
     Placed at `port_base`, or else just above the ephemeral range, above the port window, or from 1024 (the
-    first that fits). ValueError says why no placement fits.
+    first that fits). PortError says why no placement fits and which key to change.
     """
     size = devices_per_node * spec.ports_per_device
     forbidden = {"slurm.port_window": port_window, "the kernel's ephemeral range": ephemeral}
 
-    def blocks(base: int) -> tuple[PortRange, PortRange]:
-        return PortRange(base, base + size - 1), PortRange(base + size, base + 2 * size - 1)
+    def outside(ranges: list[PortRange], avoid: dict[str, tuple[int, int]]) -> str | None:
+        low, high = min(r.low for r in ranges), max(r.high for r in ranges)
+        if low < PORT_FLOOR or high > PORT_CEILING:
+            return f"ports {low}-{high} leave {PORT_FLOOR}-{PORT_CEILING}"
+        clashes = [f"{name} {first}-{last}" for name, (first, last) in avoid.items()
+                   if any(r.overlaps(first, last) for r in ranges)]
+        return f"ports {low}-{high} overlap {' and '.join(clashes)}" if clashes else None
+
+    pinned_root = None
+    if spec.if_base_port is not None:
+        pinned_root = PortRange(spec.if_base_port, spec.if_base_port + IF_BASE_PORTS - 1)
+        if why := outside([pinned_root], forbidden):
+            raise PortError("environment.npu.if_base_port", f"HCCL_IF_BASE_PORT: {why}")
+        forbidden = forbidden | {"environment.npu.if_base_port": (pinned_root.low, pinned_root.high)}
+
+    def blocks(base: int) -> tuple[PortRange, PortRange, PortRange]:
+        root = pinned_root or PortRange(base + 2 * size, base + 2 * size + IF_BASE_PORTS - 1)
+        return PortRange(base, base + size - 1), PortRange(base + size, base + 2 * size - 1), root
 
     def problem(base: int) -> str | None:
-        host, npu = blocks(base)
-        if host.low < PORT_FLOOR or npu.high > PORT_CEILING:
-            return f"ports {host.low}-{npu.high} leave {PORT_FLOOR}-{PORT_CEILING}"
-        clashes = [f"{name} {low}-{high}" for name, (low, high) in forbidden.items()
-                   if host.overlaps(low, high) or npu.overlaps(low, high)]
-        return f"ports {host.low}-{npu.high} overlap {' and '.join(clashes)}" if clashes else None
+        host, npu, root = blocks(base)
+        return outside([host, npu] if pinned_root else [host, npu, root], forbidden)
 
     if spec.port_base is not None:
         if why := problem(spec.port_base):
-            raise ValueError(why)
+            raise PortError("environment.npu.port_base", why)
         return blocks(spec.port_base)
     for base in (ephemeral[1] + 1, port_window[1] + 1, PORT_FLOOR):
         if problem(base) is None:
             return blocks(base)
-    raise ValueError(f"no room for {2 * size} HCCL ports ({devices_per_node} devices x {spec.ports_per_device} "
-                     f"x host+NPU) outside slurm.port_window and the ephemeral range; lower ports_per_device")
+    raise PortError("environment.npu.port_base",
+                    f"no room for {2 * size} HCCL ports ({devices_per_node} devices x {spec.ports_per_device} "
+                    f"x host+NPU) and {IF_BASE_PORTS} root-info ports outside slurm.port_window and the "
+                    "ephemeral range; lower ports_per_device")
+
+
+def hccl_timeouts(config: JobConfig) -> tuple[int, int]:
+    """(HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT) derived from `timeouts` (see config.TimeoutSpec for the order)."""
+    budget = config.timeouts
+    return budget.startup_s, max(budget.startup_s, budget.collective_s) + DUMP_MARGIN_S
 
 
 def _is_float_in_open_unit(value: str) -> bool:
@@ -162,6 +247,49 @@ def alloc_conf_problem(text: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Affinity:
+    """A parsed CPU_AFFINITY_CONF: the mode and the cores given per logical device."""
+
+    mode: int
+    ranges: dict[int, frozenset[int]]
+
+
+def parse_affinity(text: str) -> Affinity:
+    """CPU_AFFINITY_CONF `<mode>[,npu<i>:<a>-<b>]...[,npu_affine:<0|1>]`; ValueError (one line) if malformed."""
+    mode, *items = (item.strip() for item in text.split(","))
+    if mode not in ("0", "1", "2"):
+        raise ValueError(f"mode {mode!r} must be 0, 1 or 2")
+    ranges: dict[int, frozenset[int]] = {}
+    for item in items:
+        if item in ("npu_affine:0", "npu_affine:1"):
+            continue
+        match = _AFFINITY_RANGE.match(item)
+        if not match or int(match[2]) > int(match[3]):
+            raise ValueError(f"{item!r} is not npu<device>:<first>-<last> (first <= last) or npu_affine:<0|1>")
+        ranges[int(match[1])] = frozenset(range(int(match[2]), int(match[3]) + 1))
+    return Affinity(int(mode), ranges)
+
+
+def affinity_problem(affinity: Affinity, upload_cpus: frozenset[int], devices_per_node: int) -> str | None:
+    """Why the uploader's CPUs may share cores torch_npu binds a rank to, or None.
+
+    Modes 1 and 2 give each device without an explicit range an equal share of all the node's cores, which
+    covers every core, so every device needs a range, and none may hold an upload CPU.
+    """
+    if affinity.mode == 0:
+        return None
+    missing = [device for device in range(devices_per_node) if device not in affinity.ranges]
+    if missing:
+        return (f"CPU_AFFINITY_CONF mode {affinity.mode} binds device {missing[0]} to its share of all cores, which "
+                "can hold these CPUs: give every device a range (environment.npu.cpu_affinity "
+                "'1,npu0:<a>-<b>,...') or set environment.npu.cpu_affinity to '0'")
+    for device, cores in sorted(affinity.ranges.items()):
+        if shared := cores & upload_cpus:
+            return f"CPU {min(shared)} is also in device {device}'s range of environment.npu.cpu_affinity"
+    return None
+
+
 def _check_range(where: str, key: str, value: int, bounds: tuple[int, int], variable: str) -> None:
     if not bounds[0] <= value <= bounds[1]:
         raise ConfigError(where, key, f"{variable} must be within {bounds[0]}..{bounds[1]} (CANN), got {value}")
@@ -195,53 +323,122 @@ def _check_network(where: str, spec: NpuSpec, nodes: int) -> None:
         raise ConfigError(where, key, "set either if_ip or socket_ifname, not both")
 
 
-def npu_variables(config: JobConfig) -> dict[str, str]:
-    """The environment every NPU rank gets; validates `environment.npu` (ConfigError naming the key)."""
-    where, spec, slurm = config.source, config.environment.npu, config.slurm
-    _check_devices(where, spec, slurm.devices_per_node)
-    _check_network(where, spec, slurm.nodes)
-    _check_range(where, "environment.npu.connect_timeout_s", spec.connect_timeout_s, CONNECT_TIMEOUT_RANGE,
-                 "HCCL_CONNECT_TIMEOUT")
-    _check_range(where, "environment.npu.exec_timeout_s", spec.exec_timeout_s, EXEC_TIMEOUT_RANGE, "HCCL_EXEC_TIMEOUT")
-    if spec.ports_per_device < 1:
-        raise ConfigError(where, "environment.npu.ports_per_device", f"must be >= 1, got {spec.ports_per_device}")
+def _check_timeouts(config: JobConfig) -> tuple[int, int]:
+    where = config.source
+    connect, execute = hccl_timeouts(config)
+    _check_range(where, "timeouts.startup_s", connect, CONNECT_TIMEOUT_RANGE, "HCCL_CONNECT_TIMEOUT")
+    _check_range(where, "timeouts.collective_s", execute, EXEC_TIMEOUT_RANGE, "HCCL_EXEC_TIMEOUT")
+    if config.environment.env.get("HCCL_OP_EXPANSION_MODE") == "AIV" and execute > AIV_EXEC_TIMEOUT_MAX:
+        raise ConfigError(where, "timeouts.collective_s",
+                          f"HCCL_OP_EXPANSION_MODE=AIV caps HCCL_EXEC_TIMEOUT at {AIV_EXEC_TIMEOUT_MAX} s (CANN), "
+                          f"below the {execute} s torch's watchdog needs first; keep timeouts at most "
+                          f"{AIV_EXEC_TIMEOUT_MAX - DUMP_MARGIN_S} s")
+    return connect, execute
+
+
+def _check_performance(config: JobConfig) -> None:
+    where, spec = config.source, config.environment.npu
+    if spec.task_queue not in TASK_QUEUE_LEVELS:
+        raise ConfigError(where, "environment.npu.task_queue",
+                          f"TASK_QUEUE_ENABLE must be 0, 1 or 2 (torch_npu), got {spec.task_queue}")
+    if spec.streams_per_device not in STREAM_POOL_SIZES:
+        raise ConfigError(where, "environment.npu.streams_per_device",
+                          f"STREAMS_PER_DEVICE must be 8 or 32 (torch_npu), got {spec.streams_per_device}")
+    if spec.multi_stream_memory_reserve is not None and spec.multi_stream_memory_reserve < 0:
+        raise ConfigError(where, "environment.npu.multi_stream_memory_reserve",
+                          f"must be >= 0, got {spec.multi_stream_memory_reserve}")
+    if spec.hccl_buffsize_mb is not None and spec.hccl_buffsize_mb < 1:
+        raise ConfigError(where, "environment.npu.hccl_buffsize_mb",
+                          f"HCCL_BUFFSIZE must be >= 1 MB (CANN), got {spec.hccl_buffsize_mb}")
+    if spec.cpu_affinity is None:
+        return
     try:
-        host, npu = hccl_port_ranges(spec, slurm.devices_per_node, (slurm.port_window[0], slurm.port_window[1]))
+        affinity = parse_affinity(spec.cpu_affinity)
     except ValueError as error:
-        raise ConfigError(where, "environment.npu.port_base", str(error)) from None
-    if spec.alloc_conf is not None and (why := alloc_conf_problem(spec.alloc_conf)):
-        raise ConfigError(where, "environment.npu.alloc_conf", f"PYTORCH_NPU_ALLOC_CONF: {why}")
-    for name in _MANAGED:
-        if name in config.environment.env:
-            raise ConfigError(where, f"environment.env.{name}", "comes from environment.npu in NPU jobs; set it there")
-    variables = {
-        "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, visible_devices(spec, slurm.devices_per_node))),
-        "HCCL_CONNECT_TIMEOUT": str(spec.connect_timeout_s),
-        "HCCL_EXEC_TIMEOUT": str(spec.exec_timeout_s),
-        "HCCL_HOST_SOCKET_PORT_RANGE": str(host),
-        "HCCL_NPU_SOCKET_PORT_RANGE": str(npu),
-    }
-    if spec.socket_ifname:
-        variables |= {"HCCL_SOCKET_IFNAME": "=" + ",".join(spec.socket_ifname),
-                      "GLOO_SOCKET_IFNAME": ",".join(spec.socket_ifname)}
-    if spec.if_ip:
-        variables["HCCL_IF_IP"] = spec.if_ip
-    if spec.alloc_conf:
-        variables["PYTORCH_NPU_ALLOC_CONF"] = spec.alloc_conf
+        raise ConfigError(where, "environment.npu.cpu_affinity", f"CPU_AFFINITY_CONF: {error}") from None
+    upload = config.checkpoint.upload_cpus
+    if upload is not None and (why := affinity_problem(affinity, parse_cpu_list(upload),
+                                                       config.slurm.devices_per_node)):
+        raise ConfigError(where, "checkpoint.upload_cpus", why)
+
+
+def _flight_recorder(config: JobConfig, dump_folder: str) -> dict[str, str]:
+    """torchtitan's flight-recorder and async-error settings under ProcessGroupHCCL's names."""
+    option = config.torchtitan.option
+    size = option("comm.trace_buf_size", TITAN_COMM_DEFAULTS["comm.trace_buf_size"])
+    variables = {"HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_TRACE_BUFFER_SIZE": str(size)}
+    if int(size) > 0:  # torchtitan creates <dump_folder>/<save_traces_folder> before the process group
+        folder = option("comm.save_traces_folder", TITAN_COMM_DEFAULTS["comm.save_traces_folder"])
+        prefix = option("comm.save_traces_file_prefix", TITAN_COMM_DEFAULTS["comm.save_traces_file_prefix"])
+        variables |= {"TORCH_HCCL_DUMP_ON_TIMEOUT": "1", "TORCH_HCCL_ENABLE_MONITORING": "1",
+                      "TORCH_HCCL_DEBUG_INFO_TEMP_FILE": f"{dump_folder}/{folder}/{prefix}"}
     return variables
 
 
-def npu_setup_lines(spec: NpuSpec) -> list[str]:
-    """Shell lines that source CANN (and NNAL's ATB when present) in the job, or stop it with a clear message."""
-    text = render("npu_setup.sh.tmpl",
-                  set_env_candidates=" ".join(shlex.quote(path) for path in set_env_candidates(spec)),
-                  atb_set_env=shlex.quote(f"{spec.ascend_home}/nnal/atb/set_env.sh"),
-                  exit_code=str(PREFLIGHT_EXIT_CODE))
-    return text.rstrip("\n").splitlines()
+def check_npu(config: JobConfig) -> tuple[PortRange, PortRange, PortRange]:
+    """Validate `environment.npu` and the HCCL side of `timeouts` (ConfigError naming the key); the ports."""
+    where, spec, slurm = config.source, config.environment.npu, config.slurm
+    _check_devices(where, spec, slurm.devices_per_node)
+    _check_network(where, spec, slurm.nodes)
+    _check_timeouts(config)
+    if spec.ports_per_device < 1:
+        raise ConfigError(where, "environment.npu.ports_per_device", f"must be >= 1, got {spec.ports_per_device}")
+    try:
+        ports = hccl_port_ranges(spec, slurm.devices_per_node, (slurm.port_window[0], slurm.port_window[1]))
+    except PortError as error:
+        raise ConfigError(where, error.key, str(error)) from None
+    if spec.alloc_conf is not None and (why := alloc_conf_problem(spec.alloc_conf)):
+        raise ConfigError(where, "environment.npu.alloc_conf", f"PYTORCH_NPU_ALLOC_CONF: {why}")
+    _check_performance(config)
+    if not 0 < spec.temp_warn_c < spec.temp_fail_c:
+        raise ConfigError(where, "environment.npu.temp_warn_c",
+                          f"must be above 0 and below temp_fail_c={spec.temp_fail_c}, got {spec.temp_warn_c}")
+    for name in _MANAGED:
+        if name in config.environment.env:
+            raise ConfigError(where, f"environment.env.{name}", "comes from environment.npu in NPU jobs; set it there")
+    return ports
 
 
-def node_setup(config: JobConfig) -> tuple[list[str], dict[str, str]]:
-    """What an NPU job adds to every node: set-up lines (CANN) and variables; nothing for other devices."""
+def npu_variables(config: JobConfig, dump_folder: str) -> dict[str, str]:
+    """The environment every NPU rank gets (flight-recorder dumps under torchtitan's `dump_folder`);
+    validates first (`check_npu`)."""
+    spec, slurm = config.environment.npu, config.slurm
+    host, npu, root = check_npu(config)
+    connect, execute = hccl_timeouts(config)
+    variables = {
+        "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, visible_devices(spec, slurm.devices_per_node))),
+        "HCCL_CONNECT_TIMEOUT": str(connect),
+        "HCCL_EXEC_TIMEOUT": str(execute),
+        "HCCL_HOST_SOCKET_PORT_RANGE": str(host),
+        "HCCL_NPU_SOCKET_PORT_RANGE": str(npu),
+        "HCCL_IF_BASE_PORT": str(root.low),
+        "TASK_QUEUE_ENABLE": str(spec.task_queue),
+        "STREAMS_PER_DEVICE": str(spec.streams_per_device),
+    } | _flight_recorder(config, dump_folder)
+    optional = {"HCCL_IF_IP": spec.if_ip, "PYTORCH_NPU_ALLOC_CONF": spec.alloc_conf,
+                "CPU_AFFINITY_CONF": spec.cpu_affinity, "MULTI_STREAM_MEMORY_RESERVE": spec.multi_stream_memory_reserve,
+                "HCCL_BUFFSIZE": spec.hccl_buffsize_mb}
+    variables |= {name: str(value) for name, value in optional.items() if value is not None}
+    if spec.socket_ifname:
+        variables |= {"HCCL_SOCKET_IFNAME": "=" + ",".join(spec.socket_ifname),
+                      "GLOO_SOCKET_IFNAME": ",".join(spec.socket_ifname)}
+    if config.torchtitan.option("debug.deterministic", False):
+        variables["HCCL_DETERMINISTIC"] = "true"
+    return variables
+
+
+def cann_launcher(spec: NpuSpec) -> str:
+    """Words that run the rest of a command line after sourcing CANN (and NNAL's ATB when present) on the node
+    the command runs on, or stop it there with a clear message (exit code PREFLIGHT_EXIT_CODE)."""
+    script = render("npu_setup.sh.tmpl",
+                    set_env_candidates=" ".join(shlex.quote(path) for path in set_env_candidates(spec)),
+                    atb_set_env=shlex.quote(f"{spec.ascend_home}/nnal/atb/set_env.sh"),
+                    exit_code=str(PREFLIGHT_EXIT_CODE))
+    return f"bash -c {shlex.quote(script.rstrip(chr(10)))} slurm-titan-cann"
+
+
+def node_setup(config: JobConfig, dump_folder: str) -> tuple[str, dict[str, str]]:
+    """What an NPU job adds to every node: the launcher prefix (CANN) and the variables; nothing otherwise."""
     if config.environment.device != "npu":
-        return [], {}
-    return npu_setup_lines(config.environment.npu), npu_variables(config)
+        return "", {}
+    return cann_launcher(config.environment.npu) + " ", npu_variables(config, dump_folder)

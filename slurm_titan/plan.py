@@ -93,13 +93,15 @@ class JobPlan:
     python: str
     parameters: dict[str, Any]
     node: NodeSpec
+    node_prefix: str = ""
 
     @property
     def launcher(self) -> str:
         """What follows srun's own options on submitit's srun line: the attempt's nodes (srun options,
         see slurm_titan.node.allocation), then the Python, behind the set-up's hold on Slurm's warning
-        signals (see slurm_titan.node.preemption)."""
-        return f"{STEP_NODES} ${HOLD_SIGNALS_VAR} {shlex.quote(self.python)}"
+        signals (see slurm_titan.node.preemption) and `node_prefix`, which runs on each node first (NPU
+        jobs: CANN's set_env.sh, see npu_env.cann_launcher; the signals stay blocked through it)."""
+        return f"{STEP_NODES} ${HOLD_SIGNALS_VAR} {self.node_prefix}{shlex.quote(self.python)}"
 
     @property
     def submitit_command(self) -> str:
@@ -150,15 +152,6 @@ def flatten_options(options: dict[str, Any], prefix: str = "") -> list[str]:
     return argv
 
 
-def _lookup(options: dict[str, Any], dotted: str) -> Any:
-    node: Any = options
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _check_torchtitan(config: JobConfig) -> None:
     titan = config.torchtitan
     functions = titan_registry.config_functions(titan.module)
@@ -166,18 +159,42 @@ def _check_torchtitan(config: JobConfig) -> None:
         raise ConfigError(config.source, "torchtitan.config",
                           f"torchtitan module {titan.module!r} has no config {titan.config!r}")
     for option in _PATH_OPTIONS:
-        value = _lookup(titan.args, option)
+        value = titan.option(option)
         if value is not None and not Path(str(value)).exists():
             raise ConfigError(config.source, f"torchtitan.args.{option}", f"{value}: no such file or directory")
 
 
+DUMP_FOLDER = f"{JOB_DIR}/dump"
+NPU_DEFAULTS = {"training.disable_cuda_graphs": True, "compile.enable": False}
+"""What NPU jobs pass unless `torchtitan.args` says otherwise. disable_cuda_graphs: torchtitan's
+`zero_grad(set_to_none=training.disable_cuda_graphs)` otherwise keeps the fp32 gradients allocated through
+the next forward (CUDA graphs do not exist on NPU). compile off: a config function may enable it (llama3_405b),
+and torch.compile cannot run on NPU here (config._check_npu_torchtitan)."""
+
+
+def _flags(values: dict[str, Any]) -> list[str]:
+    """`{"a.b_c": 1}` -> `--a.b-c 1` (see flatten_options)."""
+    nested: dict[str, Any] = {}
+    for dotted, value in values.items():
+        head, _, leaf = dotted.rpartition(".")
+        node = nested
+        for part in filter(None, head.split(".")):
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return flatten_options(nested)
+
+
 def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
     titan, ckpt = config.torchtitan, config.checkpoint
-    options: dict[str, Any] = {"dump_folder": f"{JOB_DIR}/dump"}
+    options: dict[str, Any] = {"dump_folder": DUMP_FOLDER,
+                               "comm": {"init_timeout_seconds": config.timeouts.startup_s,
+                                        "train_timeout_seconds": config.timeouts.collective_s}}
     if titan.debug_assets:
         assets = Path(titan.debug_assets).absolute()
         options |= {"hf_assets_path": str(assets / "tokenizer"), "dataloader": {"dataset_path": str(assets / "dataset")}}
     argv = ["--module", titan.module, "--config", titan.config, *flatten_options(options), *flatten_options(titan.args)]
+    if config.environment.device == "npu":
+        argv += _flags({key: value for key, value in NPU_DEFAULTS.items() if titan.option(key) is None})
     if ckpt.enable:
         argv += flatten_options({"checkpoint": {"enable": True, "interval": ckpt.interval,
                                                 "folder": _checkpoint_local(config),
@@ -250,12 +267,21 @@ def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str])
         "signal_delay_s": config.preemption.signal_seconds,
     }
     optional = {"partition": slurm.partition, "account": slurm.account, "qos": slurm.qos,
-                "cpus_per_task": slurm.cpus_per_node, "mem": slurm.mem}
+                "cpus_per_task": slurm.cpus_per_node, "mem": slurm.mem,
+                "gres": slurm.gres_request(config.environment.device)}
     parameters |= {key: value for key, value in optional.items() if value is not None}
     if slurm.exclusive:
         parameters["exclusive"] = True
     parameters["additional_parameters"] = {"requeue": True, "no_kill": True} | slurm.extra
     return parameters
+
+
+def _exports(env: dict[str, str]) -> str:
+    """`export` lines; `{job_id}` in a value becomes the batch shell's own $SLURM_JOB_ID."""
+    lines = [export_lines({key: value for key, value in env.items() if JOB_ID not in value})]
+    lines += [f"export {key}=" + '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in value.split(JOB_ID))
+              for key, value in sorted(env.items()) if JOB_ID in value]
+    return "\n".join(line for line in lines if line)
 
 
 def plan_job(config: JobConfig) -> JobPlan:
@@ -267,10 +293,10 @@ def plan_job(config: JobConfig) -> JobPlan:
     job_dir = str(Path(config.runs_dir).absolute() / config.name / JOB_ID)
     overrides = default_overrides(config) + config.torchtitan.override_imports
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
-    npu_setup, npu_vars = npu_env.node_setup(config)
+    node_prefix, npu_vars = npu_env.node_setup(config, DUMP_FOLDER.replace(JOB_DIR, job_dir))
     node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | env.env
-    setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(npu_setup + env.setup),
-                   env_exports=export_lines(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
+    setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
+                   env_exports=_exports(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
                    stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS),
                    titan_module=shlex.quote(config.torchtitan.module),
                    titan_config=shlex.quote(config.torchtitan.config), job_dir=shlex.quote(job_dir),
@@ -283,4 +309,5 @@ def plan_job(config: JobConfig) -> JobPlan:
         preflight=DoctorExpectations.from_config(config, checkpoint.local if checkpoint else None),
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
-    return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node)
+    return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node,
+                   node_prefix)

@@ -46,6 +46,21 @@ def test_flags_and_set_override_the_file(tmp_path: Path) -> None:
         ("name: x\nslurm: {port_window: [100, 200]}\n", "job.yaml: slurm.port_window: must be [low, high]"),
         ("name: x\ncheckpoint: {enable: true, upload_cpus: '8-4'}\n",
          "job.yaml: checkpoint.upload_cpus: '8-4' in '8-4': the range runs backwards"),
+        ("name: x\nslurm: {gres: 'npu::8'}\n",
+         "job.yaml: slurm.gres: 'npu::8' in 'npu::8' is not name[:type][:count] (Slurm --gres)"),
+        ("name: x\nslurm: {gres: 'npu:8,gpu 2'}\n", "job.yaml: slurm.gres: 'gpu 2' in 'npu:8,gpu 2' is not"),
+        ("name: x\nslurm: {devices_per_node: 8, gres: 'npu:4'}\n",
+         "job.yaml: slurm.gres: 'npu:4' gives each node 4 NPUs but slurm.devices_per_node is 8"),
+        ("name: x\nslurm: {extra: {gres: 'npu:8'}}\n", "job.yaml: slurm.extra.gres: set slurm.gres instead"),
+        ("name: x\ntorchtitan: {args: {parallelism: {context_parallel_degree: 2}}}\n",
+         "job.yaml: torchtitan.args.parallelism.context_parallel_degree: 2: the NPU attention"),
+        ("name: x\ntorchtitan: {args: {compile: {enable: true}}}\n",
+         "job.yaml: torchtitan.args.compile.enable: torch.compile needs triton-ascend"),
+        ("name: x\ntorchtitan: {args: {comm: {train_timeout_seconds: 100}}}\n",
+         "job.yaml: torchtitan.args.comm.train_timeout_seconds: comes from the timeouts section"),
+        ("name: x\ntimeouts: {collective_s: 0}\n", "job.yaml: timeouts.collective_s: must be >= 1, got 0"),
+        ("name: x\nenvironment: {npu: {exec_timeout_s: 1836}}\n",
+         "job.yaml: environment.npu.exec_timeout_s: moved: set timeouts.collective_s"),
         ("- just\n- a list\n", "job.yaml: must be a YAML mapping"),
         ("name: x\nslurm: {nodes: [\n", "job.yaml: line"),
     ],
@@ -71,3 +86,22 @@ def test_set_into_a_scalar_is_refused(tmp_path: Path) -> None:
 def test_bad_assignment_syntax() -> None:
     with pytest.raises(ConfigError, match="is not KEY.PATH=VALUE"):
         parse_assignment("slurm.nodes")
+
+
+@pytest.mark.parametrize(
+    ("device", "gres", "wanted"),
+    [("npu", None, "npu:8"), ("npu", "none", None), ("npu", "npu:16", "npu:16"), ("cpu", None, None),
+     ("cuda", "gpu:a100:8", "gpu:a100:8")],
+)
+def test_gres_default_follows_the_device(tmp_path: Path, device: str, gres: str | None, wanted: str | None) -> None:
+    sets = [("environment.device", device)] + ([("slurm.gres", gres)] if gres else [])
+    config = load_config(write(tmp_path, "name: x\nslurm: {devices_per_node: 8}\n"), sets)
+    assert config.slurm.gres_request(device) == wanted
+    null = load_config(write(tmp_path, "name: x\nslurm: {gres: null}\n"))
+    assert null.slurm.gres_request("npu") is None
+
+
+def test_cpu_jobs_may_use_context_parallelism_and_compile(tmp_path: Path) -> None:
+    text = "name: x\nenvironment: {device: cpu}\ntorchtitan: {args: {parallelism: {context_parallel_degree: 2}, " \
+           "compile: {enable: true}}}\n"
+    assert load_config(write(tmp_path, text)).torchtitan.option("compile.enable") is True

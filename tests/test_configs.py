@@ -1,4 +1,5 @@
-"""The shipped Atlas 800T A2 configs: each passes `submit --dry-run`, and torchtitan 0.3.0 accepts its options."""
+"""The shipped NPU configs (Atlas 800T A2, Atlas A3): each passes `submit --dry-run`, and torchtitan 0.3.0 accepts
+its options, including those the plan adds for NPU jobs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NPU_CONFIGS = ["configs/llama3_8b_npu_1node.yaml", "configs/llama3_8b_npu.yaml", "configs/llama3_70b_npu.yaml"]
+NPU_CONFIGS = ["configs/llama3_8b_npu_1node.yaml", "configs/llama3_8b_npu.yaml", "configs/llama3_70b_npu.yaml",
+               "configs/llama3_8b_npu_a3.yaml"]
+DEVICES = {"configs/llama3_8b_npu_a3.yaml": 16}
 PARSE = """
 import json, sys
 from torchtitan.config import ConfigManager
@@ -24,7 +27,9 @@ for path in sys.argv[1:]:
                   "tp": config.parallelism.tensor_parallel_degree,
                   "lr": config.optimizer.param_groups[0].optimizer_kwargs["lr"],
                   "warmup": config.lr_scheduler.warmup_steps, "global": config.training.global_batch_size,
-                  "local": config.training.local_batch_size}
+                  "local": config.training.local_batch_size,
+                  "timeouts": [config.comm.init_timeout_seconds, config.comm.train_timeout_seconds],
+                  "npu": [config.training.disable_cuda_graphs, config.compile.enable]}
 print(json.dumps(seen))
 """
 
@@ -36,6 +41,13 @@ def test_dry_run(path: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "export SLURM_TITAN_DEVICE=npu" in done.stdout and "export HCCL_HOST_SOCKET_PORT_RANGE=" in done.stdout
     assert "--module llama3" in done.stdout
+    assert f"#SBATCH --gres=npu:{DEVICES.get(path, 8)}\n" in done.stdout
+    assert "export HCCL_IF_BASE_PORT=" in done.stdout and "slurm-titan-cann" in done.stdout
+
+
+def test_the_a3_config_says_its_attention_is_unverified() -> None:
+    header = (ROOT / "configs/llama3_8b_npu_a3.yaml").read_text().split("\nname:")[0]
+    assert "UNVERIFIED ON A3" in header and "Atlas A2" in header and "Ascend 950" in header
 
 
 def test_torchtitan_accepts_every_option() -> None:
@@ -43,7 +55,9 @@ def test_torchtitan_accepts_every_option() -> None:
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen["configs/llama3_8b_npu_1node.yaml"] == seen["configs/llama3_8b_npu.yaml"] == {
-        "ac": "SelectiveAC.Config", "tp": 1, "lr": 3e-4, "warmup": 200, "global": 128, "local": 1}
+    npu = {"timeouts": [1800, 1200], "npu": [True, False]}
+    assert seen["configs/llama3_8b_npu_1node.yaml"] == seen["configs/llama3_8b_npu.yaml"] == \
+        seen["configs/llama3_8b_npu_a3.yaml"] == {
+            "ac": "SelectiveAC.Config", "tp": 1, "lr": 3e-4, "warmup": 200, "global": 128, "local": 1} | npu
     assert seen["configs/llama3_70b_npu.yaml"] == {
-        "ac": "FullAC.Config", "tp": 8, "lr": 1.5e-4, "warmup": 200, "global": 64, "local": 2}
+        "ac": "FullAC.Config", "tp": 8, "lr": 1.5e-4, "warmup": 200, "global": 64, "local": 2} | npu

@@ -111,7 +111,8 @@ def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest
     job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
     job_dir.mkdir(), bin_dir.mkdir()
     _stand_ins(bin_dir, fail_attempts={1})
-    (job_dir / "42_submission.sh").write_text("#!/bin/bash\nsrun --nodes=$SLURM_TITAN_NUM_NODES true\n")
+    (job_dir / "42_submission.sh").write_text("#!/bin/bash\n# command\nsrun --nodes=$SLURM_TITAN_NUM_NODES bash -c '\n"
+                                              "true'\n\n# teardown\nexit_code=$?\n")
     _report(job_dir, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 5.0})
     _report(job_dir, 0, 1, "n2", 1, {"rank": 1, "exit_code": 1, "time": 6.0})
     progress.trained_step_path(job_dir, 0).write_text("12")

@@ -1,7 +1,9 @@
-"""The NPU node environment: variables from the config, CANN's documented ranges, the set-up shell lines."""
+"""The NPU node environment: variables from the config, CANN's and torch_npu's documented ranges, the per-node
+CANN launcher."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -10,13 +12,15 @@ import pytest
 from slurm_titan.config import load_config
 from slurm_titan.errors import ConfigError
 from slurm_titan.npu_env import (
+    IF_BASE_PORTS,
     LINUX_EPHEMERAL,
     PREFLIGHT_EXIT_CODE,
     NpuSpec,
     alloc_conf_problem,
+    cann_launcher,
     hccl_port_ranges,
-    npu_setup_lines,
     npu_variables,
+    parse_affinity,
 )
 from slurm_titan.plan import plan_job
 
@@ -35,24 +39,97 @@ def config_with(tmp_path: Path, *sets: tuple[str, object], text: str = BASE):
     return load_config(path, list(sets))
 
 
+DUMP = "/runs/npu-job/{job_id}/dump"
+
+
 def test_variables_of_a_two_node_job(tmp_path: Path) -> None:
-    assert npu_variables(config_with(tmp_path)) == {
+    assert npu_variables(config_with(tmp_path), DUMP) == {
         "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
-        "HCCL_CONNECT_TIMEOUT": "1200",
-        "HCCL_EXEC_TIMEOUT": "1836",
+        "HCCL_CONNECT_TIMEOUT": "1800",
+        "HCCL_EXEC_TIMEOUT": "1920",
         "HCCL_HOST_SOCKET_PORT_RANGE": "61000-61127",
         "HCCL_NPU_SOCKET_PORT_RANGE": "61128-61255",
+        "HCCL_IF_BASE_PORT": "61256",
         "HCCL_SOCKET_IFNAME": "=eth0",
         "GLOO_SOCKET_IFNAME": "eth0",
         "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "TASK_QUEUE_ENABLE": "2",
+        "CPU_AFFINITY_CONF": "1",
+        "STREAMS_PER_DEVICE": "32",
+        "MULTI_STREAM_MEMORY_RESERVE": "1",
+        "HCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_HCCL_TRACE_BUFFER_SIZE": "20000",
+        "TORCH_HCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_HCCL_ENABLE_MONITORING": "1",
+        "TORCH_HCCL_DEBUG_INFO_TEMP_FILE": f"{DUMP}/comm_traces/rank_",
     }
+
+
+def test_torchtitan_comm_and_debug_options_reach_hccl(tmp_path: Path) -> None:
+    config = config_with(tmp_path, ("torchtitan.args.comm.save_traces_folder", "fr"),
+                         ("torchtitan.args.comm.save_traces_file_prefix", "r"),
+                         ("torchtitan.args.debug.deterministic", True))
+    variables = npu_variables(config, DUMP)
+    assert variables["TORCH_HCCL_DEBUG_INFO_TEMP_FILE"] == f"{DUMP}/fr/r"
+    assert variables["HCCL_DETERMINISTIC"] == "true"
+    off = npu_variables(config_with(tmp_path, ("torchtitan.args.comm.trace_buf_size", 0)), DUMP)
+    assert off["TORCH_HCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_HCCL_DUMP_ON_TIMEOUT" not in off
+    assert "HCCL_DETERMINISTIC" not in off
+
+
+def test_timeouts_fire_in_order_from_one_section(tmp_path: Path) -> None:
+    """torch's watchdog (torchtitan comm timeouts) before HCCL's device-side wait; connect = start-up budget."""
+    config = config_with(tmp_path, ("timeouts.startup_s", 600), ("timeouts.collective_s", 900))
+    variables = npu_variables(config, DUMP)
+    assert variables["HCCL_CONNECT_TIMEOUT"] == "600"
+    assert int(variables["HCCL_EXEC_TIMEOUT"]) > max(600, 900)
+    argv = plan_job(config).node.rank_argv
+    assert argv[argv.index("--comm.init-timeout-seconds") + 1] == "600"
+    assert argv[argv.index("--comm.train-timeout-seconds") + 1] == "900"
+
+
+def test_performance_settings_can_be_changed_or_left_unset(tmp_path: Path) -> None:
+    config = config_with(tmp_path, ("environment.npu.task_queue", 1), ("environment.npu.cpu_affinity", None),
+                         ("environment.npu.streams_per_device", 8),
+                         ("environment.npu.multi_stream_memory_reserve", None),
+                         ("environment.npu.hccl_buffsize_mb", 400))
+    variables = npu_variables(config, DUMP)
+    assert (variables["TASK_QUEUE_ENABLE"], variables["STREAMS_PER_DEVICE"], variables["HCCL_BUFFSIZE"]) == \
+        ("1", "8", "400")
+    assert "CPU_AFFINITY_CONF" not in variables and "MULTI_STREAM_MEMORY_RESERVE" not in variables
+
+
+def test_cpu_affinity_grammar() -> None:
+    affinity = parse_affinity("1,npu0:0-3,npu1:8-9,npu_affine:1")
+    assert affinity.mode == 1 and affinity.ranges == {0: frozenset(range(4)), 1: frozenset({8, 9})}
+    assert parse_affinity("0").ranges == {}
+
+
+@pytest.mark.parametrize(
+    ("affinity", "upload", "message"),
+    [
+        ("1", "60-63", "binds device 0 to its share of all cores"),
+        ("1,npu0:0-29", "60-63", "binds device 1 to its share"),
+        ("2,npu0:0-29,npu1:30-61", "60-63", "CPU 60 is also in device 1's range"),
+    ],
+)
+def test_upload_cpus_outside_the_bound_cores(tmp_path: Path, affinity: str, upload: str, message: str) -> None:
+    sets = [("slurm.devices_per_node", 2), ("environment.npu.cpu_affinity", affinity),
+            ("checkpoint.enable", True), ("checkpoint.upload_cpus", upload)]
+    with pytest.raises(ConfigError) as caught:
+        config_with(tmp_path, *sets)
+    assert caught.value.key == "checkpoint.upload_cpus" and message in caught.value.problem
+    sets[1] = ("environment.npu.cpu_affinity", "1,npu0:0-29,npu1:30-59")
+    config_with(tmp_path, *sets)
+    sets[1] = ("environment.npu.cpu_affinity", "0")
+    config_with(tmp_path, *sets)
 
 
 def test_explicit_devices_address_and_no_alloc_conf(tmp_path: Path) -> None:
     config = config_with(tmp_path, ("slurm.nodes", 1), ("slurm.devices_per_node", 4),
                          ("environment.npu.socket_ifname", []), ("environment.npu.if_ip", "10.0.0.5"),
                          ("environment.npu.visible_devices", [4, 5, 6, 7]), ("environment.npu.alloc_conf", None))
-    variables = npu_variables(config)
+    variables = npu_variables(config, DUMP)
     assert variables["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
     assert variables["HCCL_IF_IP"] == "10.0.0.5"
     assert "HCCL_SOCKET_IFNAME" not in variables and "PYTORCH_NPU_ALLOC_CONF" not in variables
@@ -60,25 +137,53 @@ def test_explicit_devices_address_and_no_alloc_conf(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("devices", [1, 8, 16])
 def test_port_ranges_fit_the_node_and_avoid_master_window_and_ephemeral(devices: int) -> None:
-    host, npu = hccl_port_ranges(NpuSpec(), devices, (20000, 29999))
+    host, npu, root = hccl_port_ranges(NpuSpec(), devices, (20000, 29999))
     assert host.high - host.low + 1 == devices * 16 == npu.high - npu.low + 1
-    assert host.high < npu.low and npu.high <= 65535
-    for low, high in ((20000, 29999), LINUX_EPHEMERAL):
-        assert not host.overlaps(low, high) and not npu.overlaps(low, high)
+    assert root.high - root.low + 1 == IF_BASE_PORTS
+    assert host.high < npu.low and npu.high < root.low and root.high <= 65535
+    for low, high in ((20000, 29999), LINUX_EPHEMERAL, (60000, 60031)):  # 60000-60031: HCCL_IF_BASE_PORT's default
+        assert not any(block.overlaps(low, high) for block in (host, npu, root))
 
 
 def test_port_ranges_move_past_a_window_above_the_ephemeral_range() -> None:
-    host, npu = hccl_port_ranges(NpuSpec(), 8, (61000, 62000))
-    assert (host.low, npu.high) == (62001, 62256)
+    host, npu, root = hccl_port_ranges(NpuSpec(), 8, (61000, 62000))
+    assert (host.low, npu.high, root.low, root.high) == (62001, 62256, 62257, 62288)
+
+
+def test_a_pinned_if_base_port_moves_the_socket_ports_out_of_its_way() -> None:
+    host, npu, root = hccl_port_ranges(NpuSpec(if_base_port=61100), 8, (20000, 29999))
+    assert (root.low, root.high) == (61100, 61131)
+    assert not host.overlaps(root.low, root.high) and not npu.overlaps(root.low, root.high)
 
 
 @pytest.mark.parametrize(
     ("sets", "key", "message"),
     [
-        ([("environment.npu.connect_timeout_s", 60)], "environment.npu.connect_timeout_s",
+        ([("timeouts.startup_s", 60)], "timeouts.startup_s",
          "HCCL_CONNECT_TIMEOUT must be within 120..7200 (CANN), got 60"),
-        ([("environment.npu.exec_timeout_s", -1)], "environment.npu.exec_timeout_s",
-         "HCCL_EXEC_TIMEOUT must be within 0..2147483647 (CANN), got -1"),
+        ([("timeouts.startup_s", 7201)], "timeouts.startup_s", "HCCL_CONNECT_TIMEOUT must be within 120..7200"),
+        ([("environment.env.HCCL_OP_EXPANSION_MODE", "AIV")], "timeouts.collective_s",
+         "HCCL_OP_EXPANSION_MODE=AIV caps HCCL_EXEC_TIMEOUT at 1091 s"),
+        ([("environment.npu.connect_timeout_s", 600)], "environment.npu.connect_timeout_s",
+         "moved: set timeouts.startup_s"),
+        ([("environment.npu.exec_timeout_s", 1836)], "environment.npu.exec_timeout_s",
+         "moved: set timeouts.collective_s"),
+        ([("environment.npu.if_base_port", 60000)], "environment.npu.if_base_port",
+         "HCCL_IF_BASE_PORT: ports 60000-60031 overlap the kernel's ephemeral range"),
+        ([("environment.npu.if_base_port", 25000)], "environment.npu.if_base_port", "slurm.port_window"),
+        ([("environment.npu.if_base_port", 61000), ("environment.npu.port_base", 61000)],
+         "environment.npu.port_base", "overlap environment.npu.if_base_port 61000-61031"),
+        ([("environment.npu.task_queue", 3)], "environment.npu.task_queue", "TASK_QUEUE_ENABLE must be 0, 1 or 2"),
+        ([("environment.npu.streams_per_device", 16)], "environment.npu.streams_per_device",
+         "STREAMS_PER_DEVICE must be 8 or 32"),
+        ([("environment.npu.cpu_affinity", "3")], "environment.npu.cpu_affinity", "mode '3' must be 0, 1 or 2"),
+        ([("environment.npu.cpu_affinity", "1,npu0:5-2")], "environment.npu.cpu_affinity",
+         "'npu0:5-2' is not npu<device>:<first>-<last>"),
+        ([("environment.npu.hccl_buffsize_mb", 0)], "environment.npu.hccl_buffsize_mb", "HCCL_BUFFSIZE must be >= 1"),
+        ([("environment.npu.multi_stream_memory_reserve", -1)], "environment.npu.multi_stream_memory_reserve",
+         "must be >= 0"),
+        ([("environment.env.TASK_QUEUE_ENABLE", "1")], "environment.env.TASK_QUEUE_ENABLE",
+         "comes from environment.npu"),
         ([("environment.npu.visible_devices", [0, 1])], "environment.npu.visible_devices",
          "lists 2 devices but slurm.devices_per_node is 8"),
         ([("environment.npu.visible_devices", [7, 6, 5, 4, 3, 2, 1, 0])], "environment.npu.visible_devices",
@@ -90,7 +195,7 @@ def test_port_ranges_move_past_a_window_above_the_ephemeral_range() -> None:
         ([("slurm.nodes", 1), ("environment.npu.if_ip", "10.0.0.300")], "environment.npu.if_ip",
          "is not an IP address"),
         ([("environment.npu.port_base", 25000)], "environment.npu.port_base",
-         "ports 25000-25255 overlap slurm.port_window 20000-29999"),
+         "ports 25000-25287 overlap slurm.port_window 20000-29999"),
         ([("environment.npu.port_base", 40000)], "environment.npu.port_base", "the kernel's ephemeral range"),
         ([("environment.npu.port_base", 65500)], "environment.npu.port_base", "leave 1024-65535"),
         ([("environment.npu.ports_per_device", 4000)], "environment.npu.port_base", "no room for 64000 HCCL ports"),
@@ -109,8 +214,8 @@ def test_invalid_values_name_the_key(tmp_path: Path, sets: list, key: str, messa
 
 
 def test_other_devices_ignore_the_npu_section(tmp_path: Path) -> None:
-    config = config_with(tmp_path, ("environment.device", "cpu"), ("environment.npu.connect_timeout_s", 1))
-    assert config.environment.npu.connect_timeout_s == 1
+    config = config_with(tmp_path, ("environment.device", "cpu"), ("environment.npu.task_queue", 7))
+    assert config.environment.npu.task_queue == 7
 
 
 @pytest.mark.parametrize(
@@ -130,16 +235,24 @@ def test_alloc_conf_follows_torch_npu_documentation(text: str, problem: str | No
     assert found == problem if problem is None else problem in found
 
 
-def run_setup(spec: NpuSpec, tmp_path: Path) -> subprocess.CompletedProcess:
-    script = "\n".join([*npu_setup_lines(spec), 'echo "home=$ASCEND_HOME_PATH atb=${ATB_HOME_PATH:-none}"'])
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=30,
-                          check=False)
+def run_setup(spec: NpuSpec, tmp_path: Path, node: str = "n7") -> subprocess.CompletedProcess:
+    """The launcher as srun runs it on node `node` (a `hostname` of its own on PATH), starting a command."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "hostname").write_text(f"#!/bin/sh\necho {node}\n")
+    (bin_dir / "hostname").chmod(0o755)
+    command = 'echo "home=$ASCEND_HOME_PATH atb=${ATB_HOME_PATH:-none} args=$*"'
+    line = f"{cann_launcher(spec)} bash -c {shlex.quote(command)} cmd -u -m x"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd=tmp_path, timeout=30,
+                          check=False, env=env)
 
 
 def test_missing_cann_stops_the_job_with_a_clear_message(tmp_path: Path) -> None:
-    done = run_setup(NpuSpec(ascend_home=str(tmp_path / "Ascend")), tmp_path)
+    done = run_setup(NpuSpec(ascend_home=str(tmp_path / "Ascend")), tmp_path, node="n7")
     assert done.returncode == PREFLIGHT_EXIT_CODE
-    assert "CANN not found on" in done.stderr and f"{tmp_path}/Ascend/ascend-toolkit/set_env.sh" in done.stderr
+    assert "CANN not found on n7:" in done.stderr and f"{tmp_path}/Ascend/ascend-toolkit/set_env.sh" in done.stderr
+    assert "home=" not in done.stdout  # the node's command never starts
 
 
 def test_set_env_and_atb_are_sourced(tmp_path: Path) -> None:
@@ -150,20 +263,39 @@ def test_set_env_and_atb_are_sourced(tmp_path: Path) -> None:
     (home / "nnal/atb/set_env.sh").write_text("export ATB_HOME_PATH=/atb\n")
     done = run_setup(NpuSpec(ascend_home=str(home)), tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"home={home}/cann atb=/atb"
+    assert done.stdout.strip() == f"home={home}/cann atb=/atb args=-u -m x"
 
 
 def test_a_set_env_that_sets_nothing_is_refused(tmp_path: Path) -> None:
     (tmp_path / "broken.sh").write_text("true\n")
-    done = run_setup(NpuSpec(set_env=str(tmp_path / "broken.sh")), tmp_path)
+    done = run_setup(NpuSpec(set_env=str(tmp_path / "broken.sh")), tmp_path, node="n3")
     assert done.returncode == PREFLIGHT_EXIT_CODE
-    assert "did not set ASCEND_HOME_PATH" in done.stderr
+    assert "did not set ASCEND_HOME_PATH on n3" in done.stderr
 
 
-def test_plan_sources_cann_before_exporting_and_keeps_cpu_jobs_clean(tmp_path: Path) -> None:
-    setup = plan_job(config_with(tmp_path)).parameters["setup"]
-    sourcing = next(i for i, line in enumerate(setup) if line.startswith('source "$slurm_titan_set_env"'))
-    assert sourcing < setup.index("export HCCL_HOST_SOCKET_PORT_RANGE=61000-61127")
+def test_every_node_sources_cann_in_its_own_task_and_cpu_jobs_stay_clean(tmp_path: Path) -> None:
+    plan = plan_job(config_with(tmp_path))
+    setup = plan.parameters["setup"]
+    assert not any("set_env" in line for line in setup)  # the batch host's set-up runs once, before srun
     assert "export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in setup
-    cpu_setup = plan_job(config_with(tmp_path, ("environment.device", "cpu"))).parameters["setup"]
-    assert not any("HCCL" in line or "set_env" in line for line in cpu_setup)
+    srun = plan.script().split("\nsrun ", 1)[1]
+    assert srun.index("$hold_stop_signals bash -c ") < srun.index("slurm-titan-cann /") < srun.index("submitit")
+    assert plan.submitit_command.startswith(plan.launcher) and "exec \"$@\"" in plan.launcher
+    trace = next(line for line in setup if line.startswith("export TORCH_HCCL_DEBUG_INFO_TEMP_FILE="))
+    assert trace.endswith('/npu-job/"$SLURM_JOB_ID"/dump/comm_traces/rank_')
+    cpu = plan_job(config_with(tmp_path, ("environment.device", "cpu")))
+    assert not any("HCCL" in line or "set_env" in line for line in cpu.parameters["setup"])
+    assert "bash -c" not in cpu.launcher
+
+
+def test_the_preflight_checks_the_root_info_ports_against_each_node(tmp_path: Path) -> None:
+    """HCCL_IF_BASE_PORT's block travels in the preflight expectations, so the doctor's ephemeral-port check
+    flags a node whose ip_local_port_range reaches it."""
+    from slurm_titan.doctor.checks import node_findings
+    from slurm_titan.doctor.facts import NodeFacts
+
+    expect = plan_job(config_with(tmp_path)).node.preflight
+    assert expect is not None and (61256, 61287) in expect.hccl_port_ranges
+    facts = NodeFacts(0, "n1", "npu", {"torch_npu": "2.14.0"}, ephemeral_range=(61260, 61300))
+    assert [f.found for f in node_findings(facts, expect) if f.check == "HCCL ports"] == [
+        "61256-61287 overlaps this node's ephemeral ports 61260-61300 (61260-61287 not reserved)"]

@@ -33,7 +33,7 @@ def npu_config():
 def test_npu_defaults_replace_attention_rope_and_norms(npu_config):
     config, applied = npu_config
     model = config.model_spec.model
-    assert len(applied) == 6 + 6 + 13  # per layer: attention, rope, 2 norms; plus the final norm
+    assert len(applied) == 6 + 6 + 13 + 1  # per layer: attention, rope, 2 norms; the final norm; selective AC
     for layer in model.layers:
         assert type(layer.attention.inner_attention) is NpuFusedAttention.Config
         assert type(layer.attention.rope) is NpuComplexRoPE.Config

@@ -82,3 +82,33 @@ def test_upload_cpus_reach_every_rank_and_are_left_out_when_unset(tmp_path: Path
     assert pinned is not None and pinned.rank_env("77")["SLURM_TITAN_CKPT_UPLOAD_CPUS"] == "1,3"
     default = plan_job(load_config(config)).node.checkpoint
     assert default is not None and "SLURM_TITAN_CKPT_UPLOAD_CPUS" not in default.rank_env("77")
+
+
+NPU_JOB = """
+name: npu-job
+slurm: {nodes: 2, devices_per_node: 8}
+environment: {device: npu, npu: {socket_ifname: [eth0]}}
+"""
+
+
+def npu_plan(tmp_path: Path, *sets: tuple[str, object]):
+    path = tmp_path / "npu.yaml"
+    path.write_text(NPU_JOB)
+    return plan_job(load_config(path, list(sets)))
+
+
+def test_npu_jobs_ask_slurm_for_their_devices(tmp_path: Path) -> None:
+    assert "#SBATCH --gres=npu:8" in npu_plan(tmp_path).script()
+    assert "--gres" not in npu_plan(tmp_path, ("slurm.gres", "none")).script()
+    assert "#SBATCH --gres=npu:16" in npu_plan(tmp_path, ("slurm.gres", "npu:16")).script()
+    assert "--gres" not in plan_job(load_config(pinned_debug_cpu(tmp_path))).script()
+
+
+def test_npu_jobs_free_gradients_and_keep_compile_off(tmp_path: Path) -> None:
+    argv = list(npu_plan(tmp_path).node.rank_argv)
+    assert "--training.disable-cuda-graphs" in argv and "--compile.no-enable" in argv
+    assert argv.index("--compile.no-enable") < argv.index("--override.imports")
+    mine = list(npu_plan(tmp_path, ("torchtitan.args.training.disable_cuda_graphs", False)).node.rank_argv)
+    assert "--training.no-disable-cuda-graphs" in mine and "--training.disable-cuda-graphs" not in mine
+    cpu = list(plan_job(load_config(pinned_debug_cpu(tmp_path))).node.rank_argv)
+    assert "--training.disable-cuda-graphs" not in cpu and "--compile.no-enable" not in cpu

@@ -40,7 +40,7 @@ def start_supervisor_like(hold_lines: list[str]) -> subprocess.CompletedProcess:
 def test_usr2_during_start_up_waits_for_the_supervisor(tmp_path: Path) -> None:
     plan = plan_job(load_config(pinned_debug_cpu(tmp_path)))
     assert plan.submitit_command.startswith(plan.launcher)
-    hold = [line for line in plan.parameters["setup"] if line.startswith(f"{HOLD_SIGNALS_VAR}=")
+    hold = [line for line in plan.parameters["setup"] if line.startswith(f"export {HOLD_SIGNALS_VAR}=")
             or line.startswith(f"${HOLD_SIGNALS_VAR} ")]
     assert len(hold) == 2, plan.parameters["setup"]
     done = start_supervisor_like(hold)

@@ -54,7 +54,8 @@ class DoctorExpectations:
         ranges = npu_env.hccl_port_ranges(spec, slurm.devices_per_node, (slurm.port_window[0], slurm.port_window[1]))
         return replace(expect, visible_devices=tuple(npu_env.visible_devices(spec, slurm.devices_per_node)),
                        socket_ifnames=tuple(spec.socket_ifname), ascend_home=spec.ascend_home,
-                       hccl_port_ranges=tuple((r.low, r.high) for r in ranges))
+                       hccl_port_ranges=tuple((r.low, r.high) for r in ranges),
+                       temp_warn_c=spec.temp_warn_c, temp_fail_c=spec.temp_fail_c)
 
     def for_job(self, fill: Callable[[str], str]) -> DoctorExpectations:
         """These expectations with the job's placeholders filled in (`fill`, e.g. `lambda t: spec.fill(t, job_id)`)."""

@@ -106,13 +106,16 @@ class Attempt:
     hosts: list[str]
 
 
-def srun_line(job_dir: Path, job_id: str) -> str:
-    """submitit's srun line, from the job's own submission script (run again for a restart)."""
+def srun_command(job_dir: Path, job_id: str) -> str:
+    """submitit's srun command, from the job's own submission script (run again for a restart): from its
+    `srun ` line to submitit's `# teardown` marker (an NPU job's command spans several lines)."""
     script = job_dir / f"{job_id}_submission.sh"
-    for line in script.read_text().splitlines():
-        if line.startswith("srun "):
-            return line
-    raise RuntimeError(f"{script} has no srun line")
+    text = script.read_text()
+    start = text.find("\nsrun ")
+    end = text.find("\n# teardown", start)
+    if start < 0 or end < 0:
+        raise RuntimeError(f"{script} has no srun command before '# teardown'")
+    return text[start + 1:end].strip()
 
 
 def run_so_far(job_dir: Path, attempt: int, requeues: int) -> RunSoFar:
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             env |= plan.env()
             attempt = Attempt(plan.attempt, list(plan.nodes))
             say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")
-            srun_exit_code = subprocess.run(["bash", "-c", srun_line(job_dir, job_id)], env=env).returncode
+            srun_exit_code = subprocess.run(["bash", "-c", srun_command(job_dir, job_id)], env=env).returncode
             continue
         return requeue_job(job_dir, job_id, attempt.number)
 

@@ -31,6 +31,7 @@ from slurm_titan.errors import SlurmTitanError
 from slurm_titan.node import resume
 from slurm_titan.node.allocation import ATTEMPT_ENV
 from slurm_titan.doctor import PreflightFailed, run_preflight
+from slurm_titan.doctor.report import format_table
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, STORAGE_EXIT_CODE
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, ignore_signals, take_stop_signals
 from slurm_titan.plan import NodeSpec
@@ -216,11 +217,13 @@ class NodeSupervisor:
                 STOP_FILE_ENV: str(self.stop_file)}
         if spec.preflight:
             try:
-                run_preflight(job_dir, attempt, rdzv.node_rank, rdzv.num_nodes,
-                              spec.preflight.for_job(lambda text: spec.fill(text, job_id)))
+                doctor_warnings = run_preflight(job_dir, attempt, rdzv.node_rank, rdzv.num_nodes,
+                                         spec.preflight.for_job(lambda text: spec.fill(text, job_id)))
             except PreflightFailed as failure:  # the same table on every node
                 say(f"ERROR before training: {failure}")
                 self._finish(report, PREFLIGHT_EXIT_CODE, {})
+            if doctor_warnings:
+                say(f"preflight warnings (training goes on):\n{format_table(doctor_warnings)}")
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
         if spec.checkpoint:
             env |= spec.checkpoint.rank_env(job_id)

@@ -4,7 +4,7 @@
 
 ``npu_rms_norm(x, gamma, epsilon)`` returns ``(x / sqrt(mean(x**2) + eps) * gamma,
 rstd)`` over ``gamma``'s trailing dims, and requires ``gamma`` in ``x``'s dtype
-(Ascend/op-plugin ``docs/context/（beta）torch_npu-npu_rms_norm.md``).
+(Ascend/op-plugin ``docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_rms_norm.md``).
 Tensors off NPU (and DTensors) run upstream ``RMSNorm`` unchanged.
 """
 
