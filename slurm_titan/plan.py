@@ -29,8 +29,10 @@ JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
 RANK_ENTRY = "slurm_titan.node.rank_entry"
 HOLD_SIGNALS_VAR = "hold_stop_signals"  # set by the node set-up template, used on the srun line
-STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --ntasks=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES"
-"""srun options on the srun line: each attempt runs on the nodes the batch shell chose (spares left out)."""
+STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --ntasks=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES --overlap"
+"""srun options on the srun line: each attempt runs on the nodes the batch shell chose (spares left out);
+`--overlap` because the step of a lost node never completes (the node cannot confirm it) and would keep
+the surviving nodes' CPUs from the next attempt ("Requested nodes are busy")."""
 _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 

@@ -99,3 +99,19 @@ class KillAtStep:
                         self.killed.append(env)
                         self.left -= 1
                     offsets[pid] = 1 << 62  # never again for this process
+
+
+def kill_node(cluster_env: dict, name: str) -> int:
+    """Kill node `name` of the bundled cluster whole: its slurmd and every process of its namespaces
+    (slurmstepd, the supervisor, the ranks, their uploaders), found through the node's UTS namespace.
+    Returns how many processes were killed; `tools/local-cluster up` brings the node back."""
+    pid_file = Path(cluster_env["SLURM_TITAN_CLUSTER_DIR"]) / "run" / "pids" / f"slurmd-{name}.pid"
+    namespace = os.readlink(f"/proc/{pid_file.read_text().strip()}/ns/uts")
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "uts") == namespace:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+    return killed

@@ -7,10 +7,12 @@ every loss equal, the job COMPLETED.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from conftest import Cli
-from e2e_runs import KillAtStep, job_dir, job_field, step_losses, wait_for_log
+from conftest import CLUSTER_TOOL, Cli, run, wait_for
+from e2e_runs import KillAtStep, job_dir, job_field, kill_node, step_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
@@ -76,4 +78,34 @@ def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -
     last = status["attempts"][-1]
     assert last["reason"] == "restart loop" and "3 failed attempts in a row without progress" in last["note"]
     assert last["cause"].startswith("crashed on ") and last["trained_step"] in (5, 6)
+    # rank 0's node failed twice: left out, and the requeued job was kept off it (ExcNodeList)
+    once_excluded = [a["excluded"] for a in status["attempts"] if a["excluded"]][0]
+    assert job_field(cli, job, "Restarts") >= 1
+    assert once_excluded[0] not in status["attempts"][-1]["hosts"]
     assert "restart loop" in cli("status", job).stdout
+
+
+@pytest.fixture
+def healed_cluster(slurm_env: dict) -> Iterator[dict]:
+    """The cluster, brought back whole after the test (a killed node's slurmd restarted)."""
+    yield slurm_env
+    run([CLUSTER_TOOL, "up"], timeout=180)
+    wait_for(lambda: "idle" in run(["sinfo", "-h", "-o", "%t"], env=slurm_env).stdout.split()
+             and set(run(["sinfo", "-h", "-o", "%t"], env=slurm_env).stdout.split()) <= {"idle", "mix", "alloc"},
+             120, "every node back")
+
+
+def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: dict,
+                                                                    reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    lost = cli.status(job)["attempts"][0]["hosts"][1]
+    assert kill_node(healed_cluster, lost) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    first, second = status["attempts"][:2]
+    assert first["cause"] == f"node {lost} lost" and first["excluded"] == [lost]
+    assert lost not in second["hosts"]
+    assert job_field(cli, job, "Restarts") == 0
+    assert_same_training(cli, job, reference)

@@ -3,12 +3,13 @@ in the batch shell (with stand-ins for srun and scontrol; the real ones run in t
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from slurm_titan import history, rendezvous
-from slurm_titan.node import allocation, attribution, finish, progress
+from slurm_titan.node import allocation, attribution, finish, progress, step_watch
 from slurm_titan.node.supervisor import node_report_path
 
 
@@ -26,11 +27,13 @@ def test_the_rank_that_died_first_is_blamed_not_its_peers(tmp_path: Path) -> Non
     assert failure.describe() == "crashed on n2 rank 1 with SIGKILL"
 
 
-def test_a_node_without_report_that_slurm_calls_down_was_lost(tmp_path: Path) -> None:
-    _report(tmp_path, 0, 0, "n1", 0, None)
+def test_a_silent_node_that_does_not_answer_was_lost_and_comes_first(tmp_path: Path) -> None:
+    _report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 100.4})  # its peer vanished
     reports = attribution.read_reports(tmp_path, 0, 2)
+    assert attribution.silent_nodes(reports, ["n1", "n2"]) == ["n2"]
     assert attribution.first_failure(reports, ["n1", "n2"], {"n2"}).describe() == "node n2 lost"
-    assert attribution.first_failure(reports, ["n1", "n2"], set()) is None  # killed by srun, not lost
+    # silent but answering: killed by srun after n1's failure, which is the one to blame
+    assert attribution.first_failure(reports, ["n1", "n2"], set()).describe() == "crashed on n1 rank 0 with exit code 1"
 
 
 @pytest.mark.parametrize(("code", "text"), [(-9, "SIGKILL"), (137, "SIGKILL"), (143, "SIGTERM"), (1, "exit code 1"),
@@ -132,3 +135,23 @@ def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2,n3"  # the spare took n1's place
     # n2 fails next, with no spare left: it is kept (a first failure), and the run goes on on n2,n3
     assert attempts[1].excluded == [] and (job_dir / "attempts/2/nodes").read_text().strip() == "n2,n3"
+
+
+def test_the_step_of_a_lost_node_is_ended_not_waited_for(tmp_path: Path) -> None:
+    srun = subprocess.Popen(["sleep", "60"])  # stands for an srun waiting on a dead node
+    _report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 1.0})
+    probed: list[list[str]] = []
+
+    def probe(hosts: list[str]) -> set[str]:
+        probed.append(hosts)
+        return {"n2"}
+
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=probe) == ["n2"]
+    assert srun.wait(timeout=10) == -9 and probed == [["n2"]]
+
+
+def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
+    srun = subprocess.Popen(["sleep", "1.5"])
+    _report(tmp_path, 0, 0, "n1", 0, None)  # n2 still uploading its last checkpoint
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=lambda h: set()) == []
+    assert srun.wait(timeout=10) == 0

@@ -18,7 +18,9 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ NUM_NODES_ENV = "SLURM_TITAN_NUM_NODES"
 ATTEMPT_ENV = "SLURM_TITAN_ATTEMPT_INDEX"
 EXCLUDED_FILE = "excluded-nodes.json"
 _UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT")
+PROBE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,26 @@ def unhealthy_nodes(hosts: list[str]) -> set[str]:
         fields = slurm.parse_key_values(line)
         if any(flag in fields.get("State", "") for flag in _UNHEALTHY):
             bad.add(fields.get("NodeName", ""))
+    return bad
+
+
+def probe_failures(hosts: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> set[str]:
+    """Those of `hosts` on which a one-task probe step (`srun true`, all at once) does not succeed within
+    `timeout_s`: a node that died is found before slurmctld's SlurmdTimeout marks it down."""
+    bad: set[str] = set()
+    probes = {host: subprocess.Popen(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap",
+                                      "--quit-on-interrupt", "true"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+              for host in hosts}
+    deadline = time.monotonic() + timeout_s
+    for host, probe in probes.items():
+        try:
+            if probe.wait(max(0.0, deadline - time.monotonic())) != 0:
+                bad.add(host)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+            bad.add(host)
     return bad
 
 

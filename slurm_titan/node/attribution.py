@@ -2,8 +2,8 @@
 
 Every node supervisor reports its ranks' exit codes and the first failure it saw, with the time
 (`attempts/<A>/node-<N>.json`). The attempt's failure is the earliest of them: the rank that died
-first, not the peers that died after it in a collective. A node without a report that Slurm no
-longer answers for was lost. Pure functions over those reports, unit-tested on recorded ones.
+first, not the peers that died after it in a collective. A node without a report that does not
+answer (Slurm calls it down, or a probe step cannot run on it) was lost, and comes before any crash. Pure functions over those reports, unit-tested on recorded ones.
 """
 
 from __future__ import annotations
@@ -57,17 +57,22 @@ def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
     return reports
 
 
-def first_failure(reports: dict[int, dict], hosts: list[str], unhealthy: set[str]) -> NodeFailure | None:
-    """The earliest rank failure any node saw; else a node that sent no report and Slurm calls unhealthy."""
+def silent_nodes(reports: dict[int, dict], hosts: list[str]) -> list[str]:
+    """The attempt's nodes that wrote no report (lost, or killed hard by srun after another node failed)."""
+    return [host for node, host in enumerate(hosts) if node not in reports]
+
+
+def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) -> NodeFailure | None:
+    """A node of the attempt that was lost (`lost`: silent and not answering), else the earliest rank failure
+    any node saw. A lost node comes first: its peers' ranks fail because it vanished."""
+    if gone := [host for host in silent_nodes(reports, hosts) if host in lost]:
+        return NodeFailure(gone[0], LOST)
     seen = [(report["first_failure"]["time"], node, report["first_failure"])
             for node, report in reports.items() if report.get("first_failure")]
     if seen:
         _, node, failure = min(seen, key=lambda item: item[0])
         return NodeFailure(reports[node].get("host") or hosts[node], CRASHED, int(failure["rank"]),
                            int(failure["exit_code"]))
-    lost = [host for node, host in enumerate(hosts) if node not in reports and host in unhealthy]
-    if lost:
-        return NodeFailure(lost[0], LOST)
     return None
 
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 from slurm_titan import history, slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node import allocation, attribution, progress
+from slurm_titan.node import allocation, attribution, progress, step_watch
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 from slurm_titan.node.supervisor import node_report_path, say
@@ -87,8 +88,7 @@ def requeue(job_id: str, tries: int = REQUEUE_TRIES, pause_s: float = 2.0) -> No
 
 
 def exclude_from_pending_job(job_id: str, hosts: list[str]) -> None:
-    """Set the requeued (pending) job's ExcNodeList, so that Slurm does not give it those nodes again
-    (checked on Slurm 22.05: the update holds for the pending job and its next run avoids them)."""
+    """Set the requeued (pending) job's ExcNodeList, so that Slurm does not give it those nodes again."""
     for _ in range(10):
         result = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"],
                                 capture_output=True, text=True, timeout=60)
@@ -140,8 +140,12 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     if code not in (0, PREEMPTED_EXIT_CODE, PREFLIGHT_EXIT_CODE):
         allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
         unhealthy = _unhealthy(allocated)
-        failure = attribution.first_failure(attribution.read_reports(job_dir, attempt.number, len(attempt.hosts)),
-                                            attempt.hosts, unhealthy)
+        reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))
+        silent = attribution.silent_nodes(reports, attempt.hosts)
+        lost = {host for host in silent if host in unhealthy}
+        lost |= allocation.probe_failures([host for host in silent if host not in unhealthy])
+        unhealthy |= lost
+        failure = attribution.first_failure(reports, attempt.hosts, lost)
         if failure:
             left_out = set(allocation.read_excluded(job_dir))
             spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
@@ -206,22 +210,33 @@ def main(argv: list[str] | None = None) -> int:
             env |= plan.env()
             attempt = Attempt(plan.attempt, list(plan.nodes))
             say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")
-            srun_exit_code = subprocess.run(["bash", "-c", srun_command(job_dir, job_id)], env=env).returncode
+            srun = subprocess.Popen(["bash", "-c", f"exec {srun_command(job_dir, job_id)}"], env=env)
+            step_watch.watch(job_dir, plan.attempt, list(plan.nodes), srun.pid)
+            srun_exit_code = srun.wait()
             continue
         return requeue_job(job_dir, job_id, attempt.number)
 
 
 def requeue_job(job_dir: Path, job_id: str, attempt: int) -> int:
-    """`scontrol requeue`, the run's excluded nodes kept off the pending job; never returns on success."""
+    """`scontrol requeue`, the run's excluded nodes kept off the pending job; never returns on success.
+
+    Slurm's requeue SIGTERMs this batch shell at once, and a running job's ExcNodeList cannot be changed,
+    only the pending one's: so SIGTERM is ignored (scontrol inherits that) until the update is done
+    (checked on Slurm 22.05: the requeued job is pending while this shell still runs, and the update holds).
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         requeue(job_id)
     except RuntimeError as error:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         say(f"ERROR: {error}")
         history.append_event(job_dir, "requeue-failed", attempt, error=str(error))
         return REQUEUE_FAILED_EXIT_CODE
     if excluded := sorted(allocation.read_excluded(job_dir)):
         exclude_from_pending_job(job_id, excluded)
-    time.sleep(60)  # scontrol requeue ends this batch shell; never report an exit code of our own
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)  # end as the requeue meant this shell to end
+    time.sleep(60)  # never report an exit code of our own
     return 0
 
 

@@ -1,0 +1,90 @@
+"""While an attempt's srun step runs, end it once a node of it is lost (runs in the batch shell).
+
+srun waits for every task of its step, and a node that died answers nothing: srun then waits until
+slurmctld marks the node down (SlurmdTimeout, 300 s by default; "srun: error: Node failure on n2").
+The surviving nodes' supervisors report within seconds (their ranks fail on the lost peer), so once
+some node has reported and others stay silent for `grace_s`, the silent ones are probed
+(`allocation.probe_failures`); if one does not answer, srun is killed and the batch shell goes on to
+`finish`, which finds the same silent, unanswering node and blames it. The first attempt's watcher
+is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the batch
+shell's children); `finish` watches the steps it starts itself with :func:`watch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from slurm_titan.node import allocation, attribution
+
+GRACE_S = 10.0
+POLL_S = 1.0
+FIND_SRUN_S = 120.0
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
+          poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = allocation.probe_failures) -> list[str]:
+    """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes."""
+    waiting_since: float | None = None
+    while alive(srun_pid):
+        reports = attribution.read_reports(job_dir, attempt, len(hosts))
+        silent = attribution.silent_nodes(reports, hosts)
+        if not reports or not silent:
+            waiting_since = None
+        elif waiting_since is None:
+            waiting_since = time.monotonic()
+        elif time.monotonic() - waiting_since >= grace_s:
+            if lost := sorted(probe(silent)):
+                print(f"slurm-titan: {','.join(lost)} of attempt {attempt} does not answer: ending its srun step "
+                      "instead of waiting for Slurm to mark the node down", file=sys.stderr, flush=True)
+                os.kill(srun_pid, signal.SIGKILL)
+                return lost
+            waiting_since = time.monotonic()
+        time.sleep(poll_s)
+    return []
+
+
+def find_srun(shell_pid: int, timeout_s: float = FIND_SRUN_S) -> int | None:
+    """The pid of the `srun` that `shell_pid` (the batch shell) starts, once it is there."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive(shell_pid):
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and (entry / "comm").read_text().strip() == "srun" and \
+                        int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == shell_pid:
+                    return int(entry.name)
+            except (OSError, IndexError, ValueError):
+                continue
+        time.sleep(0.2)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--shell-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is for the ranks
+    job_dir = Path(args.job_dir.replace("{job_id}", os.environ["SLURM_JOB_ID"]))
+    srun = find_srun(args.shell_pid)
+    if srun is not None:
+        watch(job_dir, int(os.environ[allocation.ATTEMPT_ENV]), os.environ[allocation.NODES_ENV].split(","), srun)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
