@@ -77,11 +77,15 @@ def ledger_path(cluster: str) -> Path:
 
 def encode(entry: Entry) -> bytes:
     """One ledger line, its cause cut so that the line stays under PIPE_BUF (one atomic append)."""
-    entry = Entry(entry.node, entry.time, entry.job, entry.kind, entry.cause[:CAUSE_CHARS], entry.excluded)
-    line = (json.dumps(asdict(entry), ensure_ascii=True, sort_keys=True) + "\n").encode()
-    if len(line) >= select.PIPE_BUF:
-        raise ValueError(f"ledger line for node {entry.node!r} is {len(line)} bytes, over PIPE_BUF")
-    return line
+    cause = entry.cause[:CAUSE_CHARS]
+    while True:
+        fields = asdict(entry) | {"cause": cause}
+        line = (json.dumps(fields, ensure_ascii=True, sort_keys=True) + "\n").encode()
+        if len(line) < select.PIPE_BUF:
+            return line
+        if not cause:
+            raise ValueError(f"ledger line for node {entry.node!r} is {len(line)} bytes, over PIPE_BUF")
+        cause = cause[:len(cause) // 2]
 
 
 def record(path: Path, entry: Entry) -> bool:
