@@ -76,7 +76,8 @@ def test_two_failures_within_the_window_are_avoided_but_not_two_code_bugs() -> N
     entries = [entry("n1", 0.0, NETWORK), entry("n1", 0.5 * HOUR, UNKNOWN),  # twice within 1 h
                entry("n2", 0.0, UNKNOWN), entry("n2", 2 * HOUR, UNKNOWN),  # 2 h apart
                entry("n3", 0.0, USER), entry("n3", 60.0, USER),  # the user's code, twice
-               entry("n4", 0.0, USER), entry("n4", 60.0, NETWORK)]
+               entry("n4", 0.0, USER), entry("n4", 60.0, NETWORK),
+               entry("n5", 0.0, NETWORK), entry("n5", 60.0, USER)]
     assert ledger.avoid(entries, now=2 * HOUR) == {"n1": 0.5 * HOUR + 24 * HOUR}
 
 
