@@ -47,6 +47,12 @@ def _logs(args: argparse.Namespace) -> int:
     return logs.show(args.job, rank=args.rank, follow=args.follow)
 
 
+def _nodes(args: argparse.Namespace) -> int:
+    from slurm_titan import ledger
+
+    return ledger.show(args.cluster, as_json=args.json)
+
+
 def _cancel(args: argparse.Namespace) -> int:
     from slurm_titan import slurm
 
@@ -92,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--rank", type=int, help="one training rank's log (default: the node logs)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
     logs.set_defaults(handler=_logs)
+
+    nodes = commands.add_parser("nodes", help="the node ledger: failures per node on this cluster, and the "
+                                              "nodes new jobs keep off")
+    nodes.add_argument("--cluster", help="another cluster's ledger (default: this cluster's ClusterName)")
+    nodes.add_argument("--json", action="store_true", help="machine-readable output")
+    nodes.set_defaults(handler=_nodes)
 
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job", help="job id")

@@ -8,10 +8,13 @@ answer (Slurm calls it down, or a probe step cannot run on it) was lost, and com
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_titan.node import failure_kinds
 
 LOST = "lost"
 CRASHED = "crashed"
@@ -25,11 +28,14 @@ class NodeFailure:
     kind: str  # CRASHED | LOST
     rank: int | None = None
     exit_code: int | None = None
+    fault: str | None = None  # the failure kind its rank log shows (failure_kinds), once classified
+    evidence: str | None = None  # the log line that shows it
 
     def describe(self) -> str:
         if self.kind == LOST:
             return f"node {self.host} lost"
-        return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}"
+        shown = f" ({self.fault}: {self.evidence!r})" if self.evidence else ""
+        return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}{shown}"
 
 
 def exit_description(code: int | None) -> str:
@@ -76,15 +82,26 @@ def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) ->
     return None
 
 
+def classified(failure: NodeFailure, job_dir: Path) -> NodeFailure:
+    """`failure` with the kind its rank's log shows (`failure_kinds`); a lost node has no log: unknown."""
+    if failure.kind == LOST or failure.rank is None:
+        return dataclasses.replace(failure, fault=failure_kinds.UNKNOWN)
+    verdict = failure_kinds.classify_rank_logs(job_dir, [failure.rank])
+    return dataclasses.replace(failure, fault=verdict.kind, evidence=verdict.line)
+
+
 def exclusion_reason(failure: NodeFailure, spare_left: bool, earlier_culprits: list[str]) -> str | None:
     """Why `failure.host` is left out for the rest of the run, or None to keep it.
 
-    A lost node is left out. A node blamed before in this run is left out (a node that fails every
+    A lost node is left out, and so is one whose rank log shows a hardware fault (HBM ECC, UCE, a
+    dead HCCS link: retrying on it only fails again). A node blamed before in this run is left out (a node that fails every
     time costs one retry, not the whole retry budget). With a healthy spare waiting, a node is left
     out on its first failure: swapping costs nothing, and a suspect node may fail again.
     """
     if failure.kind == LOST:
         return "lost"
+    if failure.fault == failure_kinds.HARDWARE:
+        return f"hardware fault ({failure.describe()})"
     if failure.host in earlier_culprits:
         return f"failed again ({failure.describe()})"
     if spare_left:

@@ -1,0 +1,112 @@
+"""What kind of failure a rank's log shows: bad hardware, the network, the user's code, memory, or unknown.
+
+Pure functions over the tail of `<job>/logs/rank-R.log` (a bounded number of bytes: logs can be
+huge). Each signature is a line pattern with its kind; the most telling kind found wins, in this
+order, and its last matching line is the evidence:
+
+- hardware: the node's own devices are bad. torch_npu's device errors (`UCE ERROR`, `HBM MULTI BIT
+  ECC ERROR`, `SUSPECT MEM ERROR`, `HCCS LINK ERROR`, its `deviceErrorMap` in NPUQueue.cpp) and
+  CANN runtime codes (rt_error_codes.h): 507010 ts lost heartbeat, 507053 device MEM ERROR,
+  507054 hbm Multi-bit ECC error, 507055 suspect device MEM ERROR, 507056 link ERROR, 507901 hdc
+  disconnect;
+- oom: device or host memory ran out (torch_npu's `NPU out of memory`, the kernel's OOM killer,
+  slurmstepd's oom_kill report): the job's size, not the node;
+- network: a peer's or the fabric's symptom, not proof of a bad local device: 507057 suspect remote
+  ERROR, 507904 hccl operation retry failed, HCCL EI0006 ("Remote Rank did not send the data in
+  time") and EI0002 (notify wait timeout), HCCL's `Heartbeat Lost Occurred` (a remote process exited
+  or the network broke), RoCE `error cqe`, gloo/NCCL connection resets;
+- unknown: any other CANN runtime error (507xxx), e.g. 507035 vector core exception, which CANN's
+  own cases trace to kernel bugs as often as to hardware;
+- user: a Python exception (the training code or its config).
+
+The recorded lines behind each signature are in tests/data/failure_logs/ (README names sources).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+HARDWARE = "hardware"
+NETWORK = "network"
+USER = "user"
+OOM = "oom"
+UNKNOWN = "unknown"
+
+TAIL_BYTES = 64 * 1024
+EVIDENCE_CHARS = 200
+
+_ERROR_CODE = r"error code(?: is|:)\s*"
+# (kind, pattern), most telling kind first: the first kind with a match in the tail wins.
+SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (HARDWARE, re.compile(r"UCE\s+ERROR|HBM MULTI BIT ECC ERROR|SUSPECT MEM ERROR|HCCS LINK ERROR")),
+    (HARDWARE, re.compile(_ERROR_CODE + r"5070(?:10|53|54|55|56)\b|" + _ERROR_CODE + r"507901\b")),
+    (OOM, re.compile(r"(?:NPU|CUDA) out of memory|OutOfMemoryError|Out of memory: Killed process"
+                     r"|oom[-_]kill event|task \d+: Out Of Memory")),
+    (NETWORK, re.compile(r"SUSPECT REMOTE ERROR|HCCL OP RETRY FAILED|" + _ERROR_CODE + r"(?:507057|507904)\b")),
+    (NETWORK, re.compile(r"\bEI000[26]\b|Heartbeat Lost Occurred|error cqe|wait socket establish timeout"
+                         r"|Connection (?:closed|reset) by peer|NCCL WARN NET/", re.IGNORECASE)),
+    (UNKNOWN, re.compile(_ERROR_CODE + r"507\d{3}\b")),
+    (USER, re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::|$)")),
+)
+_RANK = {kind: order for order, kind in enumerate((HARDWARE, OOM, NETWORK, UNKNOWN, USER))}
+
+
+class Verdict(NamedTuple):
+    """A failure's kind and the log line that shows it (None when no signature matched)."""
+
+    kind: str
+    line: str | None
+
+
+NO_EVIDENCE = Verdict(UNKNOWN, None)
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> list[str]:
+    """The last lines of `path` within `limit` bytes (a cut first line dropped); [] if unreadable."""
+    try:
+        with path.open("rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            start = max(0, size - limit)
+            log.seek(start)
+            data = log.read(limit)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return lines[1:] if start > 0 else lines
+
+
+def classify_lines(lines: Iterable[str]) -> Verdict:
+    """The most telling kind any line shows, with the last such line (from the matched text on)."""
+    best: tuple[int, int, str] | None = None  # (signature index, -line number, evidence)
+    for number, line in enumerate(lines):
+        text = line.strip()
+        for index, (_, pattern) in enumerate(SIGNATURES):
+            if best is not None and index > best[0]:
+                break
+            if match := pattern.search(text):
+                candidate = (index, -number, text[match.start():][:EVIDENCE_CHARS])
+                best = candidate if best is None else min(best, candidate)
+                break
+    if best is None:
+        return NO_EVIDENCE
+    return Verdict(SIGNATURES[best[0]][0], best[2])
+
+
+def classify_log(path: Path, limit: int = TAIL_BYTES) -> Verdict:
+    """The kind of failure the tail of one log shows."""
+    return classify_lines(read_tail(path, limit))
+
+
+def rank_log(job_dir: Path, rank: int) -> Path:
+    return job_dir / "logs" / f"rank-{rank}.log"
+
+
+def classify_rank_logs(job_dir: Path, ranks: Iterable[int], limit: int = TAIL_BYTES) -> Verdict:
+    """The most telling verdict over the given ranks' logs (hardware before oom, network, unknown, user)."""
+    verdicts = [classify_log(rank_log(job_dir, rank), limit) for rank in ranks]
+    found = [verdict for verdict in verdicts if verdict.line is not None]
+    return min(found, key=lambda verdict: _RANK[verdict.kind]) if found else NO_EVIDENCE
