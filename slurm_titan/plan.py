@@ -118,6 +118,11 @@ class JobPlan:
         """The same plan allocating `spares` spare nodes beside `slurm.nodes`."""
         return replace(self, parameters=self.parameters | {"nodes": self.config.slurm.nodes + spares})
 
+    def excluding(self, hosts: list[str]) -> JobPlan:
+        """The same plan keeping the job off `hosts` (sbatch --exclude)."""
+        extra = self.parameters["additional_parameters"] | {"exclude": ",".join(hosts)}
+        return replace(self, parameters=self.parameters | {"additional_parameters": extra})
+
     def node_command(self) -> str:
         """What every node's supervisor starts for each of its devices."""
         return shlex.join(self.node.rank_argv)

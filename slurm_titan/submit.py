@@ -8,7 +8,7 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError
 
-from slurm_titan import registry, slurm
+from slurm_titan import ledger, registry, slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.node.supervisor import NodeSupervisor
 from slurm_titan.plan import JobPlan
@@ -27,6 +27,10 @@ def preflight(plan: JobPlan) -> JobPlan:
               f"partition {partition.name!r} ({partition.total_nodes} nodes for {slurm_spec.nodes} + spares); "
               f"submitting with {room} spare node(s)", file=sys.stderr)
         plan = plan.with_spares(room)
+    if off := ledger.keep_off(ledger.avoid_now(), partition.total_nodes, plan.parameters["nodes"]):
+        print(f"slurm-titan: keeping the job off {','.join(off)}: failed recently on this cluster "
+              "(slurm-titan nodes)", file=sys.stderr)
+        plan = plan.excluding(off)
     checkpoint = plan.node.checkpoint
     if checkpoint and checkpoint.remote:
         from slurm_titan.ckpt.store import open_store

@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan import history, slurm
+from slurm_titan import history, ledger, slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node import allocation, attribution, progress, step_watch
+from slurm_titan.node import allocation, attribution, failure_kinds, progress, step_watch
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 from slurm_titan.node.supervisor import node_report_path, say
@@ -147,13 +147,16 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
         unhealthy |= lost
         failure = attribution.first_failure(reports, attempt.hosts, lost)
         if failure:
+            failure = attribution.classified(failure, job_dir)
             left_out = set(allocation.read_excluded(job_dir))
             spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
             culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
-            if outcome.action == RESTART and (why := attribution.exclusion_reason(failure, spare, culprits)):
+            if outcome.action != STOP and (why := attribution.exclusion_reason(failure, spare, culprits)):
                 allocation.exclude(job_dir, failure.host, why)
                 excluded = [failure.host]
                 say(f"left out {failure.host} for the rest of the run: {why}")
+            ledger.record_failure(failure.host, job_id, failure.fault or failure_kinds.UNKNOWN, failure.describe(),
+                                  bool(excluded), env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
                          action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
                          culprit=failure and failure.host, excluded=excluded,
