@@ -41,6 +41,12 @@ def _status(args: argparse.Namespace) -> int:
     return status.show(args.job, as_json=args.json)
 
 
+def _runs(args: argparse.Namespace) -> int:
+    from slurm_titan import runs
+
+    return runs.show(limit=args.limit, as_json=args.json)
+
+
 def _logs(args: argparse.Namespace) -> int:
     from slurm_titan import logs
 
@@ -92,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?", help="job id (default: recent jobs)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=_status)
+
+    runs = commands.add_parser("runs", help="recent runs: job, name, state, step, last checkpoint, goodput")
+    runs.add_argument("--limit", type=int, default=20, help="how many of the newest runs (default 20)")
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+    runs.set_defaults(handler=_runs)
 
     logs = commands.add_parser("logs", help="show a job's logs")
     logs.add_argument("job", help="job id")

@@ -306,6 +306,8 @@ def _validate(config: JobConfig) -> None:
             raise ConfigError(where, f"checkpoint.{key}", f"must be >= 0, got {getattr(config.checkpoint, key)}")
     if config.checkpoint.remote and not config.checkpoint.enable:
         raise ConfigError(where, "checkpoint.remote", "is set but checkpoint.enable is false")
+    if config.checkpoint.remote:
+        _check_remote(where, config.checkpoint.remote)
     if config.checkpoint.upload_cpus is not None:
         try:
             parse_cpu_list(config.checkpoint.upload_cpus)
@@ -329,6 +331,26 @@ def _validate(config: JobConfig) -> None:
     for key in ("module", "config"):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):
             raise ConfigError(where, f"torchtitan.{key}", f"{getattr(config.torchtitan, key)!r} is not a Python name")
+
+
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "oss", "tos", "az", "abfs"})
+
+
+def _check_remote(where: str, remote: str) -> None:
+    """Each `proto://` of `remote` (fsspec chains them with `::`) must be one fsspec knows
+    (`fsspec.available_protocols()`: its registry of implementations, none imported here), and an
+    object store's URL must name a bucket."""
+    from fsspec import available_protocols
+
+    for part in remote.split("::"):
+        protocol, sep, rest = part.partition("://")
+        if not sep:
+            continue
+        if protocol.lower() not in available_protocols():
+            raise ConfigError(where, "checkpoint.remote", f"{remote!r}: unknown protocol {protocol + '://'!r} "
+                                                          "(fsspec knows s3://, gs://, file://, ...; or give a shared path)")
+        if protocol.lower() in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0]:
+            raise ConfigError(where, "checkpoint.remote", f"{remote!r} names no bucket: write {protocol}://BUCKET/prefix")
 
 
 def _check_gres(config: JobConfig) -> None:

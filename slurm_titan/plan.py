@@ -214,16 +214,19 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
 
 
 CHECKPOINT_OVERRIDE = "slurm_titan.ckpt.titan_hook.synced_checkpoints"
+METRICS_OVERRIDE = "slurm_titan.titan_metrics.continuous_metrics"
 
 
 def default_overrides(config: JobConfig) -> list[str]:
-    """The project's overrides every job activates: device kernels, and the checkpoint hook
-    (background upload + commit, coordinated save on preemption) when checkpointing is on."""
+    """The project's overrides every job activates: device kernels, the checkpoint hook
+    (background upload + commit, coordinated save on preemption) when checkpointing is on, and
+    one metrics run across attempts when TensorBoard or W&B is on (slurm_titan.titan_metrics)."""
     from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
 
     device = config.environment.device
     kernels = list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
-    return kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else [])
+    metrics = any(config.torchtitan.option(f"metrics.enable_{sink}") for sink in ("tensorboard", "wandb"))
+    return kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else []) + ([METRICS_OVERRIDE] if metrics else [])
 
 
 def _fill(template: str, config: JobConfig) -> str:

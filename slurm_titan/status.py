@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from slurm_titan import history, registry, slurm
+from slurm_titan import goodput, history, registry, slurm
 from slurm_titan.errors import SlurmTitanError
 
 
@@ -37,7 +37,26 @@ def describe(job_id: str) -> dict[str, Any]:
         "restarts": state.restarts if state else max(len(attempts) - 1, 0),
         "exit_code": state.exit_code if state else None,
         "attempts": history.as_dicts(attempts),
-    }
+    } | _goodput(record, attempts)
+
+
+def _goodput(record: registry.JobRecord | None, attempts: list[history.Attempt]) -> dict[str, Any]:
+    """The run's goodput and each attempt's time (slurm_titan.goodput), given the submit time."""
+    if record is None:
+        return {"goodput": None, "attempt_times": []}
+    result = goodput.compute(attempts, record.submitted, time.time(), goodput.trained_files(record.folder, attempts))
+    return {"goodput": result.as_dict(), "attempt_times": [a.as_dict() for a in result.attempts]}
+
+
+def goodput_text(numbers: dict[str, Any] | None) -> str:
+    return "-" if not numbers or numbers["goodput"] is None else f"{numbers['goodput'] * 100:.1f}%"
+
+
+def _time_text(times: dict[str, Any]) -> str:
+    steps = f" ({times['retrained_steps']} steps)" if times["retrained_steps"] else ""
+    return (f"    time: lost {times['lost_s']:.0f}s = queue {times['queue_s']:.0f}s + start-up {times['startup_s']:.0f}s"
+            f" + retrained {times['retrained_s']:.0f}s{steps} + stopping {times['stopping_s']:.0f}s;"
+            f" training {times['training_s']:.0f}s, {times['new_steps']} new steps")
 
 
 def _clock(stamp: float | None) -> str:
@@ -47,7 +66,9 @@ def _clock(stamp: float | None) -> str:
 def _print(info: dict[str, Any]) -> None:
     print(f"job {info['job_id']} {info['name'] or ''}: {info['state']} (from {info['source']})"
           f"  nodes={info['nodes'] or '-'} restarts={info['restarts']}"
-          + (f" reason={info['reason']}" if info["reason"] and info["reason"] != "None" else ""))
+          + (f" reason={info['reason']}" if info["reason"] and info["reason"] != "None" else "")
+          + (f" goodput={goodput_text(info['goodput'])}" if info.get("goodput") else ""))
+    times = {t["attempt"]: t for t in info.get("attempt_times", [])}
     for attempt in info["attempts"]:
         last = attempt["stopped_at_step"] or attempt["last_step"] or attempt["trained_step"]
         steps = f" steps {attempt['first_step'] or '-'}..{last or '-'}"
@@ -61,6 +82,8 @@ def _print(info: dict[str, Any]) -> None:
         print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
               f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
               f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
+        if attempt["attempt"] in times:
+            print(_time_text(times[attempt["attempt"]]))
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:

@@ -215,3 +215,22 @@ def test_s3_transfer_paths(s3_env, tmp_path, monkeypatch, fast):
         download_many(store, [("step-1/nope.distcp", str(tmp_path / "x"), None)])
     assert "\n" not in str(e.value) and s3_env.access_key not in str(e.value)
     assert result.step == 1
+
+
+def test_list_of_a_restored_folder_reads_its_commit_record(tmp_path, monkeypatch, capsys):
+    """A folder made by `ckpt restore` has the commit record but no receipts or catalog entry:
+    its world size and time are the record's, not `?` and the time of the restore."""
+    remote = str(tmp_path / "remote")
+    _commit_steps(remote, tmp_path / "local", [7], world_size=3)
+    store = open_store(remote)
+    committed = Manifest.from_json(store.cat(layout.commit_path(7)))
+    committed.committed_at = "2024-01-02T03:04:05Z"  # an old commit: not the time of the restore below
+    _overwrite(store, layout.commit_path(7), committed.to_json())
+    restore(store, str(tmp_path / "dest"))
+
+    [info] = list_checkpoints(open_store(str(tmp_path / "dest")))
+    assert (info.step, info.complete, info.world_size, info.files) == (7, True, 3, 4)
+    assert info.to_dict()["time"] == "2024-01-02T03:04:05Z"
+    assert ckpt_main(["ckpt", "list", str(tmp_path / "dest")]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:7] == ["7", "complete", "2024-01-02", "03:04:05", "12.0", "KiB", "4"] and row[7] == "3"

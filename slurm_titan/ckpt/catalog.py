@@ -3,8 +3,9 @@
 ``list_checkpoints`` takes a constant number of LIST requests however many checkpoints the
 location holds: one listing of the root (the ``step-N/`` folders) and one of the catalog
 (entries whose names carry each committed checkpoint's world size, file count and bytes).
-Only a step folder without a catalog entry (an upload in progress or interrupted, or a plain
-torchtitan folder) costs one more listing of that folder.
+Only a step folder without a catalog entry (an upload in progress or interrupted, a plain
+torchtitan folder, or one made by ``restore``) costs one more listing of that folder, and one
+read of its commit record if it has one.
 
 A checkpoint is complete only if its commit record exists. ``restore`` never restores an
 incomplete one, verifies every checksum while downloading, and -- asked for the newest --
@@ -13,6 +14,7 @@ falls back to the previous complete checkpoint when the newest turns out corrupt
 
 from __future__ import annotations
 
+import calendar
 import logging
 import os
 import shutil
@@ -127,7 +129,8 @@ def _inspect_step(store: Store, step: int, where: str) -> CheckpointInfo | None:
     newest = max((e.mtime or 0 for e in entries), default=0) or None
     size = sum(e.size for e in data)
     if commit is not None:
-        return CheckpointInfo(step, True, commit.mtime, size, len(data), len(receipts) or None, where,
+        world_size, committed = _commit_facts(store, step)
+        return CheckpointInfo(step, True, committed or commit.mtime, size, len(data), world_size, where,
                               detail="no catalog entry")
     if receipts:
         detail = f"{len(receipts)} rank receipt(s); upload in progress or interrupted"
@@ -136,6 +139,22 @@ def _inspect_step(store: Store, step: int, where: str) -> CheckpointInfo | None:
     else:
         detail = "no commit record"
     return CheckpointInfo(step, False, newest, size, len(data), None, where, detail=detail)
+
+
+def _commit_facts(store: Store, step: int) -> tuple[int | None, float | None]:
+    """World size and commit time from a step's commit record: a folder made by ``restore`` has the
+    record but neither receipts nor catalog, and its files' times are the restore's.
+    (None, None) if the record is unreadable (``verify``/``restore`` then say why)."""
+    try:
+        m = read_manifest(store, step)
+    except StorageError as e:
+        log.warning("%s", e)
+        return None, None
+    try:
+        committed = float(calendar.timegm(time.strptime(m.committed_at, "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        committed = None
+    return m.world_size, committed
 
 
 def newest_complete(infos: list[CheckpointInfo]) -> CheckpointInfo | None:
