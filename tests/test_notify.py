@@ -140,6 +140,16 @@ def test_a_silent_endpoint_is_tried_twice_then_one_warning(monkeypatch: pytest.M
                   "no answer within 1 s\n"
 
 
+def test_send_stops_waiting_at_its_deadline(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    never = threading.Event()
+    monkeypatch.setattr(notify, "_post", lambda *args: never.wait())
+    monkeypatch.setattr(notify, "deadline_s", lambda spec: 0.05)
+    notify.send("failed", JOB, "", spec_for(monkeypatch, "json", f"http://127.0.0.1:9/{SECRET}"))
+    never.set()
+    assert capsys.readouterr().err.endswith("'failed' not delivered: no answer within 0.05 s\n")
+
+
 def test_a_refused_connection_is_one_warning(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     with socket.create_server(("127.0.0.1", 0)) as probe:

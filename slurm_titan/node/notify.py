@@ -88,8 +88,8 @@ def send(event: str, job: JobRef, details: str, spec: NotifySpec | None) -> None
     if event not in EVENTS:  # a caller's bug: still never a failure of the run
         _warn(f"unknown event {event!r} (events are {', '.join(EVENTS)}); not sent")
         return
-    hooks = [hook for hook in (spec.webhooks if spec else []) if event in hook.events]
-    if not hooks:
+    hooks = [hook for hook in spec.webhooks if event in hook.events] if spec else []
+    if not spec or not hooks:
         return
     text = f"slurm-titan: {job.name} (job {job.id}): {event}" + (f": {details}" if details else "")
     fields = {"source": "slurm-titan", "event": event, "job_id": job.id, "job_name": job.name,
