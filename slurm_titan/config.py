@@ -20,6 +20,7 @@ import yaml
 
 from slurm_titan.ckpt.background import parse_cpu_list
 from slurm_titan.errors import ConfigError
+from slurm_titan.notify_config import NotifySpec, check_notify
 from slurm_titan.npu_env import NpuSpec, check_npu
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
@@ -176,6 +177,7 @@ class JobConfig:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
     timeouts: TimeoutSpec = field(default_factory=TimeoutSpec)
+    notify: NotifySpec = field(default_factory=NotifySpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
 
@@ -319,6 +321,7 @@ def _validate(config: JobConfig) -> None:
         raise ConfigError(where, "checkpoint.expected_size_gb",
                           f"must be >= 1, got {config.checkpoint.expected_size_gb}")
     _check_gres(config)
+    check_notify(where, config.notify, config.environment.env)
     for key in ("startup_s", "collective_s"):
         if getattr(config.timeouts, key) < 1:
             raise ConfigError(where, f"timeouts.{key}", f"must be >= 1, got {getattr(config.timeouts, key)}")

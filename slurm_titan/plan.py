@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from slurm_titan.config import JobConfig, time_limit_minutes
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.preemption import STOP_SIGNALS
+from slurm_titan.notify_config import submit_warnings
 from slurm_titan.templating import export_lines, render
 
 JOB_ID = "{job_id}"
@@ -282,6 +284,10 @@ def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str])
     parameters |= {key: value for key, value in optional.items() if value is not None}
     if slurm.exclusive:
         parameters["exclusive"] = True
+    if mail_type := config.notify.mail_type():  # Slurm's own mail (sbatch --mail-type/--mail-user)
+        parameters["mail_type"] = mail_type
+        if config.notify.mail.user:
+            parameters["mail_user"] = config.notify.mail.user
     parameters["additional_parameters"] = {"requeue": True, "no_kill": True} | slurm.extra
     return parameters
 
@@ -294,6 +300,13 @@ def _exports(env: dict[str, str]) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def _warn_notify(config: JobConfig) -> None:
+    """One warning per webhook whose URL the job may not get (its variable's value stays out of the plan)."""
+    export = config.slurm.extra.get("export")
+    for line in submit_warnings(config.source, config.notify, os.environ, None if export is None else str(export)):
+        print(f"slurm-titan: WARNING: {line}", file=sys.stderr)
+
+
 def plan_job(config: JobConfig) -> JobPlan:
     """Check what can be checked before submitting and build the plan. Raises ConfigError."""
     _check_torchtitan(config)
@@ -304,7 +317,8 @@ def plan_job(config: JobConfig) -> JobPlan:
     overrides = default_overrides(config) + config.torchtitan.override_imports
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
     node_prefix, npu_vars = npu_env.node_setup(config, DUMP_FOLDER.replace(JOB_DIR, job_dir))
-    node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | env.env
+    node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | config.notify.node_env() | env.env
+    _warn_notify(config)
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
                    env_exports=_exports(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
                    stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS),
