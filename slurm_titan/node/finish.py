@@ -30,7 +30,7 @@ from pathlib import Path
 from slurm_titan import history, ledger, slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node import allocation, attribution, failure_kinds, progress, step_watch
+from slurm_titan.node import allocation, attribution, failure_kinds, notify, progress, step_watch
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 from slurm_titan.node.supervisor import node_report_path, say
@@ -129,8 +129,8 @@ def run_so_far(job_dir: Path, attempt: int, requeues: int) -> RunSoFar:
 
 def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, args: argparse.Namespace,
              env: dict[str, str]) -> tuple[Outcome, int]:
-    """Decide what follows `attempt`, leave out the node it blames if it should, record the end.
-    Returns the outcome and the attempt's exit code."""
+    """Decide what follows `attempt`, leave out the node it blames if it should, record the end and
+    send its alert. Returns the outcome and the attempt's exit code."""
     code = attempt_exit_code(job_dir, attempt.number, len(attempt.hosts), srun_exit_code)
     near_limit = code == PREEMPTED_EXIT_CODE and near_time_limit(job_id, args.signal_seconds)
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
@@ -138,33 +138,46 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
                                                         args.max_failures_without_progress))
     failure, excluded = None, []
     if code not in (0, PREEMPTED_EXIT_CODE, PREFLIGHT_EXIT_CODE):
-        allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
-        unhealthy = _unhealthy(allocated)
-        reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))
-        silent = attribution.silent_nodes(reports, attempt.hosts)
-        lost = {host for host in silent if host in unhealthy}
-        lost |= allocation.probe_failures([host for host in silent if host not in unhealthy])
-        unhealthy |= lost
-        failure = attribution.first_failure(reports, attempt.hosts, lost)
-        if failure:
-            failure = attribution.classified(failure, job_dir)
-            left_out = set(allocation.read_excluded(job_dir))
-            spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
-            culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
-            if outcome.action != STOP and (why := attribution.exclusion_reason(failure, spare, culprits)):
-                allocation.exclude(job_dir, failure.host, why)
-                excluded = [failure.host]
-                say(f"left out {failure.host} for the rest of the run: {why}")
-            ledger.record_failure(failure.host, job_id, failure.fault or failure_kinds.UNKNOWN, failure.describe(),
-                                  bool(excluded), env)
+        failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
                          action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
                          culprit=failure and failure.host, excluded=excluded,
                          trained_step=progress.read_trained_step(job_dir, attempt.number), progressed=run.progressed)
-    say(f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
-        + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else "")
-        + {STOP: "", RESTART: "; restarting", REQUEUE: "; requeueing"}[outcome.action])
+    summary = (f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
+               + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else ""))
+    say(summary + {STOP: "", RESTART: "; restarting", REQUEUE: "; requeueing"}[outcome.action])
+    if event := notify.outcome_event(outcome):
+        notify.send(event, notify.JobRef.from_env(env), summary, notify.spec_from_env(env))
     return outcome, code
+
+
+def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
+          env: dict[str, str]) -> tuple[attribution.NodeFailure | None, list[str]]:
+    """The failure of `attempt` and its node (a lost node found by probing the silent ones), with the kind
+    its log shows; that node is left out when it should be, and the cluster's node ledger records it."""
+    allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
+    unhealthy = _unhealthy(allocated)
+    reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))
+    silent = attribution.silent_nodes(reports, attempt.hosts)
+    lost = {host for host in silent if host in unhealthy}
+    lost |= allocation.probe_failures([host for host in silent if host not in unhealthy])
+    unhealthy |= lost
+    failure = attribution.first_failure(reports, attempt.hosts, lost)
+    if failure is None:
+        return None, []
+    failure = attribution.classified(failure, job_dir)
+    left_out = set(allocation.read_excluded(job_dir))
+    spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
+    culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
+    excluded = []
+    if outcome.action != STOP and (why := attribution.exclusion_reason(failure, spare, culprits)):
+        allocation.exclude(job_dir, failure.host, why)
+        excluded = [failure.host]
+        say(f"left out {failure.host} for the rest of the run: {why}")
+        notify.send("node excluded", notify.JobRef.from_env(env), f"{failure.host}: {why}", notify.spec_from_env(env))
+    ledger.record_failure(failure.host, job_id, failure.fault or failure_kinds.UNKNOWN, failure.describe(),
+                          bool(excluded), env)
+    return failure, excluded
 
 
 def _unhealthy(hosts: list[str]) -> set[str]:
@@ -234,9 +247,13 @@ def requeue_job(job_dir: Path, job_id: str, attempt: int) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         say(f"ERROR: {error}")
         history.append_event(job_dir, "requeue-failed", attempt, error=str(error))
+        notify.send("failed", notify.JobRef.from_env(os.environ), f"after attempt {attempt}: {error}",
+                    notify.spec_from_env(os.environ))
         return REQUEUE_FAILED_EXIT_CODE
     if excluded := sorted(allocation.read_excluded(job_dir)):
         exclude_from_pending_job(job_id, excluded)
+    notify.send("requeued", notify.JobRef.from_env(os.environ), f"after attempt {attempt}",
+                notify.spec_from_env(os.environ))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)  # end as the requeue meant this shell to end
     time.sleep(60)  # never report an exit code of our own
