@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from slurm_titan import history, registry, slurm
 from slurm_titan.errors import SlurmTitanError
+from slurm_titan.logs import stacks_folder
 
 
 def _state_from_history(attempts: list[history.Attempt]) -> str:
@@ -61,6 +63,9 @@ def _print(info: dict[str, Any]) -> None:
         print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
               f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
               f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
+        if (attempt["cause"] or "").startswith("hung on ") and info["job_dir"]:
+            print(f"    stacks: slurm-titan logs {info['job_id']} --stacks "
+                  f"({stacks_folder(Path(info['job_dir']), attempt['attempt'])})")
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:

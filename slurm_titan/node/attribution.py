@@ -1,9 +1,13 @@
 """Which node an attempt's failure belongs to, and whether that node is left out (runs in the batch shell).
 
 Every node supervisor reports its ranks' exit codes and the first failure it saw, with the time
-(`attempts/<A>/node-<N>.json`). The attempt's failure is the earliest of them: the rank that died
-first, not the peers that died after it in a collective. A node without a report that Slurm no
-longer answers for was lost. Pure functions over those reports, unit-tested on recorded ones.
+(`attempts/<A>/node-<N>.json`), or the hang its watchdog saw. The attempt's failure is the earliest of
+them: the rank that died first, not the peers that died after it in a collective. A crash seen before
+any node's watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang
+of the rank that stopped making progress first is blamed (node.watchdog.culprit_key: a rank that does
+not run at all, then one that does not wait in a collective, then the earliest `since`); the crashes
+after it are the kill's consequences. A node without a report that Slurm no longer answers for was
+lost. Pure functions over those reports, unit-tested on recorded ones.
 """
 
 from __future__ import annotations
@@ -13,22 +17,29 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_titan.node.watchdog import culprit_key
+
 LOST = "lost"
 CRASHED = "crashed"
+HUNG = "hung"
 
 
 @dataclass(frozen=True)
 class NodeFailure:
-    """The first failure of an attempt: a rank that crashed on `host`, or `host` lost whole."""
+    """The first failure of an attempt: a rank that crashed or hung on `host`, or `host` lost whole."""
 
     host: str
-    kind: str  # CRASHED | LOST
+    kind: str  # CRASHED | HUNG | LOST
     rank: int | None = None
     exit_code: int | None = None
+    step: int | None = None  # HUNG: the step it was in, and the phase
+    phase: str | None = None
 
     def describe(self) -> str:
         if self.kind == LOST:
             return f"node {self.host} lost"
+        if self.kind == HUNG:
+            return f"hung on {self.host} rank {self.rank} at step {self.step} ({self.phase})"
         return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}"
 
 
@@ -58,9 +69,17 @@ def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
 
 
 def first_failure(reports: dict[int, dict], hosts: list[str], unhealthy: set[str]) -> NodeFailure | None:
-    """The earliest rank failure any node saw; else a node that sent no report and Slurm calls unhealthy."""
+    """The earliest rank failure any node saw (a crash before any hang was seen, else the stuck rank's
+    hang); else a node that sent no report and Slurm calls unhealthy."""
+    hangs = [(node, report["hang"]) for node, report in reports.items() if report.get("hang")]
+    first_hang_seen = min((hang["time"] for _, hang in hangs), default=float("inf"))
     seen = [(report["first_failure"]["time"], node, report["first_failure"])
-            for node, report in reports.items() if report.get("first_failure")]
+            for node, report in reports.items()
+            if report.get("first_failure") and report["first_failure"]["time"] < first_hang_seen]
+    if hangs and not seen:
+        node, hang = min(hangs, key=lambda item: culprit_key(item[1]))
+        return NodeFailure(reports[node].get("host") or hosts[node], HUNG, int(hang["rank"]),
+                           step=int(hang["step"]), phase=str(hang["phase"]))
     if seen:
         _, node, failure = min(seen, key=lambda item: item[0])
         return NodeFailure(reports[node].get("host") or hosts[node], CRASHED, int(failure["rank"]),
