@@ -110,23 +110,22 @@ class Watchdog:
 
     def first_view(self, pids: dict[int, int], now: float) -> Hang:
         """The node's culprit from the records and process states alone (before the stacks are taken)."""
-        return self._culprit(pids, now, {})
+        return self._culprit(self.read(), {rank: stacks.process_state(pid) for rank, pid in pids.items()}, now, {})
 
     def investigate(self, pids: dict[int, int], now: float) -> Hang:
-        """Dump every rank's stacks, then name the culprit with them."""
-        states = {rank: stacks.process_state(pid) for rank, pid in pids.items()}  # before a dump may wake one
+        """Dump every rank's stacks, then name the culprit with them (and with the records and process
+        states from before the dump: the faulthandler fallback wakes a stopped rank, which then runs on)."""
+        progress, states = self.read(), {rank: stacks.process_state(pid) for rank, pid in pids.items()}
         taken = self.dumper.dump(pids, self.stacks_dir)
         self.say(f"watchdog: stacks of ranks {','.join(map(str, sorted(taken)))} in {self.stacks_dir} "
                  f"(by {self.dumper.method}{': ' + self.dumper.why if self.dumper.why else ''})")
-        return self._culprit(pids, now, taken, states)
+        return self._culprit(progress, states, now, taken)
 
-    def _culprit(self, pids: dict[int, int], now: float, taken: dict[int, str],
-                 states: dict[int, str] | None = None) -> Hang:
-        progress = self.read()
+    def _culprit(self, progress: dict[int, Progress], states: dict[int, str], now: float,
+                 taken: dict[int, str]) -> Hang:
         views = []
-        for rank, pid in pids.items():
+        for rank, state in states.items():
             record = progress.get(rank) or Progress(progress_record.Phase.STARTUP, 0, self.armed_at or now)
-            state = (states or {}).get(rank) or stacks.process_state(pid)
             views.append(Hang(rank, record.step, record.phase.label, max(record.since, self.armed_at or 0.0), now,
                               self.limits.for_progress(record, self.learned) or 0.0, state, stacks.frozen(state),
                               stacks.in_collective(taken[rank]) if rank in taken else None))
