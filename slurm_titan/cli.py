@@ -50,6 +50,8 @@ def _runs(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from slurm_titan import logs
 
+    if args.stacks:
+        return logs.show_stacks(args.job)
     return logs.show(args.job, rank=args.rank, follow=args.follow)
 
 
@@ -108,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("job", help="job id")
     logs.add_argument("--rank", type=int, help="one training rank's log (default: the node logs)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    logs.add_argument("--stacks", action="store_true",
+                      help="the ranks' stacks the watchdog took on a hang (newest attempt that has them)")
     logs.set_defaults(handler=_logs)
 
     nodes = commands.add_parser("nodes", help="the node ledger: failures per node on this cluster, and the "

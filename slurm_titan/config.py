@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -151,7 +152,8 @@ class TimeoutSpec:
     collective after that (it must outlast the longest stall of one rank while the others wait, such as a
     synchronous checkpoint save: a 70B checkpoint is ~850 GB, ~106 GB per node on 8 nodes).
 
-    Derived together, in this order of firing: torch's process-group watchdog (torchtitan's
+    Derived together, in this order of firing: slurm-titan's progress watchdog (`watchdog`, below) first, so
+    that the ranks' stacks are taken while every rank still exists; then torch's process-group watchdog (torchtitan's
     `comm.init_timeout_seconds` = startup_s, then `comm.train_timeout_seconds` = collective_s) fires first and,
     on NPU, dumps HCCL's flight recorder (TORCH_HCCL_DUMP_ON_TIMEOUT) and tears the process down;
     HCCL_EXEC_TIMEOUT, the device-side wait, is max(startup_s, collective_s) + 120 s, so it fires only if the
@@ -163,6 +165,38 @@ class TimeoutSpec:
 
     startup_s: int = 1800
     collective_s: int = 1200
+
+
+WATCHDOG_MARGIN_S = 60
+"""How much sooner than torch's process-group timeout every watchdog budget must end: the time to notice
+(one poll), dump every rank's stacks and write the node report while the peers still wait."""
+
+
+@dataclass
+class WatchdogSpec:
+    """The node supervisor's progress watchdog (slurm_titan.node.watchdog): a rank that makes no progress
+    within its phase's budget is a hang; its node's stacks are dumped, its ranks killed, the attempt recovered.
+
+    Budgets, in seconds: `startup_s` (process start to the restore), `restore_s` (the checkpoint load), the
+    `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
+    the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
+    checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue).
+
+    Order of firing (checked here): a budget ends at least WATCHDOG_MARGIN_S before the torch process-group
+    timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
+    `timeouts.collective_s` for steps (the learned budget is capped there) and saves. The final upload has no
+    peer waiting in a collective. Off (`enable: false`), a hang lasts until those timeouts fire. The ranks
+    tell their progress from the checkpoint hook: without `checkpoint.enable` there is no watchdog either.
+    """
+
+    enable: bool = True
+    startup_s: int = 900
+    restore_s: int = 900
+    first_step_s: int = 900
+    step_floor_s: int = 60
+    step_factor: int = 3
+    save_s: int = 600
+    upload_s: int = 1800
 
 
 @dataclass
@@ -178,6 +212,7 @@ class JobConfig:
     preemption: PreemptionSpec = field(default_factory=PreemptionSpec)
     timeouts: TimeoutSpec = field(default_factory=TimeoutSpec)
     notify: NotifySpec = field(default_factory=NotifySpec)
+    watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
 
@@ -331,6 +366,7 @@ def _validate(config: JobConfig) -> None:
     if config.environment.device == "npu":
         check_npu(config)
         _check_npu_torchtitan(config)
+    _check_watchdog(config)
     for key in ("module", "config"):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):
             raise ConfigError(where, f"torchtitan.{key}", f"{getattr(config.torchtitan, key)!r} is not a Python name")
@@ -354,6 +390,34 @@ def _check_remote(where: str, remote: str) -> None:
                                                           "(fsspec knows s3://, gs://, file://, ...; or give a shared path)")
         if protocol.lower() in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0]:
             raise ConfigError(where, "checkpoint.remote", f"{remote!r} names no bucket: write {protocol}://BUCKET/prefix")
+
+
+_WATCHDOG_LIMITS = {"startup_s": "startup_s", "restore_s": "startup_s", "first_step_s": "startup_s",
+                    "step_floor_s": "collective_s", "save_s": "collective_s"}
+"""Each watchdog budget and the torch timeout (a `timeouts` key) its peers wait under meanwhile."""
+
+
+def _check_watchdog(config: JobConfig) -> None:
+    """Positive budgets that end before the torch timeouts (see WatchdogSpec); with the watchdog off and
+    timeouts that outlast the job, one warning: a hang then holds the nodes until the time limit."""
+    where, watchdog, timeouts = config.source, config.watchdog, config.timeouts
+    for field_ in dataclasses.fields(WatchdogSpec):
+        value = getattr(watchdog, field_.name)
+        if field_.name != "enable" and value < 1:
+            raise ConfigError(where, f"watchdog.{field_.name}", f"must be >= 1, got {value}")
+    if not watchdog.enable:
+        limit_s = time_limit_minutes(config.slurm.time) * 60
+        longest = max(timeouts.startup_s, timeouts.collective_s)
+        if longest >= limit_s:
+            print(f"slurm-titan: WARNING: {where}: watchdog.enable is false and timeouts ({longest} s) outlast "
+                  f"slurm.time {config.slurm.time}: a hang holds the nodes until the time limit", file=sys.stderr)
+        return
+    for key, timeout_key in _WATCHDOG_LIMITS.items():
+        budget, timeout = getattr(watchdog, key), getattr(timeouts, timeout_key)
+        if budget + WATCHDOG_MARGIN_S > timeout:
+            raise ConfigError(where, f"watchdog.{key}",
+                              f"{budget} s must end {WATCHDOG_MARGIN_S} s before timeouts.{timeout_key} ({timeout} s), "
+                              "so that the watchdog takes the stacks before torch's timeout kills the ranks")
 
 
 def _check_gres(config: JobConfig) -> None:

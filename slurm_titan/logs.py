@@ -1,4 +1,5 @@
-"""`slurm-titan logs`: a job's node logs (submitit's per-task files) or one rank's log, optionally followed.
+"""`slurm-titan logs`: a job's node logs (submitit's per-task files) or one rank's log, optionally followed;
+with `--stacks`, the ranks' stacks the watchdog took on a hang (the newest attempt that has them).
 
 Followed without `--rank`, the node logs come with training's progress: each step's loss /
 throughput line of rank 0 (torchtitan's `MetricsProcessor.log`, `step: N  loss: ...  tps: ...`),
@@ -83,6 +84,31 @@ class Follower:
             progress_rank, tail = self.progress
             out.append(progress_lines(tail.read(), progress_rank))
         return "".join(out)
+
+
+def stacks_folder(job_dir: Path, attempt: int) -> Path:
+    """Where the watchdog leaves the stacks of attempt `attempt` (node.watchdog)."""
+    return job_dir / "attempts" / str(attempt) / "stacks"
+
+
+def newest_stacks(job_dir: Path) -> list[Path]:
+    """The stack files of the newest attempt that has any, by rank."""
+    folders = [folder for folder in (job_dir / "attempts").glob("*/stacks") if folder.parent.name.isdigit()]
+    for folder in sorted(folders, key=lambda f: int(f.parent.name), reverse=True):
+        if files := sorted(folder.glob("rank-*.txt"), key=lambda p: int(p.stem.partition("-")[2] or 0)):
+            return files
+    return []
+
+
+def show_stacks(job_id: str) -> int:
+    record = registry.load(job_id)
+    files = newest_stacks(record.folder)
+    if not files:
+        raise SlurmTitanError(f"no stacks for job {job_id} in {record.job_dir}: the watchdog saw no hang")
+    for path in files:
+        sys.stdout.write(f"==> attempt {path.parent.parent.name} {path.stem} ({path}) <==\n"
+                         + path.read_text(errors="replace").rstrip("\n") + "\n")
+    return 0
 
 
 def _finished(job_id: str) -> bool:

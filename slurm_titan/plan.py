@@ -20,9 +20,10 @@ from typing import Any
 from submitit.slurm.slurm import _make_sbatch_string
 
 from slurm_titan import npu_env, titan_registry
-from slurm_titan.config import JobConfig, time_limit_minutes
+from slurm_titan.config import WATCHDOG_MARGIN_S, JobConfig, time_limit_minutes
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
+from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.preemption import STOP_SIGNALS
 from slurm_titan.notify_config import submit_warnings
 from slurm_titan.templating import export_lines, render
@@ -78,6 +79,7 @@ class NodeSpec:
     rank_argv: tuple[str, ...]
     checkpoint: CheckpointPlan | None = None
     preflight: DoctorExpectations | None = None
+    watchdog: Budgets | None = None
 
     def fill(self, text: str, job_id: str) -> str:
         """`text` with this job's id and folder filled in."""
@@ -255,6 +257,17 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
                           config_digest(config), ckpt.upload_cpus)
 
 
+def _watchdog_budgets(config: JobConfig) -> Budgets | None:
+    """The watchdog's budgets, when it is on: the ranks tell their progress from the checkpoint hook, so
+    a job without checkpoints has no watchdog (its hangs end at the torch timeouts)."""
+    watchdog = config.watchdog
+    if not (watchdog.enable and config.checkpoint.enable):
+        return None
+    return Budgets(watchdog.startup_s, watchdog.restore_s, watchdog.first_step_s, watchdog.step_floor_s,
+                   watchdog.step_factor, watchdog.save_s, watchdog.upload_s,
+                   config.timeouts.collective_s - WATCHDOG_MARGIN_S)
+
+
 def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:
     policy = config.preemption
     return render("node_teardown.sh.tmpl", python=shlex.quote(python),
@@ -331,6 +344,7 @@ def plan_job(config: JobConfig) -> JobPlan:
         port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
         rank_argv=rank_argv, checkpoint=checkpoint,
         preflight=DoctorExpectations.from_config(config, checkpoint.local if checkpoint else None),
+        watchdog=_watchdog_budgets(config),
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
     return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node,

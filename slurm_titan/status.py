@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from slurm_titan import goodput, history, registry, slurm
 from slurm_titan.errors import SlurmTitanError
+from slurm_titan.logs import stacks_folder
 
 
 def _state_from_history(attempts: list[history.Attempt]) -> str:
@@ -84,6 +86,9 @@ def _print(info: dict[str, Any]) -> None:
               f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
         if attempt["attempt"] in times:
             print(_time_text(times[attempt["attempt"]]))
+        if (attempt["cause"] or "").startswith("hung on ") and info["job_dir"]:
+            print(f"    stacks: slurm-titan logs {info['job_id']} --stacks "
+                  f"({stacks_folder(Path(info['job_dir']), attempt['attempt'])})")
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:

@@ -79,12 +79,12 @@ def test_torchtitan_comm_and_debug_options_reach_hccl(tmp_path: Path) -> None:
 
 def test_timeouts_fire_in_order_from_one_section(tmp_path: Path) -> None:
     """torch's watchdog (torchtitan comm timeouts) before HCCL's device-side wait; connect = start-up budget."""
-    config = config_with(tmp_path, ("timeouts.startup_s", 600), ("timeouts.collective_s", 900))
+    config = config_with(tmp_path, ("timeouts.startup_s", 1500), ("timeouts.collective_s", 900))
     variables = npu_variables(config, DUMP)
-    assert variables["HCCL_CONNECT_TIMEOUT"] == "600"
-    assert int(variables["HCCL_EXEC_TIMEOUT"]) > max(600, 900)
+    assert variables["HCCL_CONNECT_TIMEOUT"] == "1500"
+    assert int(variables["HCCL_EXEC_TIMEOUT"]) > max(1500, 900)
     argv = plan_job(config).node.rank_argv
-    assert argv[argv.index("--comm.init-timeout-seconds") + 1] == "600"
+    assert argv[argv.index("--comm.init-timeout-seconds") + 1] == "1500"
     assert argv[argv.index("--comm.train-timeout-seconds") + 1] == "900"
 
 

@@ -1,9 +1,14 @@
 """Which node an attempt's failure belongs to, and whether that node is left out (runs in the batch shell).
 
 Every node supervisor reports its ranks' exit codes and the first failure it saw, with the time
-(`attempts/<A>/node-<N>.json`). The attempt's failure is the earliest of them: the rank that died
-first, not the peers that died after it in a collective. A node without a report that does not
-answer (Slurm calls it down, or a probe step cannot run on it) was lost, and comes before any crash. Pure functions over those reports, unit-tested on recorded ones.
+(`attempts/<A>/node-<N>.json`), or the hang its watchdog saw. A node without a report that does not
+answer (Slurm calls it down, or a probe step cannot run on it) was lost, and comes first: its peers'
+ranks fail or hang because it vanished. Else the attempt's failure is the earliest crash: the rank
+that died first, not the peers that died after it in a collective. A crash seen before any node's
+watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
+rank that stopped making progress first is blamed (node.watchdog.culprit_key: a rank that does not run
+at all, then one that does not wait in a collective, then the earliest `since`); the crashes after it
+are the kill's consequences. Pure functions over those reports, unit-tested on recorded ones.
 """
 
 from __future__ import annotations
@@ -15,25 +20,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_titan.node import failure_kinds
+from slurm_titan.node.watchdog import culprit_key
 
 LOST = "lost"
 CRASHED = "crashed"
+HUNG = "hung"
 
 
 @dataclass(frozen=True)
 class NodeFailure:
-    """The first failure of an attempt: a rank that crashed on `host`, or `host` lost whole."""
+    """The first failure of an attempt: a rank that crashed or hung on `host`, or `host` lost whole."""
 
     host: str
-    kind: str  # CRASHED | LOST
+    kind: str  # CRASHED | HUNG | LOST
     rank: int | None = None
     exit_code: int | None = None
+    step: int | None = None  # HUNG: the step it was in, and the phase
+    phase: str | None = None
     fault: str | None = None  # the failure kind its rank log shows (failure_kinds), once classified
     evidence: str | None = None  # the log line that shows it
 
     def describe(self) -> str:
         if self.kind == LOST:
             return f"node {self.host} lost"
+        if self.kind == HUNG:
+            return f"hung on {self.host} rank {self.rank} at step {self.step} ({self.phase})"
         shown = f" ({self.fault}: {self.evidence!r})" if self.evidence else ""
         return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}{shown}"
 
@@ -69,12 +80,19 @@ def silent_nodes(reports: dict[int, dict], hosts: list[str]) -> list[str]:
 
 
 def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) -> NodeFailure | None:
-    """A node of the attempt that was lost (`lost`: silent and not answering), else the earliest rank failure
-    any node saw. A lost node comes first: its peers' ranks fail because it vanished."""
+    """A node of the attempt that was lost (`lost`: silent and not answering), else the earliest rank
+    failure any node saw (a crash before any hang was seen, else the stuck rank's hang)."""
     if gone := [host for host in silent_nodes(reports, hosts) if host in lost]:
         return NodeFailure(gone[0], LOST)
+    hangs = [(node, report["hang"]) for node, report in reports.items() if report.get("hang")]
+    first_hang_seen = min((hang["time"] for _, hang in hangs), default=float("inf"))
     seen = [(report["first_failure"]["time"], node, report["first_failure"])
-            for node, report in reports.items() if report.get("first_failure")]
+            for node, report in reports.items()
+            if report.get("first_failure") and report["first_failure"]["time"] < first_hang_seen]
+    if hangs and not seen:
+        node, hang = min(hangs, key=lambda item: culprit_key(item[1]))
+        return NodeFailure(reports[node].get("host") or hosts[node], HUNG, int(hang["rank"]),
+                           step=int(hang["step"]), phase=str(hang["phase"]))
     if seen:
         _, node, failure = min(seen, key=lambda item: item[0])
         return NodeFailure(reports[node].get("host") or hosts[node], CRASHED, int(failure["rank"]),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slurm_titan.node import preemption
+from slurm_titan.node import preemption, progress_record, stacks
 
 
 def prepare_device(device: str) -> None:
@@ -28,6 +28,8 @@ def prepare_device(device: str) -> None:
 
 def main() -> None:
     preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing
+    stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
+    progress_record.enter(progress_record.Phase.STARTUP)
     prepare_device(os.environ.get("SLURM_TITAN_DEVICE", "npu"))
     from torchtitan.train import main as torchtitan_main
 

@@ -3,11 +3,14 @@
 It derives the rendezvous from Slurm's variables, starts one training process per device with
 RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, streams each rank's output to
 `<job>/logs/rank-R.log`, passes Slurm's warning signals on to the ranks, stops the node's other
-ranks when one fails, and reports the node's outcome to `<job>/attempts/<A>/node-<N>.json` for
-the batch script's final decision (`slurm_titan.node.finish`).
+ranks when one fails, watches their progress (`slurm_titan.node.watchdog`: a rank without progress
+within its phase's budget is a hang: the node's stacks are dumped and its ranks killed), and reports
+the node's outcome to `<job>/attempts/<A>/node-<N>.json` for the batch script's final decision
+(`slurm_titan.node.finish`).
 
 Exit code: 0 when the ranks finished or checkpointed for a requeue (so srun's
-`--kill-on-bad-exit` does not cut short another node's upload), the failing rank's code otherwise.
+`--kill-on-bad-exit` does not cut short another node's upload), the failing rank's code otherwise,
+HANG_EXIT_CODE after a hang.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.report import format_table
 from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, STORAGE_EXIT_CODE
 from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, ignore_signals, take_stop_signals
+from slurm_titan.node.watchdog import HANG_EXIT_CODE, Hang, Watchdog
 from slurm_titan.plan import NodeSpec
 
 STOP_GRACE_S = 15.0
@@ -59,18 +63,22 @@ def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
 
 class RankGroup:
     """The training processes of this node. With `gated`, each rank's checkpoint hook waits on a
-    pipe (resume.wait_for_restore) until :meth:`release` says how the node's restore went."""
+    pipe (resume.wait_for_restore) until :meth:`release` says how the node's restore went. With a
+    `watchdog`, :meth:`wait` also ends on a hang (from the release on, or from the start ungated)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, log_dir: Path,
-                 gated: bool = False) -> None:
+                 gated: bool = False, watchdog: Watchdog | None = None) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
         self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
         self.gates: list[int] = []  # write ends of the ranks' pipes
+        self.watchdog, self.hang = watchdog, None
         for local_rank in range(rdzv.procs_per_node):
             rank_env = env | rdzv.process_env(local_rank)
             rank = int(rank_env["RANK"])
+            if watchdog:
+                rank_env |= watchdog.rank_env(rank)
             gate = os.pipe() if gated else None
             if gate:
                 rank_env[resume.RESTORE_FD_ENV] = str(gate[0])
@@ -81,6 +89,8 @@ class RankGroup:
             if gate:
                 os.close(gate[0])
             threading.Thread(target=self._time_exit, args=(rank,), name=f"rank-{rank}-waiter", daemon=True).start()
+        if watchdog and not gated:
+            watchdog.arm()
 
     def _time_exit(self, rank: int) -> None:
         """Block on one rank and note when it exited: the attribution compares these times across nodes,
@@ -97,6 +107,8 @@ class RankGroup:
                 os.write(fd, data)
             os.close(fd)
         self.gates.clear()
+        if self.watchdog:
+            self.watchdog.arm()
 
     def release_after(self, restore: Callable[[], dict[str, str]]) -> None:
         """Run `restore` (in a thread) while the ranks start, then :meth:`release` them with its
@@ -154,15 +166,36 @@ class RankGroup:
         """Each rank's exit code, None while it runs."""
         return {rank: process.poll() for rank, process in self.processes.items()}
 
-    def wait(self) -> dict[int, int]:
-        """Wait for every rank; on the first failure stop the others. Returns each rank's exit code."""
+    def wait(self, on_hang: Callable[[Hang], None] = lambda hang: None) -> dict[int, int]:
+        """Wait for every rank; on the first failure stop the others, on a hang (:meth:`_hung`) kill them.
+        Returns each rank's exit code."""
         while not (failure := first_failure(codes := self.poll())):
             if all(code is not None for code in codes.values()):
                 return codes  # type: ignore[return-value]
+            running = {rank for rank, code in codes.items() if code is None}
+            if self.watchdog and (late := self.watchdog.overdue(running)):
+                return self._hung(late, running, on_hang)
             time.sleep(POLL_S)
         self._note_failure(failure)
         say(f"rank {failure[0]} exited with code {failure[1]}; stopping the node's other ranks")
         self.stop()
+        return {rank: process.wait() for rank, process in self.processes.items()}
+
+
+    def _hung(self, late: list[int], running: set[int], on_hang: Callable[[Hang], None]) -> dict[int, int]:
+        """Name the node's culprit at once (`on_hang` writes it down: srun may end this supervisor soon,
+        when another node exits first), then dump the stacks, name it again with them, kill the ranks."""
+        assert self.watchdog is not None
+        now = time.time()
+        pids = {rank: self.processes[rank].pid for rank in sorted(running)}
+        self.hang = self.watchdog.first_view(pids, now)
+        say(f"watchdog: rank(s) {','.join(map(str, late))} made no progress within the budget: hang of rank "
+            f"{self.hang.rank} at step {self.hang.step} ({self.hang.phase}, no progress for "
+            f"{now - self.hang.since:.0f} s, budget {self.hang.budget_s:.0f} s, state {self.hang.state})")
+        on_hang(self.hang)
+        self.hang = self.watchdog.investigate(pids, now)
+        on_hang(self.hang)
+        self.kill()
         return {rank: process.wait() for rank, process in self.processes.items()}
 
 
@@ -227,11 +260,19 @@ class NodeSupervisor:
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
         if spec.checkpoint:
             env |= spec.checkpoint.rank_env(job_id)
-        self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs", gated=restoring)
+        watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
+                            learns=rdzv.node_rank == 0, say=say) if spec.watchdog else None
+        self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs", gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv.world_size, report)
-        rank_codes = self.ranks.wait()
-        self._finish(report, node_exit_code(rank_codes), rank_codes, self.ranks.failed_first)
+        try:
+            rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, HANG_EXIT_CODE, {}, None, hang))
+        finally:
+            if watchdog:
+                watchdog.close()
+        hang = self.ranks.hang
+        self._finish(report, HANG_EXIT_CODE if hang else node_exit_code(rank_codes), rank_codes,
+                     self.ranks.failed_first, hang)
 
     def _restore(self, job_id: str, world_size: int, report: Path) -> None:
         checkpoint, ranks = self.spec.checkpoint, self.ranks
@@ -244,14 +285,23 @@ class NodeSupervisor:
             self._finish(report, STORAGE_EXIT_CODE, {})
 
     @staticmethod
-    def _finish(report: Path, code: int, rank_codes: dict[int, int],
-                failed_first: dict[str, float | int] | None = None) -> None:
-        """Write the node's report for the batch script's decision (with the node's first failing rank,
-        its exit code and when it was seen, for the attribution); exit non-zero only on failure."""
+    def _report(report: Path, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None,
+                hang: Hang | None) -> None:
+        """Write the node's report for the batch script's decision: the node's first failing rank, its exit
+        code and when it was seen, or its hang (rank, step, phase, since, time), for the attribution.
+        Replaced at once (tmp + rename): a reader sees the old report or the new one."""
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps({"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-                                      "exit_code": code, "ranks": {str(r): c for r, c in rank_codes.items()},
-                                      "first_failure": failed_first}))
+        tmp = report.with_name(f".{report.name}.tmp")
+        tmp.write_text(json.dumps({"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                                   "exit_code": code, "ranks": {str(r): c for r, c in rank_codes.items()},
+                                   "first_failure": failed_first, "hang": hang and hang.as_dict()}))
+        tmp.replace(report)
+
+    @classmethod
+    def _finish(cls, report: Path, code: int, rank_codes: dict[int, int],
+                failed_first: dict[str, float | int] | None = None, hang: Hang | None = None) -> None:
+        """Write the node's report (:meth:`_report`); exit non-zero only on failure."""
+        cls._report(report, code, rank_codes, failed_first, hang)
         say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == PREEMPTED_EXIT_CODE else ""))
         if code not in (0, PREEMPTED_EXIT_CODE):
             sys.exit(code)

@@ -1,0 +1,135 @@
+"""The node supervisor's progress watchdog: a rank that makes no progress within its phase's budget is a hang.
+
+Every rank rewrites its progress record (node.progress_record) in a node-local folder this watchdog makes;
+each poll of the supervisor reads them and compares the time since each rank's last progress with its
+phase's budget (node.budgets). On a hang it dumps the stacks of every rank of the node (node.stacks) into
+`<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
+uninterruptible sleep) first, then one that is not waiting in a collective, then the one whose last progress
+is the oldest. The supervisor then kills the ranks and reports the hang (HANG_EXIT_CODE); attribution
+compares the hangs of all nodes with the same key.
+
+When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
+their nodes' watchdogs fire as well (same phase, nearly the same `since`), each reports its own view, and the
+key above tells the stuck rank from the waiting ones. A node whose watchdog has not fired yet loses its ranks
+to the first node's kill (their collectives fail) or to srun (--kill-on-bad-exit) once that node exits non-zero:
+a crash after the first hang was seen, which attribution does not blame.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slurm_titan.node import budgets, progress_record, stacks
+from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.node.progress_record import Progress
+
+HANG_EXIT_CODE = 124  # like timeout(1): the attempt made no progress within its budget
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A node's view of a hang, as its report carries it (`hang`)."""
+
+    rank: int
+    step: int
+    phase: str  # Phase.label
+    since: float  # the culprit's last progress
+    time: float  # when the watchdog fired
+    budget_s: float
+    state: str  # the kernel's process state when it fired (T: stopped, D: uninterruptible, S: sleeping)
+    frozen: bool
+    in_collective: bool | None  # None: no stack to tell
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def culprit_key(hang: dict) -> tuple:
+    """Sort key of hang records (a node's ranks, or the nodes' reports): the stuck rank sorts first."""
+    return (not hang.get("frozen"), bool(hang.get("in_collective")), hang["since"])
+
+
+def _scratch_root() -> str | None:
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+
+class Watchdog:
+    """One node's watchdog over its ranks (global rank numbers)."""
+
+    def __init__(self, limits: Budgets, ranks: list[int], job_dir: Path, attempt: int, learns: bool,
+                 say: Callable[[str], None]) -> None:
+        self.limits, self.job_dir, self.say, self.learns = limits, job_dir, say, learns
+        self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
+        self.stacks_dir = job_dir / "attempts" / str(attempt) / "stacks"
+        self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
+        self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
+        self.learned = budgets.read_calibration(job_dir).slowest_step_s
+        self.armed_at: float | None = None
+        now = time.time()
+        for path in self.records.values():
+            progress_record.create(path, now)
+        if self.learned:
+            say(f"watchdog: calibrated from earlier attempts: slowest step {self.learned:.1f} s, step budget "
+                f"{limits.step_budget(self.learned):.0f} s")
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        return {progress_record.PROGRESS_FILE_ENV: str(self.records[rank]),
+                stacks.STACK_FILE_ENV: str(self.dumper.local_files[rank])}
+
+    def arm(self) -> None:
+        """Start watching (after the node's restore: until then the ranks wait at its gate on purpose)."""
+        self.armed_at = time.time()
+
+    def read(self) -> dict[int, Progress]:
+        return {rank: record for rank, path in self.records.items() if (record := progress_record.read(path))}
+
+    def overdue(self, running: set[int], now: float | None = None) -> list[int]:
+        """The running ranks past their phase's budget; learns the slowest step on the way."""
+        if self.armed_at is None:
+            return []
+        now = time.time() if now is None else now
+        progress = self.read()
+        self._learn(max((p.slowest_step_s for p in progress.values()), default=0.0))
+        late = []
+        for rank, record in progress.items():
+            budget = self.limits.for_progress(record, self.learned)
+            if rank in running and budget is not None and now - max(record.since, self.armed_at) > budget:
+                late.append(rank)
+        return late
+
+    def _learn(self, slowest: float) -> None:
+        if slowest > self.learned:
+            self.learned = slowest
+            if self.learns:
+                budgets.write_calibration(self.job_dir, Calibration(slowest))
+
+    def first_view(self, pids: dict[int, int], now: float) -> Hang:
+        """The node's culprit from the records and process states alone (before the stacks are taken)."""
+        return self._culprit(self.read(), {rank: stacks.process_state(pid) for rank, pid in pids.items()}, now, {})
+
+    def investigate(self, pids: dict[int, int], now: float) -> Hang:
+        """Dump every rank's stacks, then name the culprit with them (and with the records and process
+        states from before the dump: the faulthandler fallback wakes a stopped rank, which then runs on)."""
+        progress, states = self.read(), {rank: stacks.process_state(pid) for rank, pid in pids.items()}
+        taken = self.dumper.dump(pids, self.stacks_dir)
+        self.say(f"watchdog: stacks of ranks {','.join(map(str, sorted(taken)))} in {self.stacks_dir} "
+                 f"(by {self.dumper.method}{': ' + self.dumper.why if self.dumper.why else ''})")
+        return self._culprit(progress, states, now, taken)
+
+    def _culprit(self, progress: dict[int, Progress], states: dict[int, str], now: float,
+                 taken: dict[int, str]) -> Hang:
+        views = []
+        for rank, state in states.items():
+            record = progress.get(rank) or Progress(progress_record.Phase.STARTUP, 0, self.armed_at or now)
+            views.append(Hang(rank, record.step, record.phase.label, max(record.since, self.armed_at or 0.0), now,
+                              self.limits.for_progress(record, self.learned) or 0.0, state, stacks.frozen(state),
+                              stacks.in_collective(taken[rank]) if rank in taken else None))
+        return min(views, key=lambda view: culprit_key(view.as_dict()))
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
