@@ -137,12 +137,17 @@ class PreemptionSpec:
     """Retry policy: the warning signal comes `signal_seconds` before the time limit (time for a
     checkpoint and its upload); requeues are capped by `max_requeues`; failed attempts are retried
     (inside the allocation when it can) up to `max_failures` over the run, and the run ends as a
-    restart loop after `max_failures_without_progress` failures in a row that trained no new step."""
+    restart loop after `max_failures_without_progress` failures in a row that trained no new step.
+    With `allow_shrink`, a run whose allocation has too few good nodes left goes on inside it on fewer
+    (down to `min_nodes`, default 1, at node counts whose world size the parallelism divides) instead
+    of requeueing; DCP reshards model and optimizer."""
 
     signal_seconds: int = 300
     max_requeues: int = 20
     max_failures: int = 20
     max_failures_without_progress: int = 3
+    allow_shrink: bool = False
+    min_nodes: int | None = None
 
 
 @dataclass
@@ -333,6 +338,9 @@ def _validate(config: JobConfig) -> None:
     if config.preemption.max_failures_without_progress < 1:
         raise ConfigError(where, "preemption.max_failures_without_progress",
                           f"must be >= 1, got {config.preemption.max_failures_without_progress}")
+    min_nodes = config.preemption.min_nodes
+    if min_nodes is not None and not 1 <= min_nodes <= slurm.nodes:
+        raise ConfigError(where, "preemption.min_nodes", f"must be within 1..slurm.nodes={slurm.nodes}, got {min_nodes}")
     if slurm.spare_nodes < 0:
         raise ConfigError(where, "slurm.spare_nodes", f"must be >= 0, got {slurm.spare_nodes}")
     if config.preemption.signal_seconds >= time_limit_minutes(slurm.time) * 60:

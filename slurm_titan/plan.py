@@ -268,10 +268,36 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
                    config.timeouts.collective_s - WATCHDOG_MARGIN_S)
 
 
+def model_parallel_degree(config: JobConfig) -> int:
+    """The ranks one model replica spans (tensor x pipeline x context parallel): a world size must be a multiple."""
+    degree = 1
+    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+        degree *= int(config.torchtitan.option(f"parallelism.{key}", 1) or 1)
+    return degree
+
+
+def shrink_node_counts(config: JobConfig) -> list[int]:
+    """The node counts under `slurm.nodes` a run may go on with (`preemption.allow_shrink`), largest first:
+    down to `preemption.min_nodes`, where the world size is a multiple of the model-parallel degree. A
+    `min_nodes` the parallelism cannot use is one warning, and the next count it can use is the floor."""
+    policy, slurm = config.preemption, config.slurm
+    if not policy.allow_shrink:
+        return []
+    degree = model_parallel_degree(config)
+    usable = [n for n in range(slurm.nodes - 1, 0, -1) if n * slurm.devices_per_node % degree == 0]
+    floor = policy.min_nodes or 1
+    if floor < slurm.nodes and floor not in usable:
+        above = [n for n in usable if n > floor]
+        print(f"slurm-titan: WARNING: {config.source}: preemption.min_nodes={floor} gives a world size of "
+              f"{floor * slurm.devices_per_node}, not a multiple of the model-parallel degree {degree}; "
+              + (f"shrinking stops at {min(above)} node(s)" if above else "the run will not shrink"), file=sys.stderr)
+    return [n for n in usable if n >= floor]
+
+
 def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:
     policy = config.preemption
     return render("node_teardown.sh.tmpl", python=shlex.quote(python),
-                  job_dir=shlex.quote(job_dir),
+                  job_dir=shlex.quote(job_dir), shrink_to=",".join(map(str, shrink_node_counts(config))) or "none",
                   nodes=str(config.slurm.nodes), max_requeues=str(policy.max_requeues),
                   max_failures=str(policy.max_failures),
                   max_failures_without_progress=str(policy.max_failures_without_progress),

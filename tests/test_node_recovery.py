@@ -155,3 +155,39 @@ def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
     _report(tmp_path, 0, 0, "n1", 0, None)  # n2 still uploading its last checkpoint
     assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=lambda h: set()) == []
     assert srun.wait(timeout=10) == 0
+
+
+def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from slurm_titan.config import load_config
+    from slurm_titan.plan import shrink_node_counts
+
+    def counts(*sets: tuple[str, object]) -> list[int]:
+        return shrink_node_counts(load_config("configs/debug_cpu.yaml", [("slurm.nodes", 4), *sets]))
+
+    assert counts() == []  # off by default: too few nodes means a requeue
+    assert counts(("preemption.allow_shrink", True)) == [3, 2, 1]
+    assert counts(("preemption.allow_shrink", True), ("preemption.min_nodes", 2)) == [3, 2]
+    tp2 = ("torchtitan.args.parallelism.tensor_parallel_degree", 2)
+    assert counts(("preemption.allow_shrink", True), tp2) == [2]  # world sizes 3 and 1 cannot hold tp 2
+    assert "shrinking stops at 2 node(s)" in capsys.readouterr().err  # min_nodes defaults to 1
+
+
+def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
+    job_dir.mkdir(), bin_dir.mkdir()
+    _stand_ins(bin_dir, fail_attempts=set())
+    (job_dir / "42_submission.sh").write_text("#!/bin/bash\nsrun --nodes=$SLURM_TITAN_NUM_NODES true\n\n# teardown\n")
+    _report(job_dir, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 5.0})
+    _report(job_dir, 0, 1, "n2", 1, {"rank": 1, "exit_code": 1, "time": 6.0})
+    allocation.exclude(job_dir, "n3", "lost")  # the spare is gone already
+    history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True)  # n1 failed before
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("JOB_DIR", str(job_dir))
+    for name, value in {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", allocation.ATTEMPT_ENV: "0",
+                        allocation.NODES_ENV: "n1,n2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(finish.slurm, "time_left_seconds", lambda job_id: 3600)
+    code = finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137", "--nodes", "2", "--max-requeues", "5",
+                        "--max-failures", "5", "--signal-seconds", "60", "--shrink-to", "1"])
+    assert code == 0
+    assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2"  # n1 failed again: left out; n2 goes on alone

@@ -188,16 +188,22 @@ def _unhealthy(hosts: list[str]) -> set[str]:
         return set()
 
 
-def restart_in_allocation(job_dir: Path, job_id: str, nodes: int, signal_seconds: int) -> allocation.AttemptPlan | None:
-    """The next attempt inside this allocation, or None (with the reason said) when it cannot go on."""
+def restart_in_allocation(job_dir: Path, job_id: str, nodes: int, signal_seconds: int,
+                          shrink_to: list[int]) -> allocation.AttemptPlan | None:
+    """The next attempt inside this allocation, on `nodes` or else (`preemption.allow_shrink`) on the
+    largest of `shrink_to` that the good nodes left allow; None (with the reason said) when it cannot go on."""
     left = slurm.time_left_seconds(job_id)
     if left is not None and left <= signal_seconds + TIME_LIMIT_MARGIN_S:
         say(f"{left} s left in the allocation: requeueing instead of restarting in it")
         return None
-    plan = allocation.next_attempt(job_dir, nodes)
-    if plan is None:
-        say(f"fewer than {nodes} healthy nodes left in the allocation: requeueing")
-    return plan
+    for count in (nodes, *shrink_to):
+        if (plan := allocation.next_attempt(job_dir, count)) is not None:
+            if count < nodes:
+                say(f"fewer than {nodes} healthy nodes left in the allocation: going on with {count} "
+                    "(preemption.allow_shrink)")
+            return plan
+    say(f"fewer than {min((nodes, *shrink_to))} healthy nodes left in the allocation: requeueing")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-requeues", type=int, required=True)
     parser.add_argument("--max-failures", type=int, required=True)
     parser.add_argument("--max-failures-without-progress", type=int, default=3)
+    parser.add_argument("--shrink-to", default="none", help="node counts to go on with, largest first, or none")
     parser.add_argument("--signal-seconds", type=int, required=True)
     args = parser.parse_args(argv)
     env = dict(os.environ)
@@ -221,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, args, env)
         if outcome.action == STOP:
             return code
+        shrink_to = [] if args.shrink_to == "none" else [int(n) for n in args.shrink_to.split(",")]
         if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, args.nodes,
-                                                                         args.signal_seconds)):
+                                                                         args.signal_seconds, shrink_to)):
             env |= plan.env()
             attempt = Attempt(plan.attempt, list(plan.nodes))
             say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")

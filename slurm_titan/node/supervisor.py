@@ -184,7 +184,8 @@ class RankGroup:
 
     def _hung(self, late: list[int], running: set[int], on_hang: Callable[[Hang], None]) -> dict[int, int]:
         """Name the node's culprit at once (`on_hang` writes it down: srun may end this supervisor soon,
-        when another node exits first), then dump the stacks, name it again with them, kill the ranks."""
+        when another node exits first), then dump the stacks, name it again with them, wait for the other
+        nodes' reports (Watchdog.wait_for_peers), kill the ranks."""
         assert self.watchdog is not None
         now = time.time()
         pids = {rank: self.processes[rank].pid for rank in sorted(running)}
@@ -195,6 +196,7 @@ class RankGroup:
         on_hang(self.hang)
         self.hang = self.watchdog.investigate(pids, now)
         on_hang(self.hang)
+        self.watchdog.wait_for_peers()
         self.kill()
         return {rank: process.wait() for rank, process in self.processes.items()}
 
@@ -261,7 +263,7 @@ class NodeSupervisor:
         if spec.checkpoint:
             env |= spec.checkpoint.rank_env(job_id)
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
-                            learns=rdzv.node_rank == 0, say=say) if spec.watchdog else None
+                            learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes) if spec.watchdog else None
         self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs", gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv.world_size, report)

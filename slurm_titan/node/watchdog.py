@@ -10,7 +10,8 @@ compares the hangs of all nodes with the same key.
 
 When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
 their nodes' watchdogs fire as well (same phase, nearly the same `since`), each reports its own view, and the
-key above tells the stuck rank from the waiting ones. A node whose watchdog has not fired yet loses its ranks
+key above tells the stuck rank from the waiting ones. Each node waits for the others' reports (up to
+PEER_WAIT_S) before it kills its ranks, so that no node's exit disturbs another's view. A node whose watchdog has not fired yet loses its ranks
 to the first node's kill (their collectives fail) or to srun (--kill-on-bad-exit) once that node exits non-zero:
 a crash after the first hang was seen, which attribution does not blame.
 """
@@ -29,6 +30,8 @@ from slurm_titan.node.budgets import Budgets, Calibration
 from slurm_titan.node.progress_record import Progress
 
 HANG_EXIT_CODE = 124  # like timeout(1): the attempt made no progress within its budget
+PEER_WAIT_S = 15.0
+"""How long a node that saw a hang waits, before killing its ranks, for every other node's report."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,9 @@ class Watchdog:
     """One node's watchdog over its ranks (global rank numbers)."""
 
     def __init__(self, limits: Budgets, ranks: list[int], job_dir: Path, attempt: int, learns: bool,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], nodes: int = 1) -> None:
         self.limits, self.job_dir, self.say, self.learns = limits, job_dir, say, learns
+        self.reports = [job_dir / "attempts" / str(attempt) / f"node-{node}.json" for node in range(nodes)]
         self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
         self.stacks_dir = job_dir / "attempts" / str(attempt) / "stacks"
         self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
@@ -130,6 +134,15 @@ class Watchdog:
                               self.limits.for_progress(record, self.learned) or 0.0, state, stacks.frozen(state),
                               stacks.in_collective(taken[rank]) if rank in taken else None))
         return min(views, key=lambda view: culprit_key(view.as_dict()))
+
+    def wait_for_peers(self, timeout_s: float = PEER_WAIT_S, poll_s: float = 0.2) -> None:
+        """Wait until every node of the attempt has reported (its own hang, or how it ended), at most
+        `timeout_s`. The first node to see a hang must not end its ranks at once: its exit makes srun
+        SIGCONT and SIGTERM the other nodes' tasks, which wakes a stopped rank before its own node's
+        watchdog could see it stopped (the strongest sign of the stuck rank)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(path.is_file() for path in self.reports):
+            time.sleep(poll_s)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
