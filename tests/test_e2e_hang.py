@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Cli, wait_for
-from e2e_runs import job_dir, rank_processes, step_losses
+from e2e_runs import job_dir, step_losses
+from local_cluster.faults import SignalAtStep, step_reached
 
 from slurm_titan.node import progress_record
 from slurm_titan.node.progress_record import Phase
@@ -42,35 +43,6 @@ def reference_losses(cli: Cli, *config: str) -> dict[int, str]:
 @pytest.fixture(scope="module")
 def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     return reference_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), *CONFIG)
-
-
-class StopRank:
-    """SIGSTOP the first training process of `job_id` with RANK=`rank` once `ready(env, log text)` holds
-    (polled every 5 ms); the watchdog must then find it. Use as a context manager."""
-
-    def __init__(self, folder: Path, job_id: str, rank: int, ready) -> None:  # noqa: ANN001
-        self.folder, self.job_id, self.rank, self.ready = folder, job_id, rank, ready
-        self.stopped: dict[str, str] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self) -> "StopRank":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        log = self.folder / "logs" / f"rank-{self.rank}.log"
-        while self.stopped is None and not self._stop.wait(0.005):
-            for pid, env in rank_processes(self.job_id).items():
-                if env.get("RANK") == str(self.rank) and self.ready(env, log.read_text(errors="replace")
-                                                                     if log.exists() else ""):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGSTOP)
-                        self.stopped = env
 
 
 def hang_report(folder: Path, attempt: int) -> dict:
@@ -106,11 +78,11 @@ def assert_same_training(cli: Cli, job: str, reference: dict[int, str]) -> None:
 def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers(cli: Cli, reference: dict[int, str]) -> None:
     job = cli.submit(*CONFIG)
     folder = job_dir(cli, job)
-    with StopRank(folder, job, 1, lambda env, log: re.search(r"step:\s*6\s", log)) as fault:
+    with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(6), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
-    assert fault.stopped is not None
+    assert fault.signalled
     assert status["state"] == "COMPLETED", status
-    hang = assert_found_by_the_watchdog(cli, job, status, fault.stopped, "step")
+    hang = assert_found_by_the_watchdog(cli, job, status, fault.signalled[0], "step")
     assert hang["frozen"] and hang["step"] in (6, 7)
     assert status["attempts"][1]["first_step"] == 5  # resumed from the checkpoint of step 4
     assert_same_training(cli, job, reference)
@@ -125,11 +97,11 @@ def _saving(env: dict[str, str], log: str) -> bool:
 def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, reference: dict[int, str]) -> None:
     job = cli.submit(*CONFIG, "--set", "watchdog.save_s=60")  # the default (600 s) suits 70B checkpoints
     folder = job_dir(cli, job)
-    with StopRank(folder, job, 1, _saving) as fault:
+    with SignalAtStep(folder, job, {"RANK": "1"}, _saving, signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
-    assert fault.stopped is not None
+    assert fault.signalled
     assert status["state"] == "COMPLETED", status
-    hang = assert_found_by_the_watchdog(cli, job, status, fault.stopped, "checkpoint save")
+    hang = assert_found_by_the_watchdog(cli, job, status, fault.signalled[0], "checkpoint save")
     first, second = status["attempts"][:2]
     # the save that hung was never committed: the next attempt resumed from the checkpoint before it
     assert second["first_step"] == hang["step"] - 4 + 1, (hang, second)

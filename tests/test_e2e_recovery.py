@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from conftest import CLUSTER_TOOL, Cli, run, wait_for
-from e2e_runs import KillAtStep, job_dir, job_field, kill_node, step_losses, wait_for_log
+from e2e_runs import job_dir, job_field, step_losses, wait_for_log
+from local_cluster.faults import SignalAtStep, kill_node, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
@@ -40,14 +41,14 @@ def assert_same_training(cli: Cli, job: str, reference: dict[int, str]) -> None:
 def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:
     job = cli.submit(*CONFIG)
     folder = job_dir(cli, job)
-    with KillAtStep(folder, job, {"RANK": "1"}, step=7, times=1) as fault:
+    with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(7), times=1) as fault:
         status = cli.wait(job, timeout=900)
-    assert len(fault.killed) == 1
+    assert len(fault.signalled) == 1
     assert status["state"] == "COMPLETED", status
     assert job_field(cli, job, "Restarts") == 0, "recovered through the queue, not inside the allocation"
     first, second = status["attempts"][:2]
     assert (first["reason"], first["action"]) == ("failed", "restart")
-    assert first["cause"] == f"crashed on {fault.killed[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
+    assert first["cause"] == f"crashed on {fault.signalled[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
     assert first["excluded"] == []  # a first failure without a spare: the node stays
     assert second["first_step"] == 5 and first["steps_retrained"] >= 2  # resumed from the checkpoint of step 4
     assert_same_training(cli, job, reference)
@@ -60,10 +61,10 @@ def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
     bad = cli.status(job)["attempts"][0]["hosts"][1]
-    with KillAtStep(folder, job, {"SLURMD_NODENAME": bad}, step=3) as fault:
+    with SignalAtStep(folder, job, {"SLURMD_NODENAME": bad}, step_reached(3)) as fault:
         status = cli.wait(job, timeout=900)
     assert status["state"] == "COMPLETED", status
-    assert len(fault.killed) == 1, "the bad node was used again"
+    assert len(fault.signalled) == 1, "the bad node was used again"
     first, second = status["attempts"][:2]
     assert first["excluded"] == [bad] and bad not in second["hosts"]
     assert job_field(cli, job, "Restarts") == 0
@@ -72,7 +73,7 @@ def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference
 
 def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -> None:
     job = cli.submit(*CONFIG)
-    with KillAtStep(job_dir(cli, job), job, {"RANK": "0"}, step=6):
+    with SignalAtStep(job_dir(cli, job), job, {"RANK": "0"}, step_reached(6)):
         status = cli.wait(job, timeout=1200)
     assert status["state"] == "FAILED", status
     last = status["attempts"][-1]
@@ -101,7 +102,7 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, he
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     lost = cli.status(job)["attempts"][0]["hosts"][1]
-    assert kill_node(healed_cluster, lost) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
+    assert kill_node(healed_cluster["SLURM_TITAN_CLUSTER_DIR"], lost) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
     status = cli.wait(job, timeout=900)
     assert status["state"] == "COMPLETED", status
     first, second = status["attempts"][:2]

@@ -1,0 +1,154 @@
+"""Unplanned failures on the local cluster: from a real fault to the next trained step, and goodput in a soak.
+
+Each fault kind runs once per repeat on configs/debug_cpu.yaml (2 nodes), injected from outside once rank 1
+(the node of rank 1, for node faults) logged step --at-step:
+
+  crash         SIGKILL of rank 1 (default config): recovered inside the allocation
+  hang          SIGSTOP of rank 1: found by the watchdog, then recovered inside the allocation
+  node-spare    node of rank 1 killed whole (slurmd and every process), slurm.spare_nodes=1
+  node-requeue  the same without a spare: the job requeues itself without that node
+                (the cluster is brought back whole afterwards: tools/local-cluster up)
+
+Reported per fault: detection (fault -> the node log's first word of it), fault -> next trained step, the
+attempts and whether Slurm requeued. With --soak-minutes M, one job then trains for M minutes while a crash
+or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = steps trained
+in the soak x the uninterrupted step time measured in the same run / the soak's wall time.
+References (fault-tolerance-anchors): nvidia-resiliency-ext in-job restart ~1 min; MindCluster detection
+< 5 s + restart ~70 s.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_jobs import (REPO, STEP, Bench, Run, bench_parser, median_spread, read_lines, rounded, run_repeats,
+                        step_times)
+from local_cluster.faults import SignalAtStep, kill_node, step_reached
+
+from slurm_titan import history
+
+FAULTS = ("crash", "hang", "node-spare", "node-requeue")
+DETECTION = {"crash": "exited with code", "hang": "watchdog: rank", "node-spare": "does not answer",
+             "node-requeue": "does not answer"}
+
+
+def node_log_lines(run: Run) -> list[tuple[float, str]]:
+    """The batch shell's and supervisors' stamped lines, every node, as (time, text)."""
+    lines = []
+    for path in run.job_dir.glob(f"{run.job}_*_log.out"):
+        lines += [(ln.t, ln.text) for ln in read_lines(path, run.submitted)]
+    return sorted(lines)
+
+
+def after_fault(run: Run, fault_at: float, kind: str) -> dict[str, Any]:
+    """Detection and recovery times of one fault, from the logs and the run history."""
+    steps = step_times(read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted))
+    next_step = min((t for t in steps.values() if t > fault_at), default=None)
+    detected = next((t for t, text in node_log_lines(run) if t > fault_at and DETECTION[kind] in text), None)
+    attempts = history.read_attempts(run.job_dir)
+    return {"state": run.state, "detect_s": rounded(detected - fault_at if detected else None),
+            "to_next_step_s": rounded(next_step - fault_at if next_step else None),
+            "attempts": len(attempts), "actions": [a.action for a in attempts],
+            "causes": [a.cause for a in attempts if a.cause]}
+
+
+def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
+    """Submit, inject `kind` once rank 1 (or its node) reached `at_step`, wait for the end."""
+    sets = [f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=4"]
+    if kind == "node-spare":
+        sets.append("slurm.spare_nodes=1")
+    run = bench.submit(*sets)
+    if kind in ("crash", "hang"):
+        signum = signal.SIGKILL if kind == "crash" else signal.SIGSTOP
+        with SignalAtStep(run.job_dir, run.job, {"RANK": "1"}, step_reached(at_step), signum, times=1) as fault:
+            bench.wait(run, lambda: bool(fault.times_sent))
+        fault_at = fault.times_sent[0]
+    else:
+        log = run.job_dir / "logs" / "rank-1.log"
+        bench.wait(run, lambda: log.exists() and step_reached(at_step)({}, log.read_text(errors="replace")))
+        host = history.read_attempts(run.job_dir)[0].hosts[1]
+        fault_at = time.time()
+        kill_node(bench.env["SLURM_TITAN_CLUSTER_DIR"], host)
+    try:
+        bench.wait(run)
+    finally:
+        if kind.startswith("node"):
+            subprocess.run([str(REPO / "tools" / "local-cluster"), "up"], env=bench.env, check=True, timeout=180,
+                           capture_output=True)
+    return after_fault(run, fault_at, kind)
+
+
+def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, Any]:
+    """One long job with a crash or a hang every `every_s` (+-30%) for `minutes`; then its goodput."""
+    rng = random.Random(seed)
+    ref = bench.run_to_end(f"checkpoint.remote={bench.args.remote_base}/{{job_id}}")
+    ref_steps = step_times(read_lines(ref.job_dir / "logs" / "rank-0.log", ref.submitted))
+    step_s = (max(ref_steps.values()) - min(ref_steps.values())) / max(1, len(ref_steps) - 1)
+    run = bench.submit(f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=10",
+                       "torchtitan.args.training.steps=100000", "slurm.time=02:00:00")
+    log = run.job_dir / "logs" / "rank-0.log"
+    bench.wait(run, lambda: log.exists() and step_reached(1)({}, log.read_text(errors="replace")))
+    start, faults = time.time(), []
+    while time.time() - start < minutes * 60:
+        time.sleep(min(every_s * rng.uniform(0.7, 1.3), max(0.0, start + minutes * 60 - time.time())))
+        if time.time() - start >= minutes * 60:
+            break
+        kind = rng.choice(("crash", "hang"))
+        signum = signal.SIGKILL if kind == "crash" else signal.SIGSTOP
+        with SignalAtStep(run.job_dir, run.job, {"RANK": str(rng.randrange(2))}, lambda env, text: True,
+                          signum, times=1) as fault:
+            deadline = time.time() + 120
+            while not fault.times_sent and time.time() < deadline:
+                time.sleep(0.2)
+        faults.append({"kind": kind, "at_s": rounded(time.time() - start)})
+    end = time.time()
+    subprocess.run(["scancel", run.job], env=bench.env, check=False)
+    bench.live.discard(run.job)
+    steps = read_lines(log, run.submitted)
+    trained = [int(m.group(1)) for ln in steps if start <= ln.t <= end and (m := STEP.match(ln.text))]
+    distinct = len(set(trained))
+    return {"minutes": minutes, "faults": faults, "steps_trained": len(trained), "distinct_steps": distinct,
+            "steps_retrained": len(trained) - distinct, "step_s": rounded(step_s, 2),
+            "goodput": rounded(distinct * step_s / (end - start), 3)}
+
+
+def one_repeat(bench: Bench, runs: list[Run], _index: int) -> dict[str, Any]:
+    return {kind: faulted(bench, kind, bench.args.at_step) for kind in bench.args.faults}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = [f"{'fault':<14}{'detect s':>18}{'fault -> next step s':>24}  attempts / actions"]
+    for kind in results[0]:
+        per = [r[kind] for r in results]
+        rows.append(f"{kind:<14}{median_spread([p['detect_s'] for p in per]):>18}"
+                    f"{median_spread([p['to_next_step_s'] for p in per]):>24}  "
+                    f"{per[0]['attempts']} / {','.join(a or '-' for a in per[0]['actions'])}")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--at-step", type=int, default=7, help="inject once rank 1 logged this step (default 7)")
+    ap.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    ap.add_argument("--soak-minutes", type=float, default=0, help="then a soak of this many minutes (goal 20)")
+    ap.add_argument("--fault-every", type=float, default=150, help="seconds between soak faults (default 150)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.set_defaults(remote="s3")
+    args = ap.parse_args()
+    code = run_repeats(args, "bench-faults-", {"at_step": args.at_step, "faults": args.faults}, one_repeat, table)
+    if args.soak_minutes:
+        run_repeats(args, "bench-soak-", {"soak_minutes": args.soak_minutes},
+                    lambda bench, runs, _i: soak(bench, args.soak_minutes, args.fault_every, args.seed),
+                    lambda results: json.dumps(results[-1], indent=1))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Real faults for jobs on the bundled cluster, injected from outside as an operator or the hardware would:
+a signal to a training process once its own log shows a step (SIGKILL: a crash; SIGSTOP: a hang), or a
+node killed whole (its slurmd and every process of its namespaces). Shared by the end-to-end tests and
+tools/bench/fault_recovery.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
+    """The job's live training processes on this machine (every local node): pid -> their environment."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"slurm_titan.node.rank_entry" not in (entry / "cmdline").read_bytes():
+                continue
+            env = dict(item.split("=", 1) for item in (entry / "environ").read_text(errors="replace").split("\0")
+                       if "=" in item)
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") == job_id:
+            found[int(entry.name)] = env
+    return found
+
+
+def kill_node(cluster_dir: str | Path, name: str) -> int:
+    """Kill node `name` of the bundled cluster whole: its slurmd and every process of its namespaces
+    (slurmstepd, the supervisor, the ranks, their uploaders), found through the node's UTS namespace.
+    Returns how many processes were killed; `tools/local-cluster up` brings the node back."""
+    pid_file = Path(cluster_dir) / "run" / "pids" / f"slurmd-{name}.pid"
+    namespace = os.readlink(f"/proc/{pid_file.read_text().strip()}/ns/uts")
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "uts") == namespace:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+    return killed
+
+
+Ready = Callable[[dict[str, str], str], bool]
+"""When to strike a process: from its environment and its rank log's text since it started."""
+
+
+def step_reached(step: int) -> Ready:
+    """The rank log shows training step `step` (since the process started)."""
+    pattern = re.compile(rf"step:\s*{step}\s")
+    return lambda env, text: bool(pattern.search(text))
+
+
+class SignalAtStep:
+    """Send `signum` to every training process of `job_id` whose environment matches `match` (e.g.
+    {"RANK": "1"} or {"SLURMD_NODENAME": "n2"}) once `ready(its environment, its rank log's text since it
+    started)` holds;
+    again for the processes of every later attempt, up to `times` signals. `signalled` lists each target's
+    environment, `times_sent` when. Use as a context manager."""
+
+    def __init__(self, job_dir: Path, job_id: str, match: dict[str, str], ready: Ready,
+                 signum: int = signal.SIGKILL, times: int = 100, poll_s: float = 0.05) -> None:
+        self.job_dir, self.job_id, self.match, self.ready = job_dir, job_id, match, ready
+        self.signum, self.left, self.poll_s = signum, times, poll_s
+        self.signalled: list[dict[str, str]] = []
+        self.times_sent: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> SignalAtStep:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        offsets: dict[int, int] = {}  # pid -> its rank log's size when first seen
+        while not self._stop.wait(self.poll_s) and self.left > 0:
+            for pid, env in rank_processes(self.job_id).items():
+                if any(env.get(key) != value for key, value in self.match.items()) or offsets.get(pid) == -1:
+                    continue
+                log = self.job_dir / "logs" / f"rank-{env['RANK']}.log"
+                text = log.read_text(errors="replace") if log.exists() else ""
+                start = offsets.setdefault(pid, len(text))
+                if self.ready(env, text[start:]):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, self.signum)
+                        self.signalled.append(env)
+                        self.times_sent.append(time.time())
+                        self.left -= 1
+                    offsets[pid] = -1  # once per process
