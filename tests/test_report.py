@@ -74,7 +74,8 @@ def test_lost_time_by_cause(tmp_path):
 @pytest.mark.parametrize("name", ["preempted-requeued", "crash-restart", "node-lost-running"])
 def test_the_causes_add_up_to_the_goodputs_lost_time(tmp_path, name):
     report = report_of(name, tmp_path)
-    assert sum(report.lost_by_cause().values()) == pytest.approx(sum(a.lost_s for a in report.goodput.attempts))
+    assert sum(report.lost_by_cause().values()) == pytest.approx(report.lost_s)
+    assert report.lost_s == pytest.approx(sum(a.lost_s for a in report.goodput.attempts))
     assert report.phases[-1].end - report.phases[0].start == pytest.approx(report.goodput.wall_s)
 
 
@@ -124,3 +125,16 @@ def test_log_lines_validation_untimed_and_nan(tmp_path):
     assert facts.checkpoints == [data.Checkpoint(10, SUBMITTED + 120, 1)]
     assert facts.busy == [("restoring", SUBMITTED + 118.5, SUBMITTED + 120)]
     assert data.read_log(tmp_path / "missing.log", []) == data.LogFacts([], [], [])
+
+
+def test_a_run_waiting_for_its_next_attempt_has_it_queued(tmp_path):
+    folder, submitted, now = recorded("preempted-requeued", tmp_path)
+    attempts = history.read_attempts(folder)
+    (folder / history.HISTORY_FILE).write_text("".join(line for line in (folder / history.HISTORY_FILE).open()
+                                                       if '"attempt": 0' in line))  # requeued, not started again
+    report = data.collect(folder, submitted, now)
+    assert [(p.attempt, p.name, p.end - p.start) for p in report.phases][-1] == (1, "queued", now - attempts[0].ended)
+    assert sum(report.lost_by_cause().values()) == pytest.approx(report.lost_s) and report.lost_s == now - submitted - 490
+    nothing = data.collect(tmp_path, submitted, submitted + 30)  # submitted, queued in Slurm
+    assert [(p.attempt, p.name, p.seconds) for p in nothing.phases] == [(0, "queued", 30)]
+    assert nothing.lost_by_cause()["queue"] == 30 and nothing.steps == [] and nothing.interruptions == []

@@ -67,9 +67,13 @@ def test_report_without_plotly_says_which_extra(submitted_runs, tmp_path, monkey
     assert "pip install 'slurm-titan[report]'" in err and err.count("\n") == 1
 
 
-def test_an_unknown_job_is_one_line(submitted_runs, capsys):  # noqa: F811
+def test_an_unknown_job_or_an_unwritable_file_is_one_line(submitted_runs, tmp_path, capsys):  # noqa: F811
     assert main(["report", "999"]) == 1
     assert capsys.readouterr().err.startswith("slurm-titan: job 999 was not submitted by slurm-titan from here")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["report", "101", "--out", str(blocked / "r.html")]) == 1
+    assert capsys.readouterr().err == f"slurm-titan: cannot write {blocked / 'r.html'}: Not a directory\n"
 
 
 PROBE = """

@@ -45,7 +45,10 @@ def run(page: Path, *args: str, width: int = 1400, height: int = 1800) -> subpro
 
 def screenshot(page: Path, png: Path, width: int = 1400, height: int = 1800) -> None:
     """A `width` x `height` PNG of the top of `page`."""
-    png.unlink(missing_ok=True)
+    try:
+        png.unlink(missing_ok=True)
+    except OSError as error:
+        raise SlurmTitanError(f"cannot write {png}: {error.strerror}") from None
     result = run(page, f"--screenshot={png.resolve()}", width=width, height=height)
     if not png.is_file():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -28,7 +28,10 @@ def run(job_id: str, out: Path | None = None, png: Path | None = None) -> int:
     state = status.describe(job_id)["state"]
     out = out or default_out(job_id)
     report = data.collect(record.folder, record.submitted)
-    out.write_text(page.render(report, f"job {job_id} {record.name}: {state}"), encoding="utf-8")
+    try:
+        out.write_text(page.render(report, f"job {job_id} {record.name}: {state}"), encoding="utf-8")
+    except OSError as error:
+        raise SlurmTitanError(f"cannot write {out}: {error.strerror}") from None
     print(f"report: {out}")
     if png is not None:
         browser.screenshot(out, png, *PNG_SIZE)

@@ -9,7 +9,8 @@
   in S seconds.` (torchtitan/components/checkpointer/dcp.py) when it is done: the S seconds before;
 - each attempt's phases and lost time: slurm_titan.goodput's per-attempt times, laid end to end from
   the submit (queue, start-up, training with its retrained steps first, then its end), with the
-  restores cut out of the start-up and the saves out of what follows the first step.
+  restores cut out of the start-up and the saves out of what follows the first step; a run that
+  waits for its next attempt (none yet, or requeued) has that attempt queued until now.
 
 Log lines carry logging's `asctime` (`2025-01-01 10:00:00,123`) in the nodes' local time; they are
 read as this machine's local time (Slurm passes the submitting shell's environment, TZ included, to
@@ -91,12 +92,18 @@ class RunReport:
     def steps_retrained(self) -> int:
         return sum(a.retrained_steps for a in self.goodput.attempts)
 
+    @property
+    def lost_s(self) -> float:
+        """Wall time not spent training new steps (the attempts' lost time and the wait for the next one)."""
+        return self.goodput.wall_s - self.goodput.productive_s
+
     def lost_by_cause(self) -> dict[str, float]:
-        """The goodput's lost seconds by cause; they add up to its lost_s."""
+        """`lost_s` by cause: the goodput's per-attempt times, the wait for the next attempt counted as queue."""
         restore = sum(p.seconds for p in self.phases if p.name == "restoring")
         ends = {p.attempt: p.name for p in self.phases if p.name in END_PHASES}
         causes = {"queue": 0.0, "start-up": -restore, "restore": restore, "retrained steps": 0.0, "hangs": 0.0,
                   "stopping": 0.0, "lost (no end record)": 0.0, "current step": 0.0}
+        causes["queue"] += sum(p.seconds for p in self.phases if p.attempt >= len(self.goodput.attempts))
         for times in self.goodput.attempts:
             causes["queue"] += times.queue_s
             causes["start-up"] += times.startup_s
@@ -193,6 +200,8 @@ def phases(attempts: list[history.Attempt], result: goodput.Goodput, submitted: 
                  ("", last_done + times.stopping_s)]
         out += [Phase(attempt.attempt, name, start, end) for (name, start), (_, end) in zip(marks, marks[1:]) if end > start]
         prev_end = marks[-1][1]
+    if submitted + result.wall_s > prev_end:  # the run waits for its next attempt (queued, or a restart)
+        out.append(Phase(len(attempts), "queued", prev_end, submitted + result.wall_s))
     for kind, start, end in busy:
         within = ("starting",) if kind == "restoring" else ("retraining", "training", "stopped", "hung")
         out = _carve(out, start, end, kind, within)

@@ -94,10 +94,9 @@ def _mark_interruptions(fig: go.Figure, marks: Iterable[tuple[Any, str]]) -> Non
                            font={"size": 10, "color": "#d32f2f"})
 
 
-def _loss_near(points: list[StepPoint], step: int) -> float | None:
-    """The loss logged at `step` or the nearest step before it."""
-    ordered = sorted((p.step, p.loss) for p in points)
-    i = bisect.bisect_right(ordered, (step, float("inf")))
+def _loss_near(ordered: list[tuple[int, float]], step: int) -> float | None:
+    """The loss logged at `step` or the nearest step before it; `ordered`: (step, loss) sorted."""
+    i = bisect.bisect_right(ordered, (step, math.inf))
     return _finite(ordered[i - 1][1]) if i else None
 
 
@@ -105,7 +104,8 @@ def step_figure(report: RunReport) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=("loss against step", "throughput (tokens/s per device) against step"))
     _metric_traces(fig, report, wall=False)
-    checkpoints = [(c, _loss_near(report.steps, c.step)) for c in report.checkpoints]
+    ordered = sorted((p.step, p.loss) for p in report.steps)
+    checkpoints = [(c, _loss_near(ordered, c.step)) for c in report.checkpoints]
     fig.add_trace(go.Scatter(x=[c.step for c, _ in checkpoints], y=[y for _, y in checkpoints], mode="markers",
                              name="checkpoint committed", marker={"symbol": "diamond", "size": 10, "color": "#1e88e5",
                                                                   "line": {"color": "white", "width": 1}},
@@ -114,13 +114,13 @@ def step_figure(report: RunReport) -> go.Figure:
                   row=1, col=1)
     _mark_interruptions(fig, [(i.step, i.label) for i in report.interruptions if i.step is not None])
     fig.update_layout(height=560, margin={"t": 40, "b": 40, "l": 70, "r": 20}, hovermode="closest",
-                      legend={"orientation": "h", "y": -0.1})
+                      legend={"orientation": "h", "y": -0.1, "traceorder": "normal"})
     fig.update_xaxes(title_text="step", row=2, col=1)
     return fig
 
 
 def wall_figure(report: RunReport) -> go.Figure:
-    names = [f"attempt {a['attempt']}" for a in report.attempts]
+    names = sorted({f"attempt {p.attempt}" for p in report.phases}, key=lambda n: int(n.split()[1]))
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.05, row_heights=[0.36, 0.28, 0.36],
                         subplot_titles=("loss against wall time", "throughput (tokens/s per device)",
                                         "attempts: where the time went"))
@@ -138,7 +138,7 @@ def wall_figure(report: RunReport) -> go.Figure:
                   row=3, col=1)
     _mark_interruptions(fig, [(_clock(i.time), i.label) for i in report.interruptions])
     fig.update_layout(height=820, barmode="overlay", margin={"t": 40, "b": 40, "l": 90, "r": 20},
-                      hovermode="closest", legend={"orientation": "h", "y": -0.06})
+                      hovermode="closest", legend={"orientation": "h", "y": -0.06, "traceorder": "normal"})
     fig.update_xaxes(type="date")
     fig.update_yaxes(categoryorder="array", categoryarray=["checkpoints", *reversed(names)], row=3, col=1)
     return fig
@@ -163,10 +163,9 @@ def _table(head: list[str], rows: list[list[Any]], numeric: set[int] = frozenset
 def _numbers(report: RunReport) -> str:
     result = report.goodput
     ratio = "-" if result.ratio is None else f"{result.ratio * 100:.1f}%"
-    lost = sum(a.lost_s for a in result.attempts)
     steps = max((p.step for p in report.steps), default=None)
     facts = [("goodput", ratio), ("wall time since submit", duration(result.wall_s)),
-             ("training new steps", duration(result.productive_s)), ("lost", duration(lost)),
+             ("training new steps", duration(result.productive_s)), ("lost", duration(report.lost_s)),
              ("attempts", str(len(report.attempts))), ("steps retrained", str(report.steps_retrained)),
              ("last step logged", "-" if steps is None else str(steps)),
              ("last checkpoint", str(report.checkpoints[-1].step) if report.checkpoints else "-")]
