@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from slurm_titan import __version__
 from slurm_titan.errors import SlurmTitanError
@@ -45,6 +46,12 @@ def _runs(args: argparse.Namespace) -> int:
     from slurm_titan import runs
 
     return runs.show(limit=args.limit, as_json=args.json)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from slurm_titan.report import command
+
+    return command.run(args.job, out=args.out, png=args.png)
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -105,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=int, default=20, help="how many of the newest runs (default 20)")
     runs.add_argument("--json", action="store_true", help="machine-readable output")
     runs.set_defaults(handler=_runs)
+
+    report = commands.add_parser("report", help="one self-contained HTML page of a run: loss and throughput across "
+                                                 "attempts, where the time went, checkpoints, goodput")
+    report.add_argument("job", help="job id")
+    report.add_argument("--out", type=Path, help="the HTML page to write (default: report-JOB.html here)")
+    report.add_argument("--png", type=Path, help="also a picture of the page's top, by a headless Chromium")
+    report.set_defaults(handler=_report)
 
     logs = commands.add_parser("logs", help="show a job's logs")
     logs.add_argument("job", help="job id")

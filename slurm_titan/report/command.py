@@ -1,0 +1,39 @@
+"""`slurm-titan report JOB [--out FILE.html] [--png FILE.png]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_titan import registry, status
+from slurm_titan.errors import SlurmTitanError
+from slurm_titan.report import browser, data
+
+PNG_SIZE = (1400, 1800)
+"""The PNG's width and height in CSS pixels: the numbers, the wall-time figure and the step figure."""
+
+
+def default_out(job_id: str) -> Path:
+    return Path(f"report-{job_id}.html")
+
+
+def run(job_id: str, out: Path | None = None, png: Path | None = None) -> int:
+    record = registry.load(job_id)
+    try:
+        from slurm_titan.report import page
+    except ImportError as error:
+        raise SlurmTitanError(f"report needs plotly ({error}): pip install 'slurm-titan[report]'") from None
+    if png is not None and browser.find() is None:
+        raise SlurmTitanError(f"--png needs Chromium, found none of {', '.join(browser.BROWSERS)} on PATH "
+                              "(Debian/Ubuntu: apt-get install chromium)")
+    state = status.describe(job_id)["state"]
+    out = out or default_out(job_id)
+    report = data.collect(record.folder, record.submitted)
+    try:
+        out.write_text(page.render(report, f"job {job_id} {record.name}: {state}"), encoding="utf-8")
+    except OSError as error:
+        raise SlurmTitanError(f"cannot write {out}: {error.strerror}") from None
+    print(f"report: {out}")
+    if png is not None:
+        browser.screenshot(out, png, *PNG_SIZE)
+        print(f"picture: {png}")
+    return 0
