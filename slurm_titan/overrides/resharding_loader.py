@@ -288,6 +288,7 @@ class ReshardingDataLoader(ParallelAwareDataloader):
 
 @override(
     target=HuggingFaceTextDataLoader.Config,
+    fqns=["dataloader"],  # the trainer's loader, the one checkpointed (not validator.dataloader)
     exact=True,
     description="slurm-titan: a data loader position that reshards on another data-parallel degree",
 )
