@@ -118,6 +118,11 @@ class CheckpointSpec:
     default): mode 1/2 splits all cores evenly over the node's NPUs unless each device gets a range, so with
     binding on the config must give every device a range that leaves the upload CPUs out (checked before
     submitting); the ranges' NUMA locality (`lscpu`, `npu-smi info -t topo`) is the user's to choose.
+
+    Resuming on another node count reshards the data position too (`on_world_size_change: reshard`, the
+    resharding data loader: no sample repeated or skipped); `restart_data` is the old behaviour (torchtitan's
+    loader, whose data then restarts from the beginning). The dataset's fingerprint is in the checkpoint:
+    resuming on another dataset is refused unless `allow_dataset_change` is true.
     """
 
     enable: bool = False
@@ -130,6 +135,8 @@ class CheckpointSpec:
     keep_every: int = 0
     upload_cpus: str | None = None
     expected_size_gb: int | None = None
+    on_world_size_change: Literal["reshard", "restart_data"] = "reshard"
+    allow_dataset_change: bool = False
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 from submitit.slurm.slurm import _make_sbatch_string
 
 from slurm_titan import npu_env, titan_registry
-from slurm_titan.config import WATCHDOG_MARGIN_S, JobConfig, time_limit_minutes
+from slurm_titan.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig, time_limit_minutes
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.budgets import Budgets
@@ -210,8 +210,9 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
         argv += flatten_options({"checkpoint": {"enable": True, "interval": ckpt.interval,
                                                 "folder": _checkpoint_local(config),
                                                 "last_save_model_only": False}})
-    if override_imports:
-        argv += ["--override.imports", ",".join(override_imports)]
+    if override_imports:  # targets with kwargs (`target={json}`) are tokens of their own (parse_cli_imports)
+        argv += ["--override.imports", ",".join(o for o in override_imports if "=" not in o),
+                 *(o for o in override_imports if "=" in o)]
     if titan.activation_checkpoint:  # a tyro subcommand: must come last
         argv.append(f"activation-checkpoint:{titan.activation_checkpoint}")
     return argv
@@ -221,16 +222,28 @@ CHECKPOINT_OVERRIDE = "slurm_titan.ckpt.titan_hook.synced_checkpoints"
 METRICS_OVERRIDE = "slurm_titan.titan_metrics.continuous_metrics"
 
 
+def _data_overrides(ckpt: CheckpointSpec) -> list[str]:
+    """The resharding data loader when checkpoints are on, unless `on_world_size_change: restart_data`."""
+    from slurm_titan.overrides import RESHARDING_DATALOADER
+
+    if not ckpt.enable or ckpt.on_world_size_change == "restart_data":
+        return []
+    return [f'{RESHARDING_DATALOADER}={{"allow_dataset_change": true}}' if ckpt.allow_dataset_change
+            else RESHARDING_DATALOADER]
+
+
 def default_overrides(config: JobConfig) -> list[str]:
     """The project's overrides every job activates: device kernels, the checkpoint hook
-    (background upload + commit, coordinated save on preemption) when checkpointing is on, and
-    one metrics run across attempts when TensorBoard or W&B is on (slurm_titan.titan_metrics)."""
+    (background upload + commit, coordinated save on preemption) and the resharding data loader when
+    checkpointing is on, and one metrics run across attempts when TensorBoard or W&B is on
+    (slurm_titan.titan_metrics)."""
     from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
 
     device = config.environment.device
     kernels = list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
     metrics = any(config.torchtitan.option(f"metrics.enable_{sink}") for sink in ("tensorboard", "wandb"))
-    return kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else []) + ([METRICS_OVERRIDE] if metrics else [])
+    return (kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else []) + _data_overrides(config.checkpoint)
+            + ([METRICS_OVERRIDE] if metrics else []))
 
 
 def _fill(template: str, config: JobConfig) -> str:

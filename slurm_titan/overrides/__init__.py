@@ -23,7 +23,11 @@ NPU_SELECTIVE_AC = "slurm_titan.overrides.npu_selective_ac.npu_selective_ac"
 """Selective activation checkpointing that also saves ``npu_fusion_attention``'s outputs."""
 
 OVERRIDE_TARGETS: tuple[str, ...] = (NPU_FUSED_ATTENTION, NPU_ROTARY_ROPE, NPU_RMS_NORM, NPU_SELECTIVE_AC)
-"""Every override target this package registers."""
+"""Every kernel override target this package registers."""
+
+RESHARDING_DATALOADER = "slurm_titan.overrides.resharding_loader.resharding_dataloader"
+"""HuggingFaceTextDataLoader -> a loader whose checkpointed data position loads on any data-parallel degree
+(activated by the plan when checkpoints are on, unless ``checkpoint.on_world_size_change: restart_data``)."""
 
 DEFAULT_NPU_OVERRIDES: tuple[str, ...] = OVERRIDE_TARGETS
 """Targets to activate when training on NPU."""

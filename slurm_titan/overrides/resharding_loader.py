@@ -1,0 +1,297 @@
+"""Override: torchtitan's text data loader, with a data position that survives a change of data-parallel degree.
+
+    --override.imports slurm_titan.overrides.resharding_loader.resharding_dataloader
+
+torchtitan's ``ParallelAwareDataloader`` keeps one state per data-parallel rank and refuses another
+degree ("dp_degree is inconsistent", torchtitan#811). This loader reads map-style datasets (JSON lines
+given with ``--dataloader.dataset-path``, or any ``datasets.Dataset``) with the plan of
+:mod:`slurm_titan.data_cursor`: on an unchanged degree each rank reads, packs and yields exactly what
+torchtitan's ``HuggingFaceTextDataset`` does; its state is a per-rank cursor (plan, oldest sample with
+tokens in the buffer, their token offset), gathered from every rank at save into one entry that any
+degree can load. On another degree the unconsumed samples are re-split: each is read exactly once, a
+sample cut by the checkpoint goes on at its token offset. Streaming (iterable) datasets run
+torchtitan's own dataset unchanged and resume on the same degree only: another one is refused.
+
+The gathered state sits under torchtitan's ``world_size`` key (pickled, as torchtitan pickles its
+per-rank states), so that the template DCP loads into has the same keys on every degree, and a
+checkpoint of torchtitan's loader (whose ``world_size`` is a bare int) is recognised and refused in one
+line. The state carries the dataset's fingerprint (:mod:`slurm_titan.data_identity`).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.config import derive, override
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader, HuggingFaceTextDataset, _validate_dataset
+
+from slurm_titan import data_identity
+from slurm_titan.data_cursor import (
+    SHUFFLE_SEED,
+    DataResumeError,
+    Piece,
+    base_rows,
+    fresh_plan,
+    locate,
+    pieces_from_tuples,
+    plan_length,
+    remaining,
+    reshard,
+    rows_needed,
+)
+
+log = logging.getLogger("slurm_titan.overrides.resharding_loader")
+
+STATE_FORMAT = "slurm-titan-reshardable-data/1"
+STATE_KEY = "world_size"
+"""torchtitan's ParallelAwareDataloader key that every degree has (see the module docstring)."""
+
+_normalize_positions = HuggingFaceTextDataset._normalize_positions
+"""torchtitan's own per-chunk position normalisation (uses no instance state), so positions match bit for bit."""
+
+
+class ReshardableTextDataset(IterableDataset, Stateful):
+    """torchtitan's ``HuggingFaceTextDataset`` packing over a :class:`~slurm_titan.data_cursor.Piece` plan.
+
+    Same tokenisation, next-token shift inside each document, per-document positions, ``seq_len`` chunks
+    and per-epoch reshuffle (seed 42 + epoch) as torchtitan; in addition it knows how many tokens of each
+    buffered sample are still in the buffer, which makes the cursor exact."""
+
+    def __init__(self, data: Dataset, name: str, text_processor: Callable[[Any], str], tokenizer: BaseTokenizer,
+                 seq_len: int, dp_rank: int, dp_world_size: int, infinite: bool) -> None:
+        self._base, self.dataset_name, self._text = data, name, text_processor
+        self._tokenizer, self.seq_len, self.infinite = tokenizer, seq_len, infinite
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self._views: dict[tuple[int, int, int, int], Dataset] = {}
+        self.resume(fresh_plan(len(data), dp_world_size, dp_rank, 0), 0)
+
+    @property
+    def rows(self) -> int:
+        return len(self._base)
+
+    def resume(self, plan: list[Piece], epoch: int) -> None:
+        """Read ``plan`` from its start with empty buffers (a fresh start or a restored cursor)."""
+        self._plan, self._epoch, self._position = list(plan), epoch, 0
+        self._inputs: list[int] = []
+        self._labels: list[int] = []
+        self._positions: list[int] = []
+        self._held: deque[int] = deque()  # tokens of each buffered sample still in the buffer, oldest first
+
+    def _view(self, piece: Piece) -> Dataset:
+        """The shard's rows in the epoch's order: torchtitan's ``shard(contiguous=True)`` (= ``select(range)``)
+        and ``shuffle(seed=42 + epoch)`` after epoch 0."""
+        key = (piece.rows, piece.shards, piece.shard, piece.epoch)
+        if key not in self._views:
+            view = self._base.select(base_rows(piece))
+            self._views[key] = view.shuffle(seed=SHUFFLE_SEED + piece.epoch) if piece.epoch else view
+        return self._views[key]
+
+    def _samples(self) -> Iterator[tuple[str, int]]:
+        """(text, token offset) of each sample from the current plan position on."""
+        index, inside = locate(self._plan, self._position)
+        for piece in self._plan[index:]:
+            view, start = self._view(piece), piece.begin + inside
+            rows = view.select(range(start, piece.end)) if start or piece.end != len(view) else view
+            for row in rows:
+                yield self._text(row), piece.offset if start == piece.begin else 0
+                start += 1
+            inside = 0
+
+    def _drop_head(self, count: int) -> None:
+        while count:
+            if self._held[0] <= count:
+                count -= self._held.popleft()
+            else:
+                self._held[0] -= count
+                count = 0
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        size = self.seq_len
+        while True:
+            for text, offset in self._samples():
+                tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
+                held = len(tokens) - 1 - offset
+                self._position += 1
+                if held <= 0:
+                    continue
+                self._inputs.extend(tokens[offset:-1])
+                self._labels.extend(tokens[offset + 1:])
+                self._positions.extend(range(offset, len(tokens) - 1))
+                self._held.append(held)
+                while len(self._inputs) >= size:
+                    input_ids = torch.LongTensor(self._inputs[:size])
+                    label_ids = torch.LongTensor(self._labels[:size])
+                    positions = torch.LongTensor(_normalize_positions(None, self._positions[:size]))
+                    self._inputs, self._labels = self._inputs[size:], self._labels[size:]
+                    self._positions = self._positions[size:]
+                    self._drop_head(size)
+                    yield {"input": input_ids, "positions": positions}, label_ids
+            if not self.infinite:
+                log.warning("Dataset %s has run out of data", self.dataset_name)
+                break
+            self.resume(fresh_plan(self.rows, self.dp_world_size, self.dp_rank, self._epoch + 1), self._epoch + 1)
+            log.warning("Dataset %s is being re-looped (epoch %d)", self.dataset_name, self._epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor: plan positions before ``first`` are consumed; the sample at ``first`` goes on at token
+        ``offset`` (None: at the plan's own offset, nothing of it read)."""
+        return {"pieces": [p.as_tuple() for p in self._plan], "first": self._position - len(self._held),
+                "offset": self._positions[0] if self._held else None, "epoch": self._epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.resume(remaining(pieces_from_tuples(state_dict["pieces"]), state_dict["first"], state_dict["offset"]),
+                    state_dict["epoch"])
+
+
+def _all_gather(entry: object) -> list[object]:
+    """Every rank's ``entry`` (all ranks of the default group; this rank's alone without one)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [entry]
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, entry)
+    return gathered
+
+
+def _dataset_fingerprint(name: str, path: str, data: object, text: Callable[[Any], str]) -> dict[str, Any]:
+    if isinstance(data, Dataset):
+        head = (text(row) for row in data.select(range(min(len(data), data_identity.HEAD_ROWS))))
+        return data_identity.fingerprint(name, path, "map-style", len(data), head)
+    return data_identity.fingerprint(name, path, "streaming", None, None)
+
+
+class ReshardingDataLoader(ParallelAwareDataloader):
+    """``HuggingFaceTextDataLoader`` whose checkpointed position loads on any data-parallel degree."""
+
+    reshards = True
+    """Read by the checkpoint hook: this loader's state is to be loaded even when the world size changed."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(HuggingFaceTextDataLoader.Config):
+        allow_dataset_change: bool = False
+        """Resume a checkpoint whose dataset fingerprint differs from this dataset's (checkpoint.allow_dataset_change)."""
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, seq_len: int,
+                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs) -> None:
+        if config.num_workers:
+            raise DataResumeError(f"dataloader.num_workers={config.num_workers}: the resharding data loader reads "
+                                  "in the training process only (num_workers: 0)")
+        path, load, text = _validate_dataset(config.dataset.lower(), config.dataset_path)
+        data = load(path)
+        self.allow_dataset_change = config.allow_dataset_change
+        self.fingerprint = _dataset_fingerprint(config.dataset.lower(), path, data, text)
+        if isinstance(data, Dataset):
+            dataset: IterableDataset = ReshardableTextDataset(data, config.dataset.lower(), text, tokenizer, seq_len,
+                                                              dp_rank, dp_world_size, config.infinite)
+        else:  # streaming: torchtitan's own dataset (it loads the stream again: lazily, nothing is read twice)
+            dataset = HuggingFaceTextDataset(config.dataset, config.dataset_path, tokenizer, seq_len, dp_rank,
+                                             dp_world_size, config.infinite)
+        super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
+                         pin_memory=config.pin_memory, snapshot_every_n_steps=snapshot_every_n_steps)
+
+    @property
+    def streaming(self) -> bool:
+        return not isinstance(self.dataset, ReshardableTextDataset)
+
+    # -- saving -----------------------------------------------------------------------------
+    def local_state(self) -> bytes:
+        """This rank's part: its cursor (map-style) or torchtitan's whole per-rank state (streaming)."""
+        if self.streaming:
+            return pickle.dumps(StatefulDataLoader.state_dict(self))
+        return pickle.dumps(self.dataset.state_dict())
+
+    def global_state(self, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
+        """The checkpoint entry from every data-parallel rank's (dp_rank, local_state) (replicas repeat them)."""
+        ranks = dict(reversed(entries))
+        if sorted(ranks) != list(range(self.dp_world_size)):
+            raise RuntimeError(f"data loader state: got data-parallel ranks {sorted(ranks)}, "
+                               f"expected 0..{self.dp_world_size - 1}")
+        state = {"format": STATE_FORMAT, "dp_world_size": self.dp_world_size, "dataset": self.fingerprint,
+                 "ranks": [ranks[r] for r in range(self.dp_world_size)]}
+        return {STATE_KEY: pickle.dumps(state)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective: every rank calls it in DCP's save (and load) of the checkpoint."""
+        return self.global_state(_all_gather((self.dp_rank, self.local_state())))  # type: ignore[arg-type]
+
+    # -- loading ----------------------------------------------------------------------------
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        saved = self._saved(state_dict.get(STATE_KEY))
+        self._check_dataset(saved["dataset"])
+        if saved["dataset"]["kind"] != self.fingerprint["kind"]:
+            raise DataResumeError(f"the checkpoint's data position is for a {saved['dataset']['kind']} dataset, this "
+                                  f"one is {self.fingerprint['kind']}: it cannot go on there")
+        old_degree, ranks = saved["dp_world_size"], saved["ranks"]
+        if self.streaming:
+            if old_degree != self.dp_world_size:
+                raise DataResumeError(
+                    f"the data position of streaming (iterable) dataset {self.fingerprint['name']!r} cannot be "
+                    f"resharded from {old_degree} to {self.dp_world_size} data-parallel ranks; resume on "
+                    f"{old_degree}, or set checkpoint.on_world_size_change: restart_data to restart its data")
+            StatefulDataLoader.load_state_dict(self, pickle.loads(ranks[self.dp_rank]))
+            return
+        cursors = [pickle.loads(raw) for raw in ranks]
+        rests = [remaining(pieces_from_tuples(c["pieces"]), c["first"], c["offset"]) for c in cursors]
+        if old_degree == self.dp_world_size:
+            plan, epoch = rests[self.dp_rank], cursors[self.dp_rank]["epoch"]
+        else:
+            plan, epoch = reshard(rests, self.dp_world_size)[self.dp_rank], max(c["epoch"] for c in cursors)
+            if self.dp_rank == 0:
+                log.warning("slurm-titan: data position resharded from %d to %d data-parallel ranks: %d unconsumed "
+                            "samples of epoch(s) %s re-split, none repeated or skipped; the cut ones go on at their "
+                            "token offset", old_degree, self.dp_world_size, sum(map(plan_length, rests)),
+                            sorted({c["epoch"] for c in cursors}))
+        needed = rows_needed(plan)
+        if needed > self.dataset.rows:
+            raise DataResumeError(f"dataset {self.fingerprint['path']} has {self.dataset.rows} rows but the checkpoint's "
+                                  f"data position needs {needed}; resume on the dataset it was saved with")
+        self.dataset.resume(plan, epoch)
+        StatefulDataLoader.load_state_dict(self, {})  # drop an iterator made for DCP's template: read from the plan
+
+    def _saved(self, raw: object) -> dict[str, Any]:
+        if not isinstance(raw, bytes):
+            raise DataResumeError(
+                "the checkpoint's data loader state was saved by torchtitan's own loader (one state per data-parallel "
+                f"rank, saved by {raw} ranks): it has no resharding cursor; resume it with "
+                "checkpoint.on_world_size_change: restart_data (torchtitan's loader)")
+        saved = pickle.loads(raw)
+        if not isinstance(saved, dict) or saved.get("format") != STATE_FORMAT:
+            raise DataResumeError(f"the checkpoint's data loader state is not in the format {STATE_FORMAT}")
+        return saved
+
+    def _check_dataset(self, saved: dict[str, Any]) -> None:
+        changed = data_identity.difference(saved, self.fingerprint)
+        if changed and not self.allow_dataset_change:
+            raise DataResumeError(f"the checkpoint was trained on another dataset ({changed}); resume on it, or set "
+                                  "checkpoint.allow_dataset_change: true to go on at the same sample positions")
+        if changed:
+            log.warning("slurm-titan: dataset changed since the checkpoint (%s): going on at the same sample "
+                        "positions (checkpoint.allow_dataset_change)", changed)
+        elif saved.get("path") != self.fingerprint["path"]:
+            log.info("slurm-titan: same dataset content at another path: %s -> %s", saved.get("path"),
+                     self.fingerprint["path"])
+
+
+@override(
+    target=HuggingFaceTextDataLoader.Config,
+    fqns=["dataloader"],  # the trainer's loader, the one checkpointed (not validator.dataloader)
+    exact=True,
+    description="slurm-titan: a data loader position that reshards on another data-parallel degree",
+)
+def resharding_dataloader(cfg: HuggingFaceTextDataLoader.Config,
+                          allow_dataset_change: bool = False) -> ReshardingDataLoader.Config:
+    return derive(cfg, ReshardingDataLoader.Config, allow_dataset_change=allow_dataset_change)
