@@ -52,6 +52,7 @@ class CheckpointPlan:
     keep_every: int
     config_digest: str
     upload_cpus: str | None = None
+    reshards_data: bool = False  # the resharding data loader is on (checkpoint.on_world_size_change: reshard)
 
     def rank_env(self, job_id: str) -> dict[str, str]:
         """What the checkpoint hook in every rank reads (no credentials: those come from the environment)."""
@@ -267,7 +268,7 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
         return None
     return CheckpointPlan(_checkpoint_local(config), _fill(ckpt.remote, config) if ckpt.remote else None,
                           ckpt.endpoint_url, ckpt.keep_local, ckpt.keep_remote, ckpt.keep_every,
-                          config_digest(config), ckpt.upload_cpus)
+                          config_digest(config), ckpt.upload_cpus, bool(_data_overrides(ckpt)))
 
 
 def _watchdog_budgets(config: JobConfig) -> Budgets | None:

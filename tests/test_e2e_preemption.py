@@ -134,5 +134,7 @@ def test_f_resume_on_another_node_count(cli: Cli, first_nodes: int, second_nodes
     assert status["state"] == "COMPLETED", status
     node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
     assert f"saved by {first_nodes} ranks on {second_nodes} ranks" in node_log
-    assert "data loader position" in node_log and "NOT restored" in node_log
+    assert "the data position is resharded by the data loader" in node_log
+    rank_log = (job_dir(cli, second) / "logs/rank-0.log").read_text()
+    assert f"data position resharded from {first_nodes} to {second_nodes} data-parallel ranks" in rank_log
     assert [step for step, _ in step_losses(job_dir(cli, second) / "logs/rank-0.log")] == [7, 8, 9]

@@ -98,7 +98,8 @@ class SyncedCheckpointManager(CheckpointManager):
         self._sync_closed = False
         self._force_save = False
         super().__init__(config, **kwargs)
-        if os.environ.get(SKIP_DATALOADER_ENV) and DATALOADER not in self.exclude_from_loading:
+        resharding = getattr(self.states.get(DATALOADER), "reshards", False)  # overrides.resharding_loader
+        if os.environ.get(SKIP_DATALOADER_ENV) and not resharding and DATALOADER not in self.exclude_from_loading:
             self.exclude_from_loading = [*self.exclude_from_loading, DATALOADER]
             logger.warning("slurm-titan: the world size changed since the checkpoint was saved: model and optimizer "
                            "are resharded; the data loader state is NOT loaded (data restarts from the beginning)")

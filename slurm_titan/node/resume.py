@@ -4,7 +4,8 @@ With node-local checkpoint folders a requeued job may land on nodes that never s
 find local steps whose upload was cut short. The remote location's newest complete (committed)
 checkpoint is the truth: it is restored (checksums verified) and newer uncommitted local steps
 are moved aside before torchtitan looks. When the world size differs from the save, DCP
-reshards model and optimizer; the data loader's position cannot be resharded, and the log says so.
+reshards model and optimizer, and the resharding data loader (overrides.resharding_loader) its
+position; with `checkpoint.on_world_size_change: restart_data` the data restarts, and the log says so.
 
 The supervisor starts the ranks first and restores while they import torch and build the model:
 each rank's checkpoint hook waits at :func:`wait_for_restore` (a pipe from the supervisor) before
@@ -41,9 +42,11 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say)
         return {}
     step = restored.step
     if restored.world_size != world_size:
+        data = ("the data position is resharded by the data loader" if plan.reshards_data else
+                "the data loader position is NOT restored (checkpoint.on_world_size_change: restart_data): every "
+                "rank restarts its data at the beginning of the dataset")
         say(f"resuming complete checkpoint step {step} saved by {restored.world_size} ranks on {world_size} ranks: "
-            "model and optimizer are resharded by DCP; the data loader position is per data-parallel rank and is "
-            "NOT restored: every rank restarts its data at the beginning of the dataset")
+            f"model and optimizer are resharded by DCP; {data}")
         return {SKIP_DATALOADER_ENV: "1"}
     say(f"resuming complete checkpoint step {step} from {remote}: model, optimizer, data position and RNG")
     return {}
