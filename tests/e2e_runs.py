@@ -41,3 +41,19 @@ def job_field(cli: Cli, job_id: str, key: str) -> int:
     hours, minutes, seconds = (int(part) for part in clock.split(":"))
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
+
+
+def uninterrupted_losses(cli: Cli, steps: int, *config: str) -> dict[int, str]:
+    """Run `config` to the end without faults; every step's loss (the reference of a faulted run)."""
+    job = cli.submit(*config)
+    assert cli.wait(job)["state"] == "COMPLETED"
+    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
+    assert [step for step, _ in losses] == list(range(1, steps + 1))
+    return dict(losses)
+
+
+def assert_same_training(cli: Cli, job: str, reference: dict[int, str], ranks: int = 2) -> None:
+    """Every step's loss on every rank equals the uninterrupted run's (a retrained step: its last loss)."""
+    for rank in range(ranks):
+        losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))
+        assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"

@@ -8,7 +8,6 @@ the job COMPLETED with every loss equal to an uninterrupted run's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Cli, wait_for
-from e2e_runs import job_dir, step_losses
+from e2e_runs import assert_same_training, job_dir, uninterrupted_losses
 from local_cluster.faults import SignalAtStep, step_reached
 
 from slurm_titan.node import progress_record
@@ -32,17 +31,9 @@ CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={S
 COLLECTIVE_TIMEOUT_S = 1200  # timeouts.collective_s of the default config
 
 
-def reference_losses(cli: Cli, *config: str) -> dict[int, str]:
-    job = cli.submit(*config)
-    assert cli.wait(job)["state"] == "COMPLETED"
-    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
-    assert [step for step, _ in losses] == list(range(1, STEPS + 1))
-    return dict(losses)
-
-
 @pytest.fixture(scope="module")
 def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    return reference_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), *CONFIG)
+    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
 
 
 def hang_report(folder: Path, attempt: int) -> dict:
@@ -67,12 +58,6 @@ def assert_found_by_the_watchdog(cli: Cli, job: str, status: dict, stopped: dict
     assert "--stacks" in cli("status", job).stdout
     assert "rank-1" in cli("logs", job, "--stacks").stdout
     return hang
-
-
-def assert_same_training(cli: Cli, job: str, reference: dict[int, str]) -> None:
-    for rank in (0, 1):
-        losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))  # retrained steps: the last wins
-        assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"
 
 
 def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers(cli: Cli, reference: dict[int, str]) -> None:
@@ -174,7 +159,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def test_a_rank_blocked_in_its_data_loader_is_found_and_the_run_recovers(cli: Cli, tmp_path: Path) -> None:
-    reference = reference_losses(cli, *_dataset_config(tmp_path / "regular", fifo=False))
+    reference = uninterrupted_losses(cli, STEPS, *_dataset_config(tmp_path / "regular", fifo=False))
     config = _dataset_config(tmp_path / "fifo", fifo=True)
     feeder = Feeder(tmp_path / "fifo" / "train-1.jsonl", _shards(tmp_path)[1])
     feeder.start()

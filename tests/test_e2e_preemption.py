@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from conftest import Cli, run, wait_for
-from e2e_runs import checkpoints, job_dir, job_field, scontrol, step_losses, wait_for_log
+from e2e_runs import checkpoints, job_dir, job_field, scontrol, step_losses, uninterrupted_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test d) lands mid-run
@@ -22,13 +22,7 @@ CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={S
 
 @pytest.fixture(scope="module")
 def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Losses of the uninterrupted run."""
-    cli = Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server)
-    job = cli.submit(*CONFIG)
-    assert cli.wait(job)["state"] == "COMPLETED"
-    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
-    assert [step for step, _ in losses] == list(range(1, STEPS + 1))
-    return dict(losses)
+    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
 
 
 def interrupted_run(cli: Cli, trigger: Callable[[str], None], *extra: str, at_step: int = 6) -> dict:

@@ -7,12 +7,13 @@ every loss equal, the job COMPLETED.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
 
 from conftest import CLUSTER_TOOL, Cli, run, wait_for
-from e2e_runs import job_dir, job_field, step_losses, wait_for_log
+from e2e_runs import assert_same_training, job_dir, job_field, uninterrupted_losses, wait_for_log
 from local_cluster.faults import SignalAtStep, kill_node, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -22,20 +23,7 @@ CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={S
 
 @pytest.fixture(scope="module")
 def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Losses of the uninterrupted run."""
-    cli = Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server)
-    job = cli.submit(*CONFIG)
-    assert cli.wait(job)["state"] == "COMPLETED"
-    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
-    assert [step for step, _ in losses] == list(range(1, STEPS + 1))
-    return dict(losses)
-
-
-def assert_same_training(cli: Cli, job: str, reference: dict[int, str]) -> None:
-    """Every step's loss equals the uninterrupted run's; the last attempt trained to the end."""
-    for rank in (0, 1):
-        losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))  # retrained steps: the last wins
-        assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"
+    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
 
 
 def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:
@@ -110,3 +98,45 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, he
     assert lost not in second["hosts"]
     assert job_field(cli, job, "Restarts") == 0
     assert_same_training(cli, job, reference)
+
+
+def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: dict,
+                                                                 reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    lost = cli.status(job)["attempts"][0]["hosts"][1]
+    kill_node(healed_cluster["SLURM_TITAN_CLUSTER_DIR"], lost)
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    first, second = status["attempts"][:2]
+    assert first["cause"] == f"node {lost} lost" and first["action"] == "requeue"
+    assert job_field(cli, job, "Restarts") == 1 and lost not in second["hosts"]
+    assert f"ExcNodeList={lost}" in run(["scontrol", "show", "job", job], env=cli.env).stdout
+    assert_same_training(cli, job, reference)
+
+
+def test_the_batch_host_lost_whole_is_requeued_by_slurm(cli: Cli, healed_cluster: dict,
+                                                        reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    batch_host = cli.status(job)["attempts"][0]["hosts"][0]
+    kill_node(healed_cluster["SLURM_TITAN_CLUSTER_DIR"], batch_host)
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    assert job_field(cli, job, "Restarts") >= 1
+    assert batch_host not in status["attempts"][-1]["hosts"]
+    assert_same_training(cli, job, reference)
+
+
+def test_spares_that_do_not_fit_the_partition_are_cut_with_one_warning(cli: Cli) -> None:
+    out = cli("submit", "--set", f"runs_dir={cli.runs}", *CONFIG, "--set", "slurm.spare_nodes=5")
+    job = re.search(r"submitted job (\d+)", out.stdout).group(1)
+    try:
+        assert "slurm.spare_nodes=5 does not fit partition 'low' (4 nodes for 2 + spares); submitting with 2" \
+            in out.stderr
+        shown = run(["scontrol", "show", "job", job], env=cli.env).stdout
+        assert re.search(r"\bNumNodes=4\b", shown), shown
+    finally:
+        run(["scancel", job], env=cli.env)

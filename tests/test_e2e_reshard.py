@@ -52,7 +52,7 @@ def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path
     assert f"data position resharded from {old} to {new} data-parallel ranks" in rank0.read_text(errors="replace")
     assert [step for step, _ in step_losses(rank0)] == [7, 8, 9]
     degree6, left6 = unconsumed(cli, remote, 6, tmp_path / "a")
-    degree9, left9 = unconsumed(cli, cli.remote.format(name="debug-cpu", job_id=second), 9, tmp_path / "b")
+    degree9, left9 = unconsumed(cli, remote, 9, tmp_path / "b")  # the second job saved where it resumed from
     assert (degree6, degree9) == (old, new)
     assert len(left6) == len(set(left6)) and len(left9) == len(set(left9))  # each unconsumed sample on one rank
     assert set(left9) < set(left6)  # nothing consumed at step 6 comes back; steps 7-9 consumed some more

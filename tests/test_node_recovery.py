@@ -110,10 +110,12 @@ exit $c
         (folder / name).chmod(0o755)
 
 
-def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _failed_attempt_0(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_attempts: set[int]) -> Path:
+    """A job folder whose attempt 0 on n1,n2 of the allocation n1..n3 just failed (n1's rank killed first),
+    with stand-ins for srun and scontrol on PATH and the batch shell's environment set."""
     job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
     job_dir.mkdir(), bin_dir.mkdir()
-    _stand_ins(bin_dir, fail_attempts={1})
+    _stand_ins(bin_dir, fail_attempts)
     (job_dir / "42_submission.sh").write_text("#!/bin/bash\n# command\nsrun --nodes=$SLURM_TITAN_NUM_NODES bash -c '\n"
                                               "true'\n\n# teardown\nexit_code=$?\n")
     _report(job_dir, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 5.0})
@@ -125,9 +127,17 @@ def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest
                         allocation.NODES_ENV: "n1,n2"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(finish.slurm, "time_left_seconds", lambda job_id: 3600)
-    code = finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137", "--nodes", "2", "--max-requeues", "5",
-                        "--max-failures", "5", "--signal-seconds", "60"])
-    assert code == 0
+    return job_dir
+
+
+def _finish(job_dir: Path, *extra: str) -> int:
+    return finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137", "--nodes", "2", "--max-requeues", "5",
+                        "--max-failures", "5", "--signal-seconds", "60", *extra])
+
+
+def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts={1})
+    assert _finish(job_dir) == 0
     attempts = history.read_attempts(job_dir)
     assert [(a.attempt, a.reason, a.action) for a in attempts] == [(0, "failed", "restart"), (1, "failed", "restart"),
                                                                     (2, "finished", "stop")]
@@ -173,21 +183,8 @@ def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
-    job_dir.mkdir(), bin_dir.mkdir()
-    _stand_ins(bin_dir, fail_attempts=set())
-    (job_dir / "42_submission.sh").write_text("#!/bin/bash\nsrun --nodes=$SLURM_TITAN_NUM_NODES true\n\n# teardown\n")
-    _report(job_dir, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 5.0})
-    _report(job_dir, 0, 1, "n2", 1, {"rank": 1, "exit_code": 1, "time": 6.0})
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
     allocation.exclude(job_dir, "n3", "lost")  # the spare is gone already
     history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True)  # n1 failed before
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("JOB_DIR", str(job_dir))
-    for name, value in {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", allocation.ATTEMPT_ENV: "0",
-                        allocation.NODES_ENV: "n1,n2"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(finish.slurm, "time_left_seconds", lambda job_id: 3600)
-    code = finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137", "--nodes", "2", "--max-requeues", "5",
-                        "--max-failures", "5", "--signal-seconds", "60", "--shrink-to", "1"])
-    assert code == 0
+    assert _finish(job_dir, "--shrink-to", "1") == 0
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2"  # n1 failed again: left out; n2 goes on alone

@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from bench_jobs import (REPO, STEP, Bench, Run, bench_parser, median_spread, read_lines, rounded, run_repeats,
