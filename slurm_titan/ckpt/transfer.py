@@ -8,7 +8,8 @@ Every byte is hashed exactly once, on the way through (no second read):
   sliding window, unlike s3fs's put which waits for each batch); downloads are parallel
   ranged GETs written with pwrite and hashed in order as they land.
 - local directories: read into a reusable buffer, hash, write to a temporary name, fsync,
-  rename; several files at once.
+  rename; several files at once. Restores write with O_DIRECT (:class:`.ranged.Writer`): the
+  copy is on disk when it returns, with no dirty pages for a later sync to flush.
 - any other fsspec backend: streamed through ``fs.open``.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
 import tempfile
 import threading
@@ -25,12 +27,16 @@ from typing import Any
 
 from slurm_titan.errors import StorageError
 
-from . import s3http
+from . import ranged, s3http
 from .checksum import DEFAULT_ALGORITHM, Hasher, hash_file, new_hasher
 from .manifest import FileEntry
 from .store import Progress, Store
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
+_DIRECT_BUF = 1 << 20
+"""Restores from a directory write with O_DIRECT from a buffer this large: 1 GiB in 16 files
+took 0.30-0.35 s (nothing left to sync), against 0.35-0.67 s for the buffered copy and 0.45-0.53 s
+for ``cp -r`` + ``sync`` (the buffered copy plus its sync swung with the page cache's state)."""
 MAX_PARTS = 9000
 _GENERIC_CHUNK = 8 << 20  # through fs.open() of other fsspec backends
 
@@ -47,8 +53,11 @@ def _noop(_: int) -> None:
 
 
 def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: bool = True,
-               sync: bool = True) -> tuple[int, str]:
-    """Copy src to dst hashing the bytes; dst appears only when complete (tmp + rename)."""
+               sync: bool = True, direct: bool = False) -> tuple[int, str]:
+    """Copy src to dst hashing the bytes; dst appears only when complete (tmp + rename).
+
+    ``direct``: write past the page cache (O_DIRECT, where the file system allows it), from a
+    page-aligned buffer, so that the copy is on disk when it returns and costs no later sync."""
     h = new_hasher(algorithm)
     try:
         fin = open(src, "rb", buffering=0)
@@ -66,24 +75,24 @@ def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: b
                 fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise StorageError(f"cannot write {dst}: {e.strerror}") from None
+        out = ranged.Writer(fd, tmp, direct)
+        buf = mmap.mmap(-1, _DIRECT_BUF) if out.direct_ok else bytearray(_LOCAL_BUF)
+        view = memoryview(buf)
         try:
-            buf = bytearray(_LOCAL_BUF)
-            view = memoryview(buf)
             while True:
                 try:
-                    n = fin.readinto(buf)
+                    n = fin.readinto(view)
                 except OSError as e:
                     raise LocalFileError(f"cannot read {src}: {e.strerror}") from None
                 if not n:
                     break
                 h.update(view[:n])
-                off = 0
-                while off < n:
-                    off += os.write(fd, view[off:n])
+                out.write(size, view[:n])
                 size += n
                 progress(n)
             if sync:
                 os.fsync(fd)
+            out.close()
             os.close(fd)
             fd = -1
             if atomic:
@@ -91,6 +100,10 @@ def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: b
         except OSError as e:
             raise StorageError(f"cannot write {dst}: {e.strerror}") from None
         finally:
+            out.close()
+            view.release()
+            if isinstance(buf, mmap.mmap):
+                buf.close()
             if fd >= 0:
                 os.close(fd)
             if atomic:
@@ -337,7 +350,8 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
             src = store.full(r)
             if not os.path.exists(src):
                 raise StorageError(f"{store.url(r)}: no such file")
-            return _copy_hash(src, lp, algorithm, progress, atomic=False, sync=False)
+            return _copy_hash(src, lp, algorithm, progress, atomic=False, sync=False,
+                              direct=store.transfer.direct_io)
         return _threads(store, one, items)
 
     def generic(item: tuple[str, str, int | None]) -> tuple[int, str]:
