@@ -58,3 +58,45 @@ def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM,
             if progress is not None:
                 progress(n)
     return size, h.hexdigest()
+
+
+class BlockHasher:
+    """The whole file's checksum and one checksum per ``block_size`` bytes (the last block may be
+    shorter), from the same pass over the bytes: any byte range of the file can then be verified
+    by fetching only the blocks that cover it. ``block_size`` 0: the whole file's only.
+
+    Bytes are fed to both hashers a cache-sized piece at a time, so that the second hash reads
+    from cache (xxh3: ~0.1 CPU s per GiB more)."""
+
+    def __init__(self, algorithm: str, block_size: int) -> None:
+        self.algorithm = algorithm
+        self.block_size = block_size
+        self.whole = new_hasher(algorithm)
+        self.blocks: list[str] = []
+        self._block = new_hasher(algorithm) if block_size else None
+        self._in_block = 0
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            if self._block is None:
+                piece = view
+            else:
+                piece = view[:min(CHUNK, self.block_size - self._in_block)]
+                self._block.update(piece)
+                self._in_block += len(piece)
+                if self._in_block == self.block_size:
+                    self.blocks.append(self._block.hexdigest())
+                    self._block, self._in_block = new_hasher(self.algorithm), 0
+            self.whole.update(piece)
+            view = view[len(piece):]
+
+    def hexdigest(self) -> str:
+        return self.whole.hexdigest()
+
+    def block_digests(self) -> tuple[str, ...]:
+        """One digest per block, the last (shorter) one included: call once, at the end."""
+        if self._block is not None and self._in_block:
+            self.blocks.append(self._block.hexdigest())
+            self._in_block = 0
+        return tuple(self.blocks)

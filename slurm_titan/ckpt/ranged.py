@@ -81,6 +81,7 @@ class Writer:
 
     def __init__(self, fd: int, path: str, direct: bool = True) -> None:
         self.fd = fd
+        self.path = path
         self.direct_fd = _open_direct(path) if direct else -1
         self.direct_ok = self.direct_fd >= 0
 

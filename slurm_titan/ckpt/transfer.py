@@ -28,7 +28,7 @@ from typing import Any
 from slurm_titan.errors import StorageError
 
 from . import ranged, s3http
-from .checksum import DEFAULT_ALGORITHM, Hasher, hash_file, new_hasher
+from .checksum import DEFAULT_ALGORITHM, BlockHasher, Hasher, hash_file, new_hasher
 from .manifest import FileEntry
 from .store import Progress, Store
 
@@ -52,13 +52,13 @@ def _noop(_: int) -> None:
 # ----------------------------------------------------------------------------- local
 
 
-def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: bool = True,
-               sync: bool = True, direct: bool = False) -> tuple[int, str]:
-    """Copy src to dst hashing the bytes; dst appears only when complete (tmp + rename).
+def _copy_hash(src: str, dst: str, h: Hasher, progress: Progress, atomic: bool = True,
+               sync: bool = True, direct: bool = False) -> int:
+    """Copy src to dst hashing the bytes with ``h``; returns the size; dst appears only when
+    complete (tmp + rename).
 
     ``direct``: write past the page cache (O_DIRECT, where the file system allows it), from a
     page-aligned buffer, so that the copy is on disk when it returns and costs no later sync."""
-    h = new_hasher(algorithm)
     try:
         fin = open(src, "rb", buffering=0)
     except OSError as e:
@@ -109,7 +109,7 @@ def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: b
             if atomic:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-    return size, h.hexdigest()
+    return size
 
 
 # ----------------------------------------------------------------------------- S3
@@ -126,7 +126,7 @@ async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, se
                      progress: Progress) -> FileEntry:
     fs = store.fs
     bucket, key, _ = fs.split_path(store.full(rel))
-    h = new_hasher(algorithm)
+    h = BlockHasher(algorithm, store.transfer.block_size)
     try:
         f = open(local_path, "rb")
     except OSError as e:
@@ -139,7 +139,7 @@ async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, se
                 data = await asyncio.to_thread(_read_hash, f, size + 1, h)
                 await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data)
             progress(len(data))
-            return FileEntry(rel, len(data), h.hexdigest())
+            return FileEntry.hashed(rel, len(data), h)
         mpu = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
         upload_id = mpu["UploadId"]
         tasks: list[asyncio.Task] = []
@@ -179,7 +179,7 @@ async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, se
             with contextlib.suppress(Exception):
                 await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
             raise
-    return FileEntry(rel, total, h.hexdigest())
+    return FileEntry.hashed(rel, total, h)
 
 
 async def _s3_read(store: Store, rel: str, algorithm: str, sem: asyncio.Semaphore, progress: Progress,
@@ -306,13 +306,13 @@ def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress |
     if store.is_local:
         def one(item: tuple[str, str]) -> FileEntry:
             lp, r = item
-            size, digest = _copy_hash(lp, store.full(r), algorithm, progress)
-            return FileEntry(r, size, digest)
+            h = BlockHasher(algorithm, store.transfer.block_size)
+            return FileEntry.hashed(r, _copy_hash(lp, store.full(r), h, progress), h)
         return _threads(store, one, items)
 
     def generic(item: tuple[str, str]) -> FileEntry:
         lp, r = item
-        h = new_hasher(algorithm)
+        h = BlockHasher(algorithm, store.transfer.block_size)
         size = 0
         try:
             fin = open(lp, "rb")
@@ -325,7 +325,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress |
                     fout.write(chunk)
                     size += len(chunk)
                     progress(len(chunk))
-        return FileEntry(r, size, h.hexdigest())
+        return FileEntry.hashed(r, size, h)
 
     return _threads(store, generic, items)
 
@@ -350,8 +350,9 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
             src = store.full(r)
             if not os.path.exists(src):
                 raise StorageError(f"{store.url(r)}: no such file")
-            return _copy_hash(src, lp, algorithm, progress, atomic=False, sync=False,
-                              direct=store.transfer.direct_io)
+            h = new_hasher(algorithm)
+            size = _copy_hash(src, lp, h, progress, atomic=False, sync=False, direct=store.transfer.direct_io)
+            return size, h.hexdigest()
         return _threads(store, one, items)
 
     def generic(item: tuple[str, str, int | None]) -> tuple[int, str]:
@@ -368,6 +369,115 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
         return size, h.hexdigest()
 
     return _threads(store, generic, items)
+
+
+class _RangeReader:
+    """Reads byte ranges of stored files into the caller's buffers: local files with pread, S3
+    with ranged GETs (:class:`.s3http.RangeReader`), other backends through ``cat_file``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.s3 = s3http.RangeReader(store) if s3http.enabled(store) else None
+        self.fds: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> None:
+        if self.s3 is not None:
+            self.s3.read(rel, off, view, progress)
+            return
+        if not self.store.is_local:
+            with self.store.errors(f"cannot read {rel}"):
+                data = self.store.fs.cat_file(self.store.full(rel), start=off, end=off + len(view))
+            got = len(data)
+            view[:got] = data
+        else:
+            with self.lock:
+                fd = self.fds.get(rel)
+                if fd is None:
+                    try:
+                        fd = self.fds[rel] = os.open(self.store.full(rel), os.O_RDONLY)
+                    except OSError as e:
+                        raise StorageError(f"{self.store.url(rel)}: cannot read: {e.strerror}") from None
+            got = 0
+            while got < len(view):
+                k = os.preadv(fd, [view[got:]], off + got)
+                if not k:
+                    break
+                got += k
+        if got != len(view):
+            raise StorageError(f"{self.store.url(rel)}: short read at byte {off} ({got} of {len(view)} bytes)")
+        progress(got)
+
+    def close(self) -> None:
+        if self.s3 is not None:
+            self.s3.close()
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def download_blocks(store: Store, items: list[tuple[str, str, FileEntry, list[int]]], algorithm: str,
+                    progress: Progress | None = None) -> list[list[int]]:
+    """Fetch some blocks of files: [(rel, local path, entry, block indices)].
+
+    Each local file is created at the entry's full size (sparse: the blocks not fetched are holes)
+    and each listed block is fetched, checked against the entry's block checksum and written at
+    its offset (O_DIRECT where allowed). Returns, per item, the blocks whose bytes did not match
+    the record (all good: empty lists). Raises StorageError when the store or the disk fails."""
+    progress = _locked(progress)
+    if not items:
+        return []
+    size = max(e.block_size for _, _, e, _ in items)
+    buffers = ranged.PartBuffers(-(-size // ranged.ALIGN) * ranged.ALIGN)
+    reader = _RangeReader(store)
+    writers: list[ranged.Writer] = []
+    bad: list[list[int]] = [[] for _ in items]
+    lock = threading.Lock()
+
+    def one(i: int, w: ranged.Writer, rel: str, entry: FileEntry, block: int) -> None:
+        off, n = entry.block_span(block)
+        buf = buffers.take()
+        try:
+            view = memoryview(buf)[:n]
+            reader.read(rel, off, view, progress)
+            h = new_hasher(algorithm)
+            h.update(view)
+            if h.hexdigest() != entry.blocks[block]:
+                with lock:
+                    bad[i].append(block)
+                return
+            try:
+                w.write(off, view)
+            except OSError as e:
+                raise StorageError(f"cannot write {w.path}: {e.strerror}") from None
+        finally:
+            buffers.give([buf])
+
+    try:
+        tasks = []
+        for i, (rel, lp, entry, blocks) in enumerate(items):
+            try:
+                os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
+                fd = os.open(lp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(fd, entry.size)
+            except OSError as e:
+                raise StorageError(f"cannot write {lp}: {e.strerror}") from None
+            w = ranged.Writer(fd, lp, store.transfer.direct_io)
+            writers.append(w)
+            tasks += [(i, w, rel, entry, b) for b in blocks]
+        with ThreadPoolExecutor(max_workers=max(1, min(store.transfer.concurrency, len(tasks) or 1)),
+                                thread_name_prefix="ckpt-block") as pool:
+            for fut in [pool.submit(one, *t) for t in tasks]:
+                fut.result()
+    finally:
+        reader.close()
+        for w in writers:
+            w.close()
+            os.close(w.fd)
+        buffers.close()
+    for b in bad:
+        b.sort()
+    return bad
 
 
 def checksum_many(store: Store, items: list[tuple[str, int | None]], algorithm: str,

@@ -1,0 +1,117 @@
+"""A node's share of a checkpoint: the files and blocks its ranks' DCP load reads (torch-free).
+
+The commit record's read map (:attr:`.manifest.Manifest.read_map`) says, per rank of the saving
+world size, which byte ranges that rank's load reads; DCP's load planner worked them out on the
+saving rank (:mod:`.dcp_plan`). On the same world size a node needs only the union of its ranks'
+ranges, each widened to the blocks that cover it (a block is the unit the record has a checksum
+for). Files that are not DCP data (``.metadata``, anything torchtitan adds) are always fetched
+whole, and so is a data file read in part whose record has no block checksums.
+
+The restored step folder records what it holds in ``.slurm-titan/share.json``; the blocks not
+fetched are holes in sparse files, at the offsets DCP's FileSystemReader reads, and the rank's
+checkpointer checks its own load plan against that record before torchtitan loads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .manifest import Manifest, ManifestError, Range
+
+SHARE_FILE = "share.json"
+"""Inside ``<step>/.slurm-titan/`` of a restored folder that holds part of the checkpoint."""
+
+
+@dataclass
+class Share:
+    ranks: list[int]
+    whole: list[str] = field(default_factory=list)
+    """Files fetched whole."""
+    blocks: dict[str, list[int]] = field(default_factory=dict)
+    """Files fetched in part: the blocks fetched (the rest are holes)."""
+
+    def nbytes(self, m: Manifest) -> int:
+        """Bytes this share moves out of the store."""
+        files = {f.path: f for f in m.files}
+        return sum(files[p].size for p in self.whole) + sum(
+            files[p].block_span(b)[1] for p, bs in self.blocks.items() for b in bs)
+
+    def covers(self, m: Manifest, path: str, offset: int, length: int) -> bool:
+        """Whether bytes [offset, offset + length) of ``path`` are on local disk in this share."""
+        if path in self.whole:
+            return True
+        f = next((f for f in m.files if f.path == path), None)
+        if f is None or path not in self.blocks:
+            return False
+        return set(f.covering_blocks(offset, length)) <= set(self.blocks[path])
+
+    def to_json(self) -> bytes:
+        return (json.dumps({"ranks": self.ranks, "whole": sorted(self.whole),
+                            "blocks": {p: b for p, b in sorted(self.blocks.items())}}, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Share:
+        try:
+            obj = json.loads(data)
+            return cls([int(r) for r in obj["ranks"]], [str(p) for p in obj["whole"]],
+                       {str(p): [int(b) for b in bs] for p, bs in obj["blocks"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ManifestError(f"{where}: not a share record ({e})") from None
+
+
+def is_data(path: str) -> bool:
+    """DCP data files (``*.distcp``): the only files a node may fetch in part or not at all."""
+    return path.endswith(".distcp")
+
+
+def node_ranks(node: int, nodes: int, world_size: int) -> list[int]:
+    """The global ranks of node ``node`` of ``nodes`` (contiguous, as the launcher numbers them)."""
+    if nodes < 1 or not 0 <= node < nodes:
+        raise ValueError(f"node {node} is not one of {nodes} node(s)")
+    if world_size % nodes:
+        raise ValueError(f"{world_size} ranks do not split evenly over {nodes} nodes")
+    per = world_size // nodes
+    return list(range(node * per, (node + 1) * per))
+
+
+def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
+    """The share of ``ranks`` (ranks of the saving world size), or None when the record has no
+    read map (the whole checkpoint is needed). ManifestError (one line) for a rank outside the
+    world size, or a read of a file missing from the record or outside its file."""
+    if m.read_map is None:
+        return None
+    bad = [r for r in ranks if not 0 <= r < m.world_size]
+    if bad:
+        raise ManifestError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
+    files = {f.path: f for f in m.files}
+    wanted: dict[str, set[int]] = {}
+    for r in ranks:
+        for path, off, length in m.read_map[r]:
+            f = files.get(path)
+            if f is None:
+                raise ManifestError(f"{where}: rank {r} reads bytes {off}-{off + length} of {path}, a file "
+                                    f"missing from the record")
+            if not f.block_size:  # a record without block checksums: only the whole file can be verified
+                wanted[path] = set(range(len(f.blocks)))
+                continue
+            wanted.setdefault(path, set()).update(f.covering_blocks(off, length, where))
+    share = Share(sorted(ranks))
+    for f in m.files:
+        blocks = wanted.get(f.path)
+        if not is_data(f.path) or (blocks is not None and (not f.block_size or len(blocks) == len(f.blocks))):
+            share.whole.append(f.path)
+        elif blocks:
+            share.blocks[f.path] = sorted(blocks)
+    return share
+
+
+def merged(ranges: list[Range]) -> list[Range]:
+    """The same bytes as few ranges as possible (sorted; overlapping and adjacent ones joined)."""
+    out: list[list] = []
+    for path, off, length in sorted(ranges):
+        if out and out[-1][0] == path and off <= out[-1][1] + out[-1][2]:
+            out[-1][2] = max(out[-1][2], off + length - out[-1][1])
+        else:
+            out.append([path, off, length])
+    return [(p, o, n) for p, o, n in out]
