@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from slurm_titan.errors import StorageError
 
@@ -269,13 +269,23 @@ class RestoreResult:
     """What of the checkpoint the folder holds when it is one node's share (None: all of it)."""
 
 
-Agreement = Callable[[int, str], str]
-"""agree(step, why this node rejects it or "") -> why some node rejects it, or "" when every node
-accepts it. Raises StorageError when the nodes cannot agree (one died): nothing is loaded then."""
+Ranks = list[int] | Callable[[int], list[int]]
+"""Global ranks, or a function of the saving world size giving them (``ckpt restore --node K --nodes N``)."""
+
+
+class Agreement(Protocol):
+    """The nodes' verdict on each candidate checkpoint (:class:`.agree.NodeAgreement`)."""
+
+    def __call__(self, step: int, why: str) -> str:
+        """This node's verdict (why it rejects ``step``, or "") out; why some node rejects it, or ""
+        when every node accepts it, back. Raises StorageError when the nodes cannot agree."""
+
+    def abort(self, step: int, why: str) -> None:
+        """This node cannot restore at all: tell the others now."""
 
 
 def restore(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
-            notify: Callable[[str], None] | None = None, *, ranks: list[int] | None = None,
+            notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
             world_size: int | None = None, agree: Agreement | None = None) -> RestoreResult:
     """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
 
@@ -285,9 +295,9 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
     every file is verified, together with its commit record (so ``dest`` is itself a
     location that ``list``/``verify`` understand).
 
-    ``ranks`` (with ``world_size``, the world size that will load it): fetch only what these
-    ranks' DCP load reads (:mod:`.share`) when the record has a read map of that world size;
-    else the whole checkpoint. ``agree``: each candidate is published only once every node
+    ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
+    size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
+    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint. ``agree``: each candidate is published only once every node
     accepts it (:mod:`.agree`); a rejection anywhere is a fallback everywhere.
     """
     infos = list_checkpoints(store)
@@ -312,6 +322,10 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
             why = ""
         except (CorruptCheckpoint, ManifestError) as e:
             why = str(e)
+        except BaseException as e:
+            if agree is not None:
+                agree.abort(s, str(e) or type(e).__name__)
+            raise
         if agree is not None:
             other = agree(s, why)
             if other and not why:
@@ -454,7 +468,7 @@ class _Fetched:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _wanted_share(store: Store, m: Manifest, ranks: list[int] | None, world_size: int | None) -> Share | None:
+def _wanted_share(store: Store, m: Manifest, ranks: Ranks | None, world_size: int | None) -> Share | None:
     if ranks is None:
         return None
     where = store.url(layout.commit_path(m.step))
@@ -462,6 +476,11 @@ def _wanted_share(store: Store, m: Manifest, ranks: list[int] | None, world_size
         log.info("checkpoint step %d was saved by %d ranks, loaded by %d: fetching all of it", m.step,
                  m.world_size, world_size)
         return None
+    if callable(ranks):
+        try:
+            ranks = ranks(m.world_size)
+        except ValueError as e:  # not a fault of the checkpoint: no fallback
+            raise StorageError(f"{where}: {e}") from None
     share = node_share(m, ranks, where)
     if share is None:
         log.info("checkpoint step %d has no read map (saved before read maps, or without the checkpointer's "
@@ -469,7 +488,7 @@ def _wanted_share(store: Store, m: Manifest, ranks: list[int] | None, world_size
     return share
 
 
-def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: list[int] | None,
+def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: Ranks | None,
            world_size: int | None) -> _Fetched:
     m = read_manifest(store, step)
     share = _wanted_share(store, m, ranks, world_size)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from slurm_titan.errors import StorageError
+
 from .manifest import Manifest, ManifestError, Range
 
 SHARE_FILE = "share.json"
@@ -77,13 +79,13 @@ def node_ranks(node: int, nodes: int, world_size: int) -> list[int]:
 
 def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
     """The share of ``ranks`` (ranks of the saving world size), or None when the record has no
-    read map (the whole checkpoint is needed). ManifestError (one line) for a rank outside the
-    world size, or a read of a file missing from the record or outside its file."""
+    read map (the whole checkpoint is needed). StorageError (one line) for a rank outside the
+    world size; ManifestError for a read of a file missing from the record or outside its file."""
     if m.read_map is None:
         return None
     bad = [r for r in ranks if not 0 <= r < m.world_size]
     if bad:
-        raise ManifestError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
+        raise StorageError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
     files = {f.path: f for f in m.files}
     wanted: dict[str, set[int]] = {}
     for r in ranks:
