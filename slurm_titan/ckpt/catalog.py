@@ -413,6 +413,21 @@ def _blocks_ok(path: str, f: FileEntry, blocks: list[int], algorithm: str) -> bo
     return True
 
 
+def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
+    """Which byte ranges of a downloaded file that failed its checksum are bad (from its block
+    checksums; only the whole file's in records without them)."""
+    if not f.block_size:
+        return "checksum mismatch"
+    with open(path, "rb", buffering=0) as fin:
+        bad = [b for b in range(len(f.blocks))
+               if hash_bytes(os.pread(fin.fileno(), f.block_span(b)[1], f.block_span(b)[0]), algorithm) != f.blocks[b]]
+    if not bad:
+        return "checksum mismatch (though every block matches its own: the record disagrees with itself)"
+    spans = [(b, *f.block_span(b)) for b in bad[:3]]
+    more = f" and {len(bad) - 3} more block(s)" if len(bad) > 3 else ""
+    return ", ".join(f"bytes {o}-{o + n} (block {b})" for b, o, n in spans) + more + " fail their checksum"
+
+
 def _clean_leftovers(dest: str) -> None:
     """Remove temporary folders of restores that were killed (their process is gone)."""
     for name in os.listdir(dest):
@@ -524,7 +539,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
             if size != f.size:
                 bad.append((f.path, f"truncated: read {size} bytes, expected {f.size}"))
             elif digest != f.checksum:
-                bad.append((f.path, "checksum mismatch"))
+                bad.append((f.path, _bad_blocks(_inside(tmp, f.path), f, m.algorithm)))
         if share is not None and share.blocks:
             files = {f.path: f for f in m.files}
             parts = [(f"{layout.step_dir(step)}/{p}", _inside(tmp, p), files[p], bs) for p, bs in share.blocks.items()]

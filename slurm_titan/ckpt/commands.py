@@ -194,7 +194,10 @@ def _restore_ranks(args: argparse.Namespace) -> Any:
         raise StorageError("ckpt restore: --node K needs --nodes N (and --nodes N needs --node K)")
     if args.node is None:
         return None
-    node_ranks(args.node, args.nodes, args.nodes)  # K in [0, N): refused before contacting the store
+    try:
+        node_ranks(args.node, args.nodes, args.nodes)  # K in [0, N): refused before contacting the store
+    except ValueError as e:
+        raise StorageError(f"ckpt restore: {e}") from None
     return lambda world_size: node_ranks(args.node, args.nodes, world_size)
 
 
