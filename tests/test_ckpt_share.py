@@ -219,3 +219,16 @@ def test_file_entry_round_trip_keeps_blocks():
     assert FileEntry.from_dict(e.to_dict(), "t") == e
     assert list(e.covering_blocks(BLOCK - 1, 2)) == [0, 1] and list(e.covering_blocks(2 * BLOCK, 1)) == [2]
     assert "block_size" not in FileEntry("x", 1, "c").to_dict()
+
+
+def test_a_folder_shared_by_two_nodes_ends_up_with_both_shares(tmp_path, monkeypatch):
+    """checkpoint.local on a shared filesystem: the second node's restore must not take away the
+    blocks the first node's ranks read."""
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10], world=4, monkeypatch=monkeypatch)[10]
+    store = open_store(location)
+    first = restore(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4)
+    second = restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4)
+    assert first.share.ranks == [0, 1] and second.share.ranks == [0, 1, 2, 3]
+    assert all((tmp_path / "shared" / "step-10" / p).read_bytes() == d for p, d in files.items())
+    assert restore(store, str(tmp_path / "shared"), ranks=[1], world_size=4).reused

@@ -507,9 +507,14 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
            world_size: int | None) -> _Fetched:
     m = read_manifest(store, step)
     share = _wanted_share(store, m, ranks, world_size)
-    need = m.total_bytes if share is None else share.nbytes(m)
     dest = os.path.abspath(dest)
     final = os.path.join(dest, layout.step_dir(step))
+    held = _read_share(final) if share is not None and os.path.isdir(final) else None
+    if held is not None and not set(share.ranks) <= set(held.ranks):
+        # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
+        # ranks may be loading from it: the new copy holds both shares
+        share = node_share(m, sorted(set(share.ranks) | set(held.ranks)), store.url(layout.commit_path(step)))
+    need = m.total_bytes if share is None else share.nbytes(m)
     if os.path.isdir(final) and _local_copy_ok(final, m, share):
         log.info("checkpoint step %d is already intact in %s", step, final)
         if progress:
