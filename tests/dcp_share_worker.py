@@ -54,14 +54,15 @@ def main() -> int:
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (world,))
     if op == "save":
-        from slurm_titan.ckpt.dcp_plan import load_reads
+        from slurm_titan.ckpt.dcp_plan import load_reads, small_items
+        from slurm_titan.ckpt.store import TransferConfig
         from slurm_titan.ckpt.sync import CheckpointSync
 
         sd = state(world, rank, mesh, filled=True)
         md = dcp.save(sd, checkpoint_id=os.path.join(local, "step-1"))
         reads = load_reads(sd, md)
         sync = CheckpointSync(remote, local, rank=rank, world_size=world, attempt="t", poll_interval=0.05)
-        sync.submit(1, reads)
+        sync.submit(1, reads, small_items(md, rank, TransferConfig.from_env().block_size))
         ok = sync.close(timeout=120)
         dist.barrier()
         with open(out, "w") as f:

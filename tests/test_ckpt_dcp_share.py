@@ -100,13 +100,16 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
         own = sum(sizes[f"__{r}_0.distcp"] for r in ranks) + sizes[".metadata"]
         assert own <= got  # its own ranks' files, whole, and the metadata
         # plus, of other ranks' files, only the blocks covering what its ranks read
-        assert got - own <= sum(len(res.share.blocks.get(p, [])) * BLOCK for p in sizes)
+        # plus, of other ranks' files, exactly the items under a block its ranks read (their own
+        # checksums) and the blocks covering larger ones
+        assert got - own <= sum(len(res.share.blocks.get(p, [])) * BLOCK + sum(n for _, n in res.share.spans.get(p, []))
+                                for p in sizes)
         if nodes > 1:
             assert got < m.total_bytes
         fetched.append(got)
         for r in range(world):  # files of other nodes' ranks: sparse (holes where nothing was fetched), or absent
             p = node_dirs[k] / f"__{r}_0.distcp"
-            held = p.name in res.share.whole or p.name in res.share.blocks
+            held = p.name in res.share.whole or p.name in res.share.blocks or p.name in res.share.spans
             assert (p.stat().st_size == sizes[p.name]) if held else not p.exists()
     if nodes > 1:
         assert sum(fetched) < nodes * m.total_bytes

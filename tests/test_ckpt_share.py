@@ -32,7 +32,10 @@ def _reads(world: int) -> list[list[tuple[str, int, int]]]:
             for r in range(world)]
 
 
-def _commit(location, local, steps, world=2, reads=True, monkeypatch=None):
+ITEM = (3 * BLOCK + 10, 40)  # the small item of rank 0's file that the other ranks read
+
+
+def _commit(location, local, steps, world=2, reads=True, monkeypatch=None, spans=False):
     if monkeypatch is not None:
         monkeypatch.setenv("SLURM_TITAN_CKPT_BLOCK_KB", str(BLOCK // 1024))
     syncs = [CheckpointSync(location, str(local), rank=r, world_size=world, attempt="a", retry_initial=0.1,
@@ -41,7 +44,7 @@ def _commit(location, local, steps, world=2, reads=True, monkeypatch=None):
     for step in steps:
         files[step] = write_fake_step(local, step, world, size=SIZE, seed=step)
         for r, s in enumerate(syncs):
-            s.submit(step, _reads(world)[r] if reads else None)
+            s.submit(step, _reads(world)[r] if reads else None, {"__0_0.distcp": [ITEM]} if spans and r == 0 else None)
     for s in syncs:
         assert s.close(timeout=60)
     return files
@@ -232,3 +235,19 @@ def test_a_folder_shared_by_two_nodes_ends_up_with_both_shares(tmp_path, monkeyp
     assert first.share.ranks == [0, 1] and second.share.ranks == [0, 1, 2, 3]
     assert all((tmp_path / "shared" / "step-10" / p).read_bytes() == d for p, d in files.items())
     assert restore(store, str(tmp_path / "shared"), ranks=[1], world_size=4).reused
+
+
+def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, monkeypatch):
+    files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch, spans=True)
+    store = open_store(location)
+    entry = next(f for f in read_manifest(store, 10).files if f.path == "__0_0.distcp")
+    data = files[10]["__0_0.distcp"]
+    assert entry.spans == ((*ITEM, hash_bytes(data[ITEM[0]:sum(ITEM)], "xxh3_128")),)
+    res = restore(store, str(tmp_path / "node1"), step=10, ranks=[1], world_size=2)
+    assert res.share.blocks == {} and res.share.spans == {"__0_0.distcp": [ITEM]}
+    assert res.fetched == len(files[10][".metadata"]) + len(files[10]["__1_0.distcp"]) + ITEM[1]
+    partial = (tmp_path / "node1" / "step-10" / "__0_0.distcp").read_bytes()
+    assert partial[ITEM[0]:sum(ITEM)] == data[ITEM[0]:sum(ITEM)] and partial.count(0) >= len(data) - ITEM[1]
+    _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)
+    res = restore(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
+    assert res.step == 10 and f"__0_0.distcp: bytes {ITEM[0]}-{sum(ITEM)} fail their checksum" in res.skipped[0][1]

@@ -31,7 +31,7 @@ from .checksum import hash_bytes, hash_file
 from .manifest import FileEntry, Manifest, ManifestError
 from .share import SHARE_FILE, Share, node_share
 from .store import Store
-from .transfer import checksum_many, download_blocks, download_many
+from .transfer import checksum_many, download_many, download_pieces
 
 log = logging.getLogger("slurm_titan.ckpt.catalog")
 
@@ -384,19 +384,19 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
     if {(f.path, f.size, f.checksum) for f in local.files} != {(f.path, f.size, f.checksum) for f in m.files}:
         return False
     for f in m.files:
-        wanted = None if share is None or f.path in share.whole else share.blocks.get(f.path)
-        if share is not None and wanted is None and f.path not in share.whole:
+        whole = share is None or f.path in share.whole
+        wanted = [] if whole else share.pieces(f)
+        if not whole and not wanted:
             continue  # not part of the share
         p = _inside(folder, f.path)
         try:
             if os.path.getsize(p) != f.size:
                 return False
-            if held is None or f.path in held.whole:
-                ok = hash_file(p, m.algorithm) == (f.size, f.checksum) if wanted is None else _blocks_ok(p, f, wanted,
-                                                                                                          m.algorithm)
+            if whole:
+                ok = (held is None or f.path in held.whole) and hash_file(p, m.algorithm) == (f.size, f.checksum)
             else:
-                ok = wanted is not None and set(wanted) <= set(held.blocks.get(f.path, ())) and _blocks_ok(
-                    p, f, wanted, m.algorithm)
+                ok = (held is None or f.path in held.whole or set(wanted) <= set(held.pieces(f))) and _pieces_ok(
+                    p, wanted, m.algorithm)
         except OSError:
             return False
         if not ok:
@@ -404,13 +404,9 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
     return True
 
 
-def _blocks_ok(path: str, f: FileEntry, blocks: list[int], algorithm: str) -> bool:
+def _pieces_ok(path: str, pieces: list[tuple[int, int, str]], algorithm: str) -> bool:
     with open(path, "rb", buffering=0) as fin:
-        for b in blocks:
-            off, n = f.block_span(b)
-            if hash_bytes(os.pread(fin.fileno(), n, off), algorithm) != f.blocks[b]:
-                return False
-    return True
+        return all(hash_bytes(os.pread(fin.fileno(), n, off), algorithm) == c for off, n, c in pieces)
 
 
 def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
@@ -423,9 +419,18 @@ def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
                if hash_bytes(os.pread(fin.fileno(), f.block_span(b)[1], f.block_span(b)[0]), algorithm) != f.blocks[b]]
     if not bad:
         return "checksum mismatch (though every block matches its own: the record disagrees with itself)"
-    spans = [(b, *f.block_span(b)) for b in bad[:3]]
-    more = f" and {len(bad) - 3} more block(s)" if len(bad) > 3 else ""
-    return ", ".join(f"bytes {o}-{o + n} (block {b})" for b, o, n in spans) + more + " fail their checksum"
+    return _describe_ranges(f, [f.block_span(b) for b in bad])
+
+
+def _describe_ranges(f: FileEntry, bad: list[tuple[int, int]]) -> str:
+    """'bytes A-B (block K), ... fail their checksum' for the bad pieces of a file."""
+    def one(off: int, n: int) -> str:
+        block = f" (block {off // f.block_size})" if f.block_size and off % f.block_size == 0 and (
+            n == f.block_size or off + n == f.size) else ""
+        return f"bytes {off}-{off + n}{block}"
+
+    more = f" and {len(bad) - 3} more range(s)" if len(bad) > 3 else ""
+    return ", ".join(one(o, n) for o, n in bad[:3]) + more + " fail their checksum"
 
 
 def _clean_leftovers(dest: str) -> None:
@@ -545,13 +550,13 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
                 bad.append((f.path, f"truncated: read {size} bytes, expected {f.size}"))
             elif digest != f.checksum:
                 bad.append((f.path, _bad_blocks(_inside(tmp, f.path), f, m.algorithm)))
-        if share is not None and share.blocks:
-            files = {f.path: f for f in m.files}
-            parts = [(f"{layout.step_dir(step)}/{p}", _inside(tmp, p), files[p], bs) for p, bs in share.blocks.items()]
-            for (_, _, f, _), failed in zip(parts, download_blocks(store, parts, m.algorithm, counter.add)):
-                for b in failed:
-                    off, n = f.block_span(b)
-                    bad.append((f.path, f"bytes {off}-{off + n} (block {b}) fail their checksum"))
+        if share is not None:
+            partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
+            parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size, share.pieces(f))
+                     for f in partial]
+            for f, failed in zip(partial, download_pieces(store, parts, m.algorithm, counter.add)):
+                if failed:
+                    bad.append((f.path, _describe_ranges(f, failed)))
         if bad:
             raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
         meta = os.path.join(tmp, layout.META_DIR)

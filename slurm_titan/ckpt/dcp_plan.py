@@ -18,8 +18,9 @@ from typing import Any
 from torch.distributed.checkpoint import DefaultLoadPlanner, Metadata
 from torch.distributed.checkpoint.stateful import Stateful
 
+from . import layout
 from .manifest import Range
-from .share import merged
+from .share import is_data, merged
 
 
 def load_reads(state_dict: dict[str, Any], metadata: Metadata) -> list[Range]:
@@ -36,9 +37,17 @@ def load_reads(state_dict: dict[str, Any], metadata: Metadata) -> list[Range]:
     return merged(out)
 
 
-def uncovered(reads: list[Range], covers: Any) -> list[Range]:
-    """The ranges of ``reads`` for which ``covers(path, offset, length)`` is False."""
-    return [r for r in reads if not covers(*r)]
+def small_items(metadata: Metadata, rank: int, limit: int) -> dict[str, list[tuple[int, int]]]:
+    """Per file this rank wrote (``__R_*.distcp``): the (offset, length) of its items shorter than
+    ``limit`` bytes. DCP writes a file's bytes items first and its tensors largest first
+    (FileSystemWriter ``_split_by_size_and_type``), so the items other ranks read of it (the
+    replicated ones: train state, AdamW's step counters) lie at its head and tail; given their own
+    checksums at upload, they are fetched exactly instead of as whole blocks."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for info in metadata.storage_data.values():
+        if info.length < limit and layout.file_owner(info.relative_path) == rank and is_data(info.relative_path):
+            out.setdefault(info.relative_path, []).append((int(info.offset), int(info.length)))
+    return {p: sorted(v) for p, v in out.items()}
 
 
 def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
@@ -52,7 +61,6 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
 
     from slurm_titan.errors import StorageError
 
-    from . import layout
     from .manifest import Manifest
     from .share import SHARE_FILE, Share
 

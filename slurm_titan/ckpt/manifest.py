@@ -8,6 +8,7 @@ location and no credentials.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -72,11 +73,16 @@ class FileEntry:
     checksum: str
     block_size: int = 0
     blocks: tuple[str, ...] = ()
+    spans: tuple[tuple[int, int, str], ...] = ()
+    """(offset, length, checksum) of small DCP items that other ranks read (a few bytes to a few
+    KiB at the head and tail of a file): fetched and verified exactly, not by whole blocks."""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": self.path, "size": self.size, "checksum": self.checksum}
         if self.block_size:
             d.update(block_size=self.block_size, blocks=list(self.blocks))
+        if self.spans:
+            d["spans"] = [list(s) for s in self.spans]
         return d
 
     @classmethod
@@ -90,8 +96,9 @@ class FileEntry:
         if not isinstance(checksum, str) or not checksum:
             raise ManifestError(f"{where}: {path}: bad checksum {checksum!r}")
         block_size, blocks = d.get("block_size", 0), d.get("blocks", [])
+        spans = _spans_from(d.get("spans", []), path, size, where)
         if "block_size" not in d and "blocks" not in d:
-            return cls(path, size, checksum)
+            return cls(path, size, checksum, spans=spans)
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0 or block_size % 4096:
             raise ManifestError(f"{where}: {path}: bad block_size {block_size!r} (a positive multiple of 4096)")
         if not isinstance(blocks, list) or not all(isinstance(b, str) and b for b in blocks):
@@ -100,14 +107,31 @@ class FileEntry:
         if len(blocks) != expected:
             raise ManifestError(f"{where}: {path}: bytes 0-{size}: {len(blocks)} block checksum(s) for {size} "
                                 f"bytes in blocks of {block_size} (expected {expected}); refusing the record")
-        return cls(path, size, checksum, block_size, tuple(blocks))
+        return cls(path, size, checksum, block_size, tuple(blocks), spans)
 
     @classmethod
     def hashed(cls, path: str, size: int, h: BlockHasher) -> FileEntry:
         """The entry of a file whose bytes (``size`` of them) went through ``h``."""
-        if not h.block_size:
-            return cls(path, size, h.hexdigest())
-        return cls(path, size, h.hexdigest(), h.block_size, h.block_digests())
+        return cls(path, size, h.hexdigest(), h.block_size, h.block_digests() if h.block_size else (),
+                   h.span_checksums())
+
+    def span(self, offset: int, length: int) -> tuple[int, int, str] | None:
+        """The recorded span that is exactly bytes [offset, offset + length), if any."""
+        i = bisect.bisect_left(self.spans, (offset, length, ""))
+        if i < len(self.spans) and self.spans[i][:2] == (offset, length):
+            return self.spans[i]
+        return None
+
+    def tiling_spans(self, offset: int, length: int) -> list[tuple[int, int]] | None:
+        """The recorded spans that exactly tile bytes [offset, offset + length) (a read map merges
+        adjacent items into one range), or None."""
+        i = bisect.bisect_left(self.spans, (offset, -1, ""))
+        out, at = [], offset
+        while at < offset + length and i < len(self.spans) and self.spans[i][0] == at:
+            out.append(self.spans[i][:2])
+            at += self.spans[i][1]
+            i += 1
+        return out if out and at == offset + length else None
 
     def covering_blocks(self, offset: int, length: int, where: str = "record") -> range:
         """The blocks (indices) that hold bytes [offset, offset + length) of this file. Raises
@@ -127,6 +151,21 @@ class FileEntry:
         """(offset, length) of block ``index``."""
         off = index * self.block_size
         return off, min(self.block_size, self.size - off)
+
+
+def _spans_from(raw: Any, path: str, size: int, where: str) -> tuple[tuple[int, int, str], ...]:
+    if not isinstance(raw, list):
+        raise ManifestError(f"{where}: {path}: 'spans' is not a list")
+    out = []
+    for r in raw:
+        if not (isinstance(r, list) and len(r) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                             for v in r[:2]) and isinstance(r[2], str) and r[2]):
+            raise ManifestError(f"{where}: {path}: bad span {r!r} (expected [offset, length, checksum])")
+        off, n = r[0], r[1]
+        if off < 0 or n <= 0 or off + n > size:
+            raise ManifestError(f"{where}: {path}: span bytes {off}-{off + n} is outside the file ({size} bytes)")
+        out.append((off, n, r[2]))
+    return tuple(sorted(out))
 
 
 def _files_from(raw: Any, where: str) -> list[FileEntry]:

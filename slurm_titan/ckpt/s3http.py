@@ -335,7 +335,8 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
 # ------------------------------------------------------------------------------ upload
 
 
-def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, progress: Progress) -> list[FileEntry]:
+def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
+                spans: dict[str, list[tuple[int, int]]] | None = None) -> list[FileEntry]:
     """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order.
 
     Raises LocalFileError for unreadable local files, StoreError for store failures."""
@@ -409,7 +410,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 with f:
                     size = os.fstat(f.fileno()).st_size
                     part_size = max(base_part, -(-size // MAX_PARTS))
-                    h = BlockHasher(algorithm, store.transfer.block_size)
+                    h = BlockHasher(algorithm, store.transfer.block_size, (spans or {}).get(rel, ()))
                     if size <= part_size:
                         buf = take(max(size, 1))
                         n = read_into(f, buf, size, h, local_path)
@@ -464,7 +465,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
 
 class RangeReader:
     """Ranged GETs of objects into the caller's buffers (presigned once per object), for the
-    restore of a node's share (:func:`.transfer.download_blocks`). Thread-safe."""
+    restore of a node's share (:func:`.transfer.download_pieces`). Thread-safe."""
 
     def __init__(self, store: Store) -> None:
         self.store = store

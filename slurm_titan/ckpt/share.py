@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from slurm_titan.errors import StorageError
 
-from .manifest import Manifest, ManifestError, Range
+from .manifest import FileEntry, Manifest, ManifestError, Range
 
 SHARE_FILE = "share.json"
 """Inside ``<step>/.slurm-titan/`` of a restored folder that holds part of the checkpoint."""
@@ -32,32 +32,43 @@ class Share:
     """Files fetched whole."""
     blocks: dict[str, list[int]] = field(default_factory=dict)
     """Files fetched in part: the blocks fetched (the rest are holes)."""
+    spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """Files fetched in part: the spans (offset, length) fetched outside those blocks."""
+
+    def pieces(self, f: FileEntry) -> list[tuple[int, int, str]]:
+        """(offset, length, checksum) of what this share holds of a file fetched in part."""
+        out = [(*f.block_span(b), f.blocks[b]) for b in self.blocks.get(f.path, [])]
+        return sorted(out + [s for o, n in self.spans.get(f.path, []) if (s := f.span(o, n))])
 
     def nbytes(self, m: Manifest) -> int:
         """Bytes this share moves out of the store."""
-        files = {f.path: f for f in m.files}
-        return sum(files[p].size for p in self.whole) + sum(
-            files[p].block_span(b)[1] for p, bs in self.blocks.items() for b in bs)
+        return sum(f.size if f.path in self.whole else sum(n for _, n, _ in self.pieces(f)) for f in m.files)
 
     def covers(self, m: Manifest, path: str, offset: int, length: int) -> bool:
         """Whether bytes [offset, offset + length) of ``path`` are on local disk in this share."""
         if path in self.whole:
             return True
         f = next((f for f in m.files if f.path == path), None)
-        if f is None or path not in self.blocks:
+        if f is None:
             return False
-        return set(f.covering_blocks(offset, length)) <= set(self.blocks[path])
+        held = merged([(path, o, n) for o, n in self.spans.get(path, [])])
+        if any(o <= offset and offset + length <= o + n for _, o, n in held):
+            return True
+        return bool(self.blocks.get(path)) and set(f.covering_blocks(offset, length)) <= set(self.blocks[path])
 
     def to_json(self) -> bytes:
         return (json.dumps({"ranks": self.ranks, "whole": sorted(self.whole),
-                            "blocks": {p: b for p, b in sorted(self.blocks.items())}}, indent=1) + "\n").encode()
+                            "blocks": {p: b for p, b in sorted(self.blocks.items())},
+                            "spans": {p: [list(s) for s in v] for p, v in sorted(self.spans.items())}},
+                           indent=1) + "\n").encode()
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Share:
         try:
             obj = json.loads(data)
             return cls([int(r) for r in obj["ranks"]], [str(p) for p in obj["whole"]],
-                       {str(p): [int(b) for b in bs] for p, bs in obj["blocks"].items()})
+                       {str(p): [int(b) for b in bs] for p, bs in obj["blocks"].items()},
+                       {str(p): [(int(o), int(n)) for o, n in v] for p, v in obj.get("spans", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ManifestError(f"{where}: not a share record ({e})") from None
 
@@ -88,23 +99,35 @@ def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
         raise StorageError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
     files = {f.path: f for f in m.files}
     wanted: dict[str, set[int]] = {}
+    spans: dict[str, set[tuple[int, int]]] = {}
     for r in ranks:
         for path, off, length in m.read_map[r]:
             f = files.get(path)
             if f is None:
                 raise ManifestError(f"{where}: rank {r} reads bytes {off}-{off + length} of {path}, a file "
                                     f"missing from the record")
-            if not f.block_size:  # a record without block checksums: only the whole file can be verified
+            tiles = f.tiling_spans(off, length)
+            if tiles:  # small items checksummed on their own: fetched exactly
+                spans.setdefault(path, set()).update(tiles)
+                wanted.setdefault(path, set())
+            elif not f.block_size:  # a record without block checksums: only the whole file can be verified
                 wanted[path] = set(range(len(f.blocks)))
-                continue
-            wanted.setdefault(path, set()).update(f.covering_blocks(off, length, where))
+            else:
+                wanted.setdefault(path, set()).update(f.covering_blocks(off, length, where))
     share = Share(sorted(ranks))
     for f in m.files:
         blocks = wanted.get(f.path)
         if not is_data(f.path) or (blocks is not None and (not f.block_size or len(blocks) == len(f.blocks))):
             share.whole.append(f.path)
-        elif blocks:
+            continue
+        if blocks:
             share.blocks[f.path] = sorted(blocks)
+        left = sorted(s for s in spans.get(f.path, ()) if not set(f.covering_blocks(*s)) <= (blocks or set()))
+        if not blocks and sum(n for _, n in left) == f.size:  # read all of it, item by item
+            share.whole.append(f.path)
+            continue
+        if left:
+            share.spans[f.path] = left
     return share
 
 

@@ -80,6 +80,7 @@ class _Step:
     status: str = "queued"
     error: str = ""
     reads: list[Range] | None = None
+    spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class CheckpointSync:
@@ -135,12 +136,15 @@ class CheckpointSync:
         self._started = False
 
     # ------------------------------------------------------------------------------ API
-    def submit(self, step: int, reads: list[Range] | None = None) -> None:
+    def submit(self, step: int, reads: list[Range] | None = None,
+               spans: dict[str, list[tuple[int, int]]] | None = None) -> None:
         """Queue the upload of this rank's files of ``<local>/step-N`` (returns at once).
 
         ``reads``: the byte ranges this rank's DCP load of the step reads (:mod:`.dcp_plan`),
         put in its receipt; when every rank's receipt has them, the commit record gets a read
-        map and a restore on the same world size fetches each node's share only."""
+        map and a restore on the same world size fetches each node's share only. ``spans``: per
+        file of this rank (path inside the step folder), the (offset, length) of its small DCP
+        items, checksummed on their own so that other ranks' reads of them are fetched exactly."""
         step = int(step)
         with self._lock:
             if self._closed:
@@ -148,7 +152,7 @@ class CheckpointSync:
             if step in self._steps:
                 log.warning("checkpoint step %d was already submitted; ignoring", step)
                 return
-            self._steps[step] = _Step(step, utc_iso(), reads=reads)
+            self._steps[step] = _Step(step, utc_iso(), reads=reads, spans=spans or {})
             if not self._started:
                 self._uploader.start()
                 if self._committer is not None:
@@ -320,7 +324,8 @@ class CheckpointSync:
             entries = self._retrying(
                 f"upload of {len(files)} file(s)",
                 lambda: upload_many(self.store, [(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
-                                    algorithm=self.algorithm), st)
+                                    algorithm=self.algorithm,
+                                    spans={f"{layout.step_dir(step)}/{r}": v for r, v in st.spans.items()}), st)
         except LocalFileError as e:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,

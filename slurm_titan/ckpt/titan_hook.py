@@ -47,7 +47,8 @@ from slurm_titan.node.progress_record import Phase
 from slurm_titan.node.resume import SKIP_DATALOADER_ENV, wait_for_restore
 
 from .background import format_cpu_list, parse_cpu_list
-from .dcp_plan import check_share, load_reads
+from .dcp_plan import check_share, load_reads, small_items
+from .store import TransferConfig
 from .uploader import UploaderProcess, UploadSettings
 
 log = logging.getLogger("slurm_titan.ckpt.titan_hook")
@@ -101,7 +102,7 @@ class SyncedCheckpointManager(CheckpointManager):
         self.sync: UploaderProcess | None = None
         self._sync_closed = False
         self._force_save = False
-        self._reads: Callable[[object], list | None] | None = None  # the last save's read map, from its metadata
+        self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
         super().__init__(config, **kwargs)
         if os.environ.get(SKIP_DATALOADER_ENV) and DATALOADER not in self.exclude_from_loading:
             self.exclude_from_loading = [*self.exclude_from_loading, DATALOADER]
@@ -185,14 +186,17 @@ class SyncedCheckpointManager(CheckpointManager):
         if not to_hf and self.sync is not None:
             resolved = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state_dict.items()}
 
-            def reads(metadata: object) -> list | None:
+            rank = _rank_world()[0]
+
+            def reads(metadata: object) -> tuple[list | None, dict | None]:
                 if not isinstance(metadata, Metadata):
-                    return None
+                    return None, None
                 try:
-                    return load_reads(resolved, metadata)
+                    return (load_reads(resolved, metadata),
+                            small_items(metadata, rank, TransferConfig.from_env().block_size))
                 except Exception as e:  # noqa: BLE001 - without a read map every node fetches it all
                     log.warning("no read map for %s (every node will fetch all of it): %s", checkpoint_id, e)
-                    return None
+                    return None, None
 
             self._reads = reads
             if isinstance(ret, Metadata):
@@ -235,11 +239,11 @@ class SyncedCheckpointManager(CheckpointManager):
                     log.error("step %d: the checkpoint save failed, not uploading it: %s", step,
                               None if f.cancelled() else f.exception())
                     return
-                sync.submit(step, reads(f.result()) if reads else None)
+                sync.submit(step, *(reads(f.result()) if reads else (None, None)))
 
             fut.add_done_callback(after_write)
         else:
-            self.sync.submit(curr_step, reads(None) if reads else None)
+            self.sync.submit(curr_step, *(reads(None) if reads else (None, None)))
         return saved
 
     def _purge_stale_checkpoints(self) -> None:

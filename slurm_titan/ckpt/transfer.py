@@ -41,6 +41,10 @@ MAX_PARTS = 9000
 _GENERIC_CHUNK = 8 << 20  # through fs.open() of other fsspec backends
 
 
+Spans = dict[str, list[tuple[int, int]]]
+"""Per stored file (rel): the (offset, length) of byte ranges to record a checksum of."""
+
+
 class LocalFileError(StorageError):
     """A local file could not be read or written (not a storage problem; not retried)."""
 
@@ -123,10 +127,10 @@ def _read_hash(f: Any, n: int, h: Hasher) -> bytes:
 
 
 async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, sem: asyncio.Semaphore,
-                     progress: Progress) -> FileEntry:
+                     progress: Progress, spans: Spans) -> FileEntry:
     fs = store.fs
     bucket, key, _ = fs.split_path(store.full(rel))
-    h = BlockHasher(algorithm, store.transfer.block_size)
+    h = BlockHasher(algorithm, store.transfer.block_size, spans.get(rel, ()))
     try:
         f = open(local_path, "rb")
     except OSError as e:
@@ -286,33 +290,35 @@ async def _gather_limited(n: int, factories: list[Callable[[], Any]]) -> list[An
 
 
 def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress | None = None,
-                algorithm: str | None = None) -> list[FileEntry]:
-    """Upload [(local_path, rel)] concurrently; returns FileEntries in the same order.
+                algorithm: str | None = None, spans: Spans | None = None) -> list[FileEntry]:
+    """Upload [(local_path, rel)] concurrently; returns FileEntries in the same order, with block
+    checksums and a checksum of each of ``spans[rel]`` (offset, length) of a file.
 
     Raises LocalFileError when a local file cannot be read (not worth retrying) and a
     StoreError (with ``transient``) when the store fails.
     """
     algorithm = algorithm or DEFAULT_ALGORITHM
     progress = _locked(progress)
+    spans = spans or {}
     if not items:
         return []
     if s3http.enabled(store):
-        return s3http.upload_many(store, items, algorithm, progress)
+        return s3http.upload_many(store, items, algorithm, progress, spans)
     if store.is_s3:
         with store.errors("upload failed"):
             return _run(store, lambda sem: _gather_limited(
                 store.transfer.file_concurrency,
-                [lambda lp=lp, r=r: _s3_upload(store, lp, r, algorithm, sem, progress) for lp, r in items]))
+                [lambda lp=lp, r=r: _s3_upload(store, lp, r, algorithm, sem, progress, spans) for lp, r in items]))
     if store.is_local:
         def one(item: tuple[str, str]) -> FileEntry:
             lp, r = item
-            h = BlockHasher(algorithm, store.transfer.block_size)
+            h = BlockHasher(algorithm, store.transfer.block_size, spans.get(r, ()))
             return FileEntry.hashed(r, _copy_hash(lp, store.full(r), h, progress), h)
         return _threads(store, one, items)
 
     def generic(item: tuple[str, str]) -> FileEntry:
         lp, r = item
-        h = BlockHasher(algorithm, store.transfer.block_size)
+        h = BlockHasher(algorithm, store.transfer.block_size, spans.get(r, ()))
         size = 0
         try:
             fin = open(lp, "rb")
@@ -416,35 +422,35 @@ class _RangeReader:
         self.fds.clear()
 
 
-def download_blocks(store: Store, items: list[tuple[str, str, FileEntry, list[int]]], algorithm: str,
-                    progress: Progress | None = None) -> list[list[int]]:
-    """Fetch some blocks of files: [(rel, local path, entry, block indices)].
+def download_pieces(store: Store, items: list[tuple[str, str, int, list[tuple[int, int, str]]]], algorithm: str,
+                    progress: Progress | None = None) -> list[list[tuple[int, int]]]:
+    """Fetch byte ranges of files: [(rel, local path, file size, [(offset, length, checksum)])].
 
-    Each local file is created at the entry's full size (sparse: the blocks not fetched are holes)
-    and each listed block is fetched, checked against the entry's block checksum and written at
-    its offset (O_DIRECT where allowed). Returns, per item, the blocks whose bytes did not match
-    the record (all good: empty lists). Raises StorageError when the store or the disk fails."""
+    Each local file is created at its full size (sparse: what is not fetched is a hole) and each
+    piece (a block of the record, or a span) is fetched, checked against its checksum and written
+    at its offset (O_DIRECT where aligned and allowed). Returns, per item, the (offset, length) of
+    the pieces whose bytes did not match (all good: empty lists). Raises StorageError when the
+    store or the disk fails."""
     progress = _locked(progress)
     if not items:
         return []
-    size = max(e.block_size for _, _, e, _ in items)
+    size = max((n for *_, pieces in items for _, n, _ in pieces), default=1)
     buffers = ranged.PartBuffers(-(-size // ranged.ALIGN) * ranged.ALIGN)
     reader = _RangeReader(store)
     writers: list[ranged.Writer] = []
-    bad: list[list[int]] = [[] for _ in items]
+    bad: list[list[tuple[int, int]]] = [[] for _ in items]
     lock = threading.Lock()
 
-    def one(i: int, w: ranged.Writer, rel: str, entry: FileEntry, block: int) -> None:
-        off, n = entry.block_span(block)
+    def one(i: int, w: ranged.Writer, rel: str, off: int, n: int, checksum: str) -> None:
         buf = buffers.take()
         try:
             view = memoryview(buf)[:n]
             reader.read(rel, off, view, progress)
             h = new_hasher(algorithm)
             h.update(view)
-            if h.hexdigest() != entry.blocks[block]:
+            if h.hexdigest() != checksum:
                 with lock:
-                    bad[i].append(block)
+                    bad[i].append((off, n))
                 return
             try:
                 w.write(off, view)
@@ -455,18 +461,18 @@ def download_blocks(store: Store, items: list[tuple[str, str, FileEntry, list[in
 
     try:
         tasks = []
-        for i, (rel, lp, entry, blocks) in enumerate(items):
+        for i, (rel, lp, fsize, pieces) in enumerate(items):
             try:
                 os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
                 fd = os.open(lp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.ftruncate(fd, entry.size)
+                os.ftruncate(fd, fsize)
             except OSError as e:
                 raise StorageError(f"cannot write {lp}: {e.strerror}") from None
             w = ranged.Writer(fd, lp, store.transfer.direct_io)
             writers.append(w)
-            tasks += [(i, w, rel, entry, b) for b in blocks]
+            tasks += [(i, w, rel, off, n, c) for off, n, c in pieces]
         with ThreadPoolExecutor(max_workers=max(1, min(store.transfer.concurrency, len(tasks) or 1)),
-                                thread_name_prefix="ckpt-block") as pool:
+                                thread_name_prefix="ckpt-piece") as pool:
             for fut in [pool.submit(one, *t) for t in tasks]:
                 fut.result()
     finally:

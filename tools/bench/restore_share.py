@@ -40,7 +40,8 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-    from slurm_titan.ckpt.dcp_plan import load_reads
+    from slurm_titan.ckpt.dcp_plan import load_reads, small_items
+    from slurm_titan.ckpt.store import TransferConfig
     from slurm_titan.ckpt.sync import CheckpointSync
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -60,7 +61,7 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     md = dcp.save(sd, checkpoint_id=os.path.join(local, "step-1000"))
     reads = load_reads(sd, md)
     sync = CheckpointSync(remote, local, rank=rank, world_size=world, attempt="bench", poll_interval=0.05)
-    sync.submit(1000, reads)
+    sync.submit(1000, reads, small_items(md, rank, TransferConfig.from_env().block_size))
     ok = sync.close(timeout=600)
     dist.barrier()
     dist.destroy_process_group()
@@ -150,7 +151,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, action="append", help="saving world sizes (default 4 and 8)")
     ap.add_argument("--mib-per-rank", type=int, default=32)
-    ap.add_argument("--block-kb", type=int, default=1024, help="block checksum size (default 1024 KiB)")
+    ap.add_argument("--block-kb", type=int, default=16384, help="block checksum size (default 16384 KiB, the store's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--s3", action="store_true", help="a private SeaweedFS on loopback instead of a directory")
     ap.add_argument("--work-dir", default="/var/tmp/slurm-titan-bench-share")
