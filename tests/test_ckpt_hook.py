@@ -86,16 +86,19 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     m = read_manifest(store, 7)
     assert m.config_digest == "sha256:test" and m.world_size == 1
     assert {f.path for f in m.files} == {".metadata", "__0_0.distcp"}
+    size = next(f.size for f in m.files if f.path == "__0_0.distcp")
+    assert m.read_map == [[("__0_0.distcp", 0, size)]]  # DCP's plan of the one rank's load: all of its file
     assert verify(store, 7).ok
     assert sorted(os.listdir(tmp_path / "dump" / "ckpt")) == ["step-6", "step-7"]
 
     # the committed checkpoint restores and loads back into a fresh model with DCP
-    restored = restore(store, str(tmp_path / "restored"))
+    restored = restore(store, str(tmp_path / "restored"), ranks=[0], world_size=1)
+    assert restored.share is not None and not restored.share.blocks
     fresh = torch.nn.Linear(16, 16)
     with torch.no_grad():
         fresh.weight.zero_()
     sd = {k: v for k, v in fresh.state_dict().items()}
-    dcp.load(sd, checkpoint_id=restored.path)
+    mgr.dcp_load(sd, restored.path, from_hf=False, from_quantized=False)  # checks the share, then loads
     assert torch.equal(sd["weight"], model.weight.detach())
 
 

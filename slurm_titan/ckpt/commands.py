@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common(sp)
     sp.add_argument("--step", type=int, help="the step (default: newest complete; falls back if corrupt)")
     sp.add_argument("--to", required=True, metavar="DIR", help="destination folder (gets DIR/step-N/)")
+    sp.add_argument("--ranks", metavar="R[,R...]", help="only what these ranks' load reads (one node's share; "
+                    "the whole checkpoint when its commit record has no read map)")
+    sp.add_argument("--node", type=int, metavar="K", help="with --nodes: the share of node K's ranks")
+    sp.add_argument("--nodes", type=int, metavar="N", help="the node count the checkpoint's ranks split over")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(handler=cmd_restore, func=cmd_restore)
 
@@ -175,9 +179,32 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore_ranks(args: argparse.Namespace) -> Any:
+    """The ranks of ``--ranks`` or ``--node K --nodes N`` (None: the whole checkpoint)."""
+    from .share import node_ranks
+
+    if args.ranks is not None and (args.node is not None or args.nodes is not None):
+        raise StorageError("ckpt restore: give --ranks or --node/--nodes, not both")
+    if args.ranks is not None:
+        try:
+            return sorted({int(r) for r in args.ranks.split(",")})
+        except ValueError:
+            raise StorageError(f"ckpt restore: --ranks {args.ranks!r}: expected ranks like 0,1,2") from None
+    if (args.node is None) != (args.nodes is None):
+        raise StorageError("ckpt restore: --node K needs --nodes N (and --nodes N needs --node K)")
+    if args.node is None:
+        return None
+    try:
+        node_ranks(args.node, args.nodes, args.nodes)  # K in [0, N): refused before contacting the store
+    except ValueError as e:
+        raise StorageError(f"ckpt restore: {e}") from None
+    return lambda world_size: node_ranks(args.node, args.nodes, world_size)
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
     from .catalog import restore
 
+    ranks = _restore_ranks(args)
     store = _open(args)
     bar = ProgressBar("restore", enabled=not args.quiet)
 
@@ -188,11 +215,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
         bar.start = time.monotonic()
 
     try:
-        result = restore(store, args.to, step=args.step, progress=bar, notify=notify)
+        result = restore(store, args.to, step=args.step, progress=bar, notify=notify, ranks=ranks)
     finally:
         bar.close()
     how = "already intact in" if result.reused else "restored to"
-    print(f"checkpoint step {result.step} ({human_bytes(result.bytes)}) {how} {result.path}")
+    share = "" if result.share is None else (f" (the share of ranks {','.join(map(str, result.share.ranks))}: "
+                                             f"{human_bytes(result.fetched)} fetched)")
+    print(f"checkpoint step {result.step} ({human_bytes(result.bytes)}) {how} {result.path}{share}")
     return 0
 
 

@@ -8,6 +8,7 @@ location and no credentials.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -17,6 +18,7 @@ from typing import Any
 from slurm_titan.errors import StorageError
 
 from . import layout
+from .checksum import BlockHasher
 
 FORMAT = "slurm-titan-checkpoint/1"
 RECEIPT_FORMAT = "slurm-titan-receipt/1"
@@ -62,12 +64,26 @@ def config_digest(config: Any) -> str:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of a checkpoint: its size and checksum and, in records written since block
+    checksums exist, one checksum per ``block_size`` bytes (older records: none, and such a file
+    can only be fetched and verified whole)."""
+
     path: str
     size: int
     checksum: str
+    block_size: int = 0
+    blocks: tuple[str, ...] = ()
+    spans: tuple[tuple[int, int, str], ...] = ()
+    """(offset, length, checksum) of small DCP items that other ranks read (a few bytes to a few
+    KiB at the head and tail of a file): fetched and verified exactly, not by whole blocks."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "checksum": self.checksum}
+        d: dict[str, Any] = {"path": self.path, "size": self.size, "checksum": self.checksum}
+        if self.block_size:
+            d.update(block_size=self.block_size, blocks=list(self.blocks))
+        if self.spans:
+            d["spans"] = [list(s) for s in self.spans]
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> FileEntry:
@@ -79,7 +95,77 @@ class FileEntry:
             raise ManifestError(f"{where}: {path}: bad size {size!r}")
         if not isinstance(checksum, str) or not checksum:
             raise ManifestError(f"{where}: {path}: bad checksum {checksum!r}")
-        return cls(path, size, checksum)
+        block_size, blocks = d.get("block_size", 0), d.get("blocks", [])
+        spans = _spans_from(d.get("spans", []), path, size, where)
+        if "block_size" not in d and "blocks" not in d:
+            return cls(path, size, checksum, spans=spans)
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0 or block_size % 4096:
+            raise ManifestError(f"{where}: {path}: bad block_size {block_size!r} (a positive multiple of 4096)")
+        if not isinstance(blocks, list) or not all(isinstance(b, str) and b for b in blocks):
+            raise ManifestError(f"{where}: {path}: 'blocks' is not a list of checksums")
+        expected = -(-size // block_size)
+        if len(blocks) != expected:
+            raise ManifestError(f"{where}: {path}: bytes 0-{size}: {len(blocks)} block checksum(s) for {size} "
+                                f"bytes in blocks of {block_size} (expected {expected}); refusing the record")
+        return cls(path, size, checksum, block_size, tuple(blocks), spans)
+
+    @classmethod
+    def hashed(cls, path: str, size: int, h: BlockHasher) -> FileEntry:
+        """The entry of a file whose bytes (``size`` of them) went through ``h``."""
+        return cls(path, size, h.hexdigest(), h.block_size, h.block_digests() if h.block_size else (),
+                   h.span_checksums())
+
+    def span(self, offset: int, length: int) -> tuple[int, int, str] | None:
+        """The recorded span that is exactly bytes [offset, offset + length), if any."""
+        i = bisect.bisect_left(self.spans, (offset, length, ""))
+        if i < len(self.spans) and self.spans[i][:2] == (offset, length):
+            return self.spans[i]
+        return None
+
+    def tiling_spans(self, offset: int, length: int) -> list[tuple[int, int]] | None:
+        """The recorded spans that exactly tile bytes [offset, offset + length) (a read map merges
+        adjacent items into one range), or None."""
+        i = bisect.bisect_left(self.spans, (offset, -1, ""))
+        out, at = [], offset
+        while at < offset + length and i < len(self.spans) and self.spans[i][0] == at:
+            out.append(self.spans[i][:2])
+            at += self.spans[i][1]
+            i += 1
+        return out if out and at == offset + length else None
+
+    def covering_blocks(self, offset: int, length: int, where: str = "record") -> range:
+        """The blocks (indices) that hold bytes [offset, offset + length) of this file. Raises
+        ManifestError (one line: where, file, range) for a range outside the file, or when the
+        record has no block checksums."""
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ManifestError(f"{where}: {self.path}: bytes {offset}-{offset + length} are outside the file "
+                                f"({self.size} bytes)")
+        if not self.block_size:
+            raise ManifestError(f"{where}: {self.path}: the record has no block checksums (written before they "
+                                f"existed): bytes {offset}-{offset + length} cannot be verified on their own")
+        if not length:
+            return range(0)
+        return range(offset // self.block_size, -(-(offset + length) // self.block_size))
+
+    def block_span(self, index: int) -> tuple[int, int]:
+        """(offset, length) of block ``index``."""
+        off = index * self.block_size
+        return off, min(self.block_size, self.size - off)
+
+
+def _spans_from(raw: Any, path: str, size: int, where: str) -> tuple[tuple[int, int, str], ...]:
+    if not isinstance(raw, list):
+        raise ManifestError(f"{where}: {path}: 'spans' is not a list")
+    out = []
+    for r in raw:
+        if not (isinstance(r, list) and len(r) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                             for v in r[:2]) and isinstance(r[2], str) and r[2]):
+            raise ManifestError(f"{where}: {path}: bad span {r!r} (expected [offset, length, checksum])")
+        off, n = r[0], r[1]
+        if off < 0 or n <= 0 or off + n > size:
+            raise ManifestError(f"{where}: {path}: span bytes {off}-{off + n} is outside the file ({size} bytes)")
+        out.append((off, n, r[2]))
+    return tuple(sorted(out))
 
 
 def _files_from(raw: Any, where: str) -> list[FileEntry]:
@@ -92,6 +178,43 @@ def _files_from(raw: Any, where: str) -> list[FileEntry]:
             raise ManifestError(f"{where}: file {f.path!r} is listed twice")
         seen.add(f.path)
     return files
+
+
+Range = tuple[str, int, int]
+"""(file path inside the step folder, offset, length)."""
+
+
+def ranges_from(raw: Any, where: str) -> list[Range]:
+    """A list of [path, offset, length] as Ranges (ManifestError, one line, if malformed)."""
+    if not isinstance(raw, list):
+        raise ManifestError(f"{where}: a list of byte ranges is not a list")
+    out = []
+    for r in raw:
+        ok = isinstance(r, (list, tuple)) and len(r) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[1:])
+        if not ok:
+            raise ManifestError(f"{where}: bad byte range {r!r} (expected [path, offset, length])")
+        out.append((check_relpath(r[0], where), r[1], r[2]))
+    return out
+
+
+def _read_map_from(raw: Any, m: Manifest, where: str) -> list[list[Range]]:
+    """The record's read map, each range checked against the file list: a range of a file the
+    record does not list, or outside its file, is refused with one line (checkpoint, file, range)."""
+    if not isinstance(raw, list) or len(raw) != m.world_size:
+        raise ManifestError(f"{where}: 'read_map' does not hold one list per rank of {m.world_size}")
+    files = {f.path: f for f in m.files}
+    out = []
+    for rank, reads in enumerate(raw):
+        ranges = ranges_from(reads, f"{where}: read_map of rank {rank}")
+        for path, off, length in ranges:
+            f = files.get(path)
+            if f is None:
+                raise ManifestError(f"{where}: rank {rank} reads bytes {off}-{off + length} of {path}, a file "
+                                    f"missing from the record")
+            f.covering_blocks(off, length, where)
+        out.append(ranges)
+    return out
 
 
 def _load_json(data: bytes, where: str) -> dict[str, Any]:
@@ -124,6 +247,10 @@ class Manifest:
     saved_at: str = ""
     committed_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    read_map: list[list[Range]] | None = None
+    """Per rank of the saving world size: the byte ranges (file, offset, length) that rank's DCP
+    load reads, worked out by DCP's load planner on the saving rank (:mod:`.dcp_plan`); None in
+    records without one (every node then fetches the whole checkpoint)."""
 
     @property
     def total_bytes(self) -> int:
@@ -143,6 +270,8 @@ class Manifest:
             "files": [f.to_dict() for f in sorted(self.files, key=lambda f: f.path)],
             "extra": self.extra,
         }
+        if self.read_map is not None:
+            body["read_map"] = [[list(r) for r in reads] for reads in self.read_map]
         return (json.dumps(body, indent=1) + "\n").encode()
 
     @classmethod
@@ -161,6 +290,8 @@ class Manifest:
             committed_at=str(obj.get("committed_at") or ""),
             extra=obj.get("extra") if isinstance(obj.get("extra"), dict) else {},
         )
+        if obj.get("read_map") is not None:
+            m.read_map = _read_map_from(obj["read_map"], m, where)
         if not m.algorithm:
             raise ManifestError(f"{where}: no checksum_algorithm")
         if step is not None and m.step != step:
@@ -181,6 +312,8 @@ class Receipt:
     uploaded_at: str = ""
     saved_at: str = ""
     failed: str = ""
+    reads: list[Range] | None = None
+    """The byte ranges this rank's DCP load of the step reads (None: not known)."""
 
     def to_json(self) -> bytes:
         body = {
@@ -195,6 +328,8 @@ class Receipt:
             "failed": self.failed,
             "files": [f.to_dict() for f in self.files],
         }
+        if self.reads is not None:
+            body["reads"] = [list(r) for r in self.reads]
         return (json.dumps(body) + "\n").encode()
 
     @classmethod
@@ -212,4 +347,5 @@ class Receipt:
             uploaded_at=str(obj.get("uploaded_at") or ""),
             saved_at=str(obj.get("saved_at") or ""),
             failed=str(obj.get("failed") or ""),
+            reads=None if obj.get("reads") is None else ranges_from(obj["reads"], where),
         )

@@ -75,19 +75,15 @@ class PartBuffers:
         self.free.clear()
 
 
-class RangedFile:
-    """``path`` (already open as ``fd``, read-write, sized) filled range by range: ``write`` puts
-    a range on disk, ``landed`` hashes what is now contiguous, ``checksum`` is the whole file's."""
+class Writer:
+    """Writes to ``path`` (already open as ``fd``): the page-aligned part of each piece with
+    O_DIRECT (no copy into the page cache, nothing left to sync), the rest through ``fd``."""
 
-    def __init__(self, fd: int, path: str, algorithm: str, budget: Budget, direct: bool = True) -> None:
+    def __init__(self, fd: int, path: str, direct: bool = True) -> None:
         self.fd = fd
+        self.path = path
         self.direct_fd = _open_direct(path) if direct else -1
         self.direct_ok = self.direct_fd >= 0
-        self.hasher: Hasher = new_hasher(algorithm)
-        self.budget = budget
-        self.hashed = 0
-        self.early: dict[int, tuple[int, mmap.mmap | None]] = {}
-        self.lock = threading.Lock()
 
     def write(self, off: int, data: memoryview) -> None:
         """Write ``data`` (from a page-aligned buffer) at ``off``: its aligned part directly, the
@@ -102,6 +98,25 @@ class RangedFile:
                 self.direct_ok = False
                 direct = 0
         _write_all(self.fd, data[direct:], off + direct)
+
+    def close(self) -> None:
+        """Close the direct descriptor (``fd`` is the caller's)."""
+        if self.direct_fd >= 0:
+            os.close(self.direct_fd)
+            self.direct_fd = -1
+
+
+class RangedFile(Writer):
+    """``path`` (already open as ``fd``, read-write, sized) filled range by range: ``write`` puts
+    a range on disk, ``landed`` hashes what is now contiguous, ``checksum`` is the whole file's."""
+
+    def __init__(self, fd: int, path: str, algorithm: str, budget: Budget, direct: bool = True) -> None:
+        super().__init__(fd, path, direct)
+        self.hasher: Hasher = new_hasher(algorithm)
+        self.budget = budget
+        self.hashed = 0
+        self.early: dict[int, tuple[int, mmap.mmap | None]] = {}
+        self.lock = threading.Lock()
 
     def landed(self, off: int, n: int, buf: mmap.mmap) -> list[mmap.mmap]:
         """Range [off, off+n) is on disk, its bytes in ``buf``: hash it and every early range it
@@ -132,9 +147,7 @@ class RangedFile:
 
     def close(self) -> None:
         """Close the direct descriptor (``fd`` is the caller's) and free the early ranges' budget."""
-        if self.direct_fd >= 0:
-            os.close(self.direct_fd)
-            self.direct_fd = -1
+        super().close()
         for n, kept in self.early.values():
             if kept is not None:
                 self.budget.give(n)

@@ -18,7 +18,7 @@ import os
 import time
 
 from . import layout
-from .catalog import ByteProgress, RestoreResult, list_checkpoints, newest_complete, restore
+from .catalog import Agreement, ByteProgress, RestoreResult, list_checkpoints, newest_complete, restore
 from .store import open_store
 
 log = logging.getLogger("slurm_titan.ckpt.resume")
@@ -26,9 +26,11 @@ log = logging.getLogger("slurm_titan.ckpt.resume")
 
 def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
-                   progress: ByteProgress | None = None) -> RestoreResult | None:
+                   progress: ByteProgress | None = None, ranks: list[int] | None = None,
+                   world_size: int | None = None, agree: Agreement | None = None) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
-    of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps.
+    of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``ranks``,
+    ``world_size``, ``agree``: see :func:`.catalog.restore` (one node's share; one verdict for all).
 
     Returns what was restored (step, world size, ...), or None when the remote holds no complete
     checkpoint (a fresh start; local uncommitted steps are then hidden too). Raises StorageError
@@ -37,7 +39,7 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
     result: RestoreResult | None = None
     if step is not None or newest_complete(list_checkpoints(store)) is not None:
         result = restore(store, local_folder, step=step, progress=progress,
-                         notify=lambda msg: log.warning("%s", msg))
+                         notify=lambda msg: log.warning("%s", msg), ranks=ranks, world_size=world_size, agree=agree)
         log.info("checkpoint step %d %s %s", result.step, "already in" if result.reused else "restored to",
                  result.path)
     hide_uncommitted(local_folder, newer_than=result.step if result else None)

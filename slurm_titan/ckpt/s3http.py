@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from slurm_titan.errors import StorageError
 
-from .checksum import new_hasher
+from .checksum import BlockHasher, new_hasher
 from .manifest import FileEntry
 from .ranged import ALIGN, Budget, PartBuffers, RangedFile
 from .store import Progress, Store, StoreError
@@ -335,7 +335,8 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
 # ------------------------------------------------------------------------------ upload
 
 
-def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, progress: Progress) -> list[FileEntry]:
+def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
+                spans: dict[str, list[tuple[int, int]]] | None = None) -> list[FileEntry]:
     """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order.
 
     Raises LocalFileError for unreadable local files, StoreError for store failures."""
@@ -409,14 +410,14 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 with f:
                     size = os.fstat(f.fileno()).st_size
                     part_size = max(base_part, -(-size // MAX_PARTS))
-                    h = new_hasher(algorithm)
+                    h = BlockHasher(algorithm, store.transfer.block_size, (spans or {}).get(rel, ()))
                     if size <= part_size:
                         buf = take(max(size, 1))
                         n = read_into(f, buf, size, h, local_path)
                         with store.errors(f"cannot upload {rel}"):
                             url = _presign(store, "put_object", {"Bucket": bucket, "Key": key})
                         futs = [pool.submit(put, url, rel, buf, n)]
-                        entries.append(FileEntry(rel, n, h.hexdigest()))
+                        entries.append(FileEntry.hashed(rel, n, h))
                         pending.append((len(entries) - 1, None, futs))
                         continue
                     with store.errors(f"cannot upload {rel}"):
@@ -436,7 +437,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                             url = _presign(store, "upload_part", {"Bucket": bucket, "Key": key, "UploadId": upload_id,
                                                                   "PartNumber": number})
                         futs.append(pool.submit(put, url, rel, buf, n))
-                    entries.append(FileEntry(rel, total, h.hexdigest()))
+                    entries.append(FileEntry.hashed(rel, total, h))
                     pending.append((len(entries) - 1, upload_id, futs))
             for index, upload_id, futs in pending:
                 etags = [fu.result() for fu in futs]
@@ -457,3 +458,32 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
     if errors:
         raise errors[0]
     return entries
+
+
+# ------------------------------------------------------------------------------ ranges
+
+
+class RangeReader:
+    """Ranged GETs of objects into the caller's buffers (presigned once per object), for the
+    restore of a node's share (:func:`.transfer.download_pieces`). Thread-safe."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.http = _Http(store)
+        self.gets: dict[str, _Get] = {}
+        self.lock = threading.Lock()
+
+    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> None:
+        with self.lock:
+            g = self.gets.get(rel)
+            if g is None:
+                with self.store.errors(f"cannot presign the download URL of {rel}"):
+                    bucket, key, _ = self.store.fs.split_path(self.store.full(rel))
+                    g = self.gets[rel] = _Get(rel, None, None, _presign(self.store, "get_object",
+                                                                       {"Bucket": bucket, "Key": key}))
+        headers = {"Range": f"bytes={off}-{off + len(view) - 1}"}
+        self.http.retry(f"cannot read {rel}", lambda attempt: _stream(self.http, g, headers, len(view), None,
+                                                                       progress, attempt, view))
+
+    def close(self) -> None:
+        self.http.close()

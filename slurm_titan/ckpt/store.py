@@ -69,6 +69,10 @@ class TransferConfig:
     ranges in flight and, while they wait their turn to be hashed, as many that landed early."""
     file_concurrency: int = 4
     """Files moved at once."""
+    block_size: int = 16 << 20
+    """Uploads record a checksum per block of this many bytes (a multiple of 4 KiB) besides the
+    whole file's, so that a restore can fetch and verify any byte range on its own
+    (SLURM_TITAN_CKPT_BLOCK_KB)."""
     direct_io: bool = True
     """S3 restores write large files with O_DIRECT where the file system allows it (about half
     the client CPU per GiB, measured); False writes them through the page cache."""
@@ -80,6 +84,8 @@ class TransferConfig:
             c.part_size = max(5, int(os.environ["SLURM_TITAN_CKPT_PART_MB"])) << 20
         if os.environ.get("SLURM_TITAN_CKPT_CONCURRENCY"):
             c.concurrency = max(1, int(os.environ["SLURM_TITAN_CKPT_CONCURRENCY"]))
+        if os.environ.get("SLURM_TITAN_CKPT_BLOCK_KB"):
+            c.block_size = max(4, int(os.environ["SLURM_TITAN_CKPT_BLOCK_KB"]) // 4 * 4) << 10
         if os.environ.get("SLURM_TITAN_CKPT_DIRECT_IO"):
             c.direct_io = os.environ["SLURM_TITAN_CKPT_DIRECT_IO"] != "0"
         return c

@@ -19,6 +19,7 @@ commit) is done: the preemption path calls it before the job lets go of the node
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -33,7 +34,8 @@ from slurm_titan.errors import StorageError
 from . import layout
 from .background import background_thread
 from .checksum import DEFAULT_ALGORITHM
-from .manifest import FileEntry, Manifest, ManifestError, Receipt, utc_iso
+from .manifest import Manifest, ManifestError, Range, Receipt, utc_iso
+from .share import merged
 from .store import Store, open_store
 from .transfer import LocalFileError, upload_many
 
@@ -58,6 +60,17 @@ def default_attempt() -> str:
     return ".".join(parts)
 
 
+def _read_map(receipts: list[Receipt], step: int) -> list[list[Range]] | None:
+    """Every rank's reads, in rank order, when every receipt has them; else None."""
+    missing = [r.rank for r in receipts if r.reads is None]
+    if missing:
+        if len(missing) < len(receipts):
+            log.warning("checkpoint step %d: ranks %s sent no read map: every node will fetch all of it", step,
+                        missing[:8])
+        return None
+    return [merged(r.reads or []) for r in receipts]
+
+
 @dataclass
 class _Step:
     step: int
@@ -66,6 +79,8 @@ class _Step:
     committed: threading.Event = field(default_factory=threading.Event)
     status: str = "queued"
     error: str = ""
+    reads: list[Range] | None = None
+    spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class CheckpointSync:
@@ -121,8 +136,15 @@ class CheckpointSync:
         self._started = False
 
     # ------------------------------------------------------------------------------ API
-    def submit(self, step: int) -> None:
-        """Queue the upload of this rank's files of ``<local>/step-N`` (returns at once)."""
+    def submit(self, step: int, reads: list[Range] | None = None,
+               spans: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """Queue the upload of this rank's files of ``<local>/step-N`` (returns at once).
+
+        ``reads``: the byte ranges this rank's DCP load of the step reads (:mod:`.dcp_plan`),
+        put in its receipt; when every rank's receipt has them, the commit record gets a read
+        map and a restore on the same world size fetches each node's share only. ``spans``: per
+        file of this rank (path inside the step folder), the (offset, length) of its small DCP
+        items, checksummed on their own so that other ranks' reads of them are fetched exactly."""
         step = int(step)
         with self._lock:
             if self._closed:
@@ -130,7 +152,7 @@ class CheckpointSync:
             if step in self._steps:
                 log.warning("checkpoint step %d was already submitted; ignoring", step)
                 return
-            self._steps[step] = _Step(step, utc_iso())
+            self._steps[step] = _Step(step, utc_iso(), reads=reads, spans=spans or {})
             if not self._started:
                 self._uploader.start()
                 if self._committer is not None:
@@ -302,7 +324,8 @@ class CheckpointSync:
             entries = self._retrying(
                 f"upload of {len(files)} file(s)",
                 lambda: upload_many(self.store, [(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
-                                    algorithm=self.algorithm), st)
+                                    algorithm=self.algorithm,
+                                    spans={f"{layout.step_dir(step)}/{r}": v for r, v in st.spans.items()}), st)
         except LocalFileError as e:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,
@@ -311,9 +334,9 @@ class CheckpointSync:
                            lambda: self.store.put_bytes(layout.receipt_path(step, self.rank), receipt.to_json()), st)
             raise
         prefix = layout.step_dir(step) + "/"
-        entries = [FileEntry(e.path[len(prefix):], e.size, e.checksum) for e in entries]  # paths inside step-N
+        entries = [dataclasses.replace(e, path=e.path[len(prefix):]) for e in entries]  # paths inside step-N
         receipt = Receipt(step, self.rank, self.world_size, self.attempt, entries, self.algorithm,
-                          uploaded_at=utc_iso(), saved_at=st.saved_at)
+                          uploaded_at=utc_iso(), saved_at=st.saved_at, reads=st.reads)
         self._retrying("writing the receipt",
                        lambda: self.store.put_bytes(layout.receipt_path(step, self.rank), receipt.to_json()), st)
         nbytes = sum(e.size for e in entries)
@@ -405,7 +428,15 @@ class CheckpointSync:
             config_digest=self.config_digest, attempt=self.attempt,
             saved_at=receipts[0].saved_at or st.saved_at, committed_at=utc_iso(),
             extra={"committed_by": self.host},
+            read_map=_read_map(receipts, step),
         )
+        if manifest.read_map is not None:
+            try:
+                Manifest.from_json(manifest.to_json(), step=step)
+            except ManifestError as e:
+                log.warning("checkpoint step %d: committed without a read map (every node will fetch all of it): "
+                            "%s", step, e)
+                manifest.read_map = None
         created = self._retrying("writing the commit record",
                                  lambda: self.store.create_bytes(layout.commit_path(step), manifest.to_json()), st)
         if not created:

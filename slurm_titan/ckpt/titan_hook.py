@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch.distributed as dist
+from torch.distributed.checkpoint import Metadata
+from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.components.checkpointer import DATALOADER, AsyncMode, CheckpointManager
 from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
@@ -44,6 +47,8 @@ from slurm_titan.node.progress_record import Phase
 from slurm_titan.node.resume import SKIP_DATALOADER_ENV, wait_for_restore
 
 from .background import format_cpu_list, parse_cpu_list
+from .dcp_plan import check_share, load_reads, small_items
+from .store import TransferConfig
 from .uploader import UploaderProcess, UploadSettings
 
 log = logging.getLogger("slurm_titan.ckpt.titan_hook")
@@ -97,6 +102,7 @@ class SyncedCheckpointManager(CheckpointManager):
         self.sync: UploaderProcess | None = None
         self._sync_closed = False
         self._force_save = False
+        self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
         super().__init__(config, **kwargs)
         resharding = getattr(self.states.get(DATALOADER), "reshards", False)  # overrides.resharding_loader
         if os.environ.get(SKIP_DATALOADER_ENV) and not resharding and DATALOADER not in self.exclude_from_loading:
@@ -171,6 +177,41 @@ class SyncedCheckpointManager(CheckpointManager):
         progress_record.enter(Phase.STEP, trained + 1)  # the attempt's first step begins (its own budget)
         return loaded
 
+    def dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection=False, to_hf=False):  # noqa: ANN001, ANN201
+        """torchtitan's save, plus this rank's read map of it: which byte ranges its load on the same
+        world size reads (DCP's load planner on the state dict just saved and the metadata the save
+        returns: :func:`.dcp_plan.load_reads`). Sent with the upload, it lets a restore fetch each
+        node's share only."""
+        self._reads = None
+        ret = super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
+        if not to_hf and self.sync is not None:
+            resolved = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state_dict.items()}
+
+            rank = _rank_world()[0]
+
+            def reads(metadata: object) -> tuple[list | None, dict | None]:
+                if not isinstance(metadata, Metadata):
+                    return None, None
+                try:
+                    return (load_reads(resolved, metadata),
+                            small_items(metadata, rank, TransferConfig.from_env().block_size))
+                except Exception as e:  # noqa: BLE001 - without a read map every node fetches it all
+                    log.warning("no read map for %s (every node will fetch all of it): %s", checkpoint_id, e)
+                    return None, None
+
+            self._reads = reads
+            if isinstance(ret, Metadata):
+                computed = reads(ret)
+                self._reads = lambda _md: computed
+        return ret
+
+    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:  # noqa: ANN001
+        """torchtitan's load, after checking that a folder holding this node's share of the checkpoint
+        holds every range this rank's load reads (:func:`.dcp_plan.check_share`)."""
+        if not from_hf:
+            check_share(checkpoint_id, state_dict)
+        super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saving = self._should_save(curr_step, last_step)
         if saving:
@@ -189,6 +230,7 @@ class SyncedCheckpointManager(CheckpointManager):
             log.warning("step %d: the final model-only checkpoint is not uploaded (training cannot resume "
                         "from it); pass --checkpoint.no-last-save-model-only to upload a full one", curr_step)
             return saved
+        reads, self._reads = self._reads, None
         fut = self.save_future if (self.async_mode != AsyncMode.DISABLED and not last_step) else None
         if isinstance(fut, Future) or (fut is not None and hasattr(fut, "add_done_callback")):
             sync = self.sync
@@ -198,11 +240,11 @@ class SyncedCheckpointManager(CheckpointManager):
                     log.error("step %d: the checkpoint save failed, not uploading it: %s", step,
                               None if f.cancelled() else f.exception())
                     return
-                sync.submit(step)
+                sync.submit(step, *(reads(f.result()) if reads else (None, None)))
 
             fut.add_done_callback(after_write)
         else:
-            self.sync.submit(curr_step)
+            self.sync.submit(curr_step, *(reads(None) if reads else (None, None)))
         return saved
 
     def _purge_stale_checkpoints(self) -> None:

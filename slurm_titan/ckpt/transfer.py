@@ -8,7 +8,8 @@ Every byte is hashed exactly once, on the way through (no second read):
   sliding window, unlike s3fs's put which waits for each batch); downloads are parallel
   ranged GETs written with pwrite and hashed in order as they land.
 - local directories: read into a reusable buffer, hash, write to a temporary name, fsync,
-  rename; several files at once.
+  rename; several files at once. Restores write with O_DIRECT (:class:`.ranged.Writer`): the
+  copy is on disk when it returns, with no dirty pages for a later sync to flush.
 - any other fsspec backend: streamed through ``fs.open``.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
 import tempfile
 import threading
@@ -25,14 +27,22 @@ from typing import Any
 
 from slurm_titan.errors import StorageError
 
-from . import s3http
-from .checksum import DEFAULT_ALGORITHM, Hasher, hash_file, new_hasher
+from . import ranged, s3http
+from .checksum import DEFAULT_ALGORITHM, BlockHasher, Hasher, hash_file, new_hasher
 from .manifest import FileEntry
 from .store import Progress, Store
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
+_DIRECT_BUF = 1 << 20
+"""Restores from a directory write with O_DIRECT from a buffer this large: 1 GiB in 16 files
+took 0.30-0.35 s (nothing left to sync), against 0.35-0.67 s for the buffered copy and 0.45-0.53 s
+for ``cp -r`` + ``sync`` (the buffered copy plus its sync swung with the page cache's state)."""
 MAX_PARTS = 9000
 _GENERIC_CHUNK = 8 << 20  # through fs.open() of other fsspec backends
+
+
+Spans = dict[str, list[tuple[int, int]]]
+"""Per stored file (rel): the (offset, length) of byte ranges to record a checksum of."""
 
 
 class LocalFileError(StorageError):
@@ -46,10 +56,13 @@ def _noop(_: int) -> None:
 # ----------------------------------------------------------------------------- local
 
 
-def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: bool = True,
-               sync: bool = True) -> tuple[int, str]:
-    """Copy src to dst hashing the bytes; dst appears only when complete (tmp + rename)."""
-    h = new_hasher(algorithm)
+def _copy_hash(src: str, dst: str, h: Hasher, progress: Progress, atomic: bool = True,
+               sync: bool = True, direct: bool = False) -> int:
+    """Copy src to dst hashing the bytes with ``h``; returns the size; dst appears only when
+    complete (tmp + rename).
+
+    ``direct``: write past the page cache (O_DIRECT, where the file system allows it), from a
+    page-aligned buffer, so that the copy is on disk when it returns and costs no later sync."""
     try:
         fin = open(src, "rb", buffering=0)
     except OSError as e:
@@ -66,24 +79,24 @@ def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: b
                 fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise StorageError(f"cannot write {dst}: {e.strerror}") from None
+        out = ranged.Writer(fd, tmp, direct)
+        buf = mmap.mmap(-1, _DIRECT_BUF) if out.direct_ok else bytearray(_LOCAL_BUF)
+        view = memoryview(buf)
         try:
-            buf = bytearray(_LOCAL_BUF)
-            view = memoryview(buf)
             while True:
                 try:
-                    n = fin.readinto(buf)
+                    n = fin.readinto(view)
                 except OSError as e:
                     raise LocalFileError(f"cannot read {src}: {e.strerror}") from None
                 if not n:
                     break
                 h.update(view[:n])
-                off = 0
-                while off < n:
-                    off += os.write(fd, view[off:n])
+                out.write(size, view[:n])
                 size += n
                 progress(n)
             if sync:
                 os.fsync(fd)
+            out.close()
             os.close(fd)
             fd = -1
             if atomic:
@@ -91,12 +104,16 @@ def _copy_hash(src: str, dst: str, algorithm: str, progress: Progress, atomic: b
         except OSError as e:
             raise StorageError(f"cannot write {dst}: {e.strerror}") from None
         finally:
+            out.close()
+            view.release()
+            if isinstance(buf, mmap.mmap):
+                buf.close()
             if fd >= 0:
                 os.close(fd)
             if atomic:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-    return size, h.hexdigest()
+    return size
 
 
 # ----------------------------------------------------------------------------- S3
@@ -110,10 +127,10 @@ def _read_hash(f: Any, n: int, h: Hasher) -> bytes:
 
 
 async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, sem: asyncio.Semaphore,
-                     progress: Progress) -> FileEntry:
+                     progress: Progress, spans: Spans) -> FileEntry:
     fs = store.fs
     bucket, key, _ = fs.split_path(store.full(rel))
-    h = new_hasher(algorithm)
+    h = BlockHasher(algorithm, store.transfer.block_size, spans.get(rel, ()))
     try:
         f = open(local_path, "rb")
     except OSError as e:
@@ -126,7 +143,7 @@ async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, se
                 data = await asyncio.to_thread(_read_hash, f, size + 1, h)
                 await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data)
             progress(len(data))
-            return FileEntry(rel, len(data), h.hexdigest())
+            return FileEntry.hashed(rel, len(data), h)
         mpu = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
         upload_id = mpu["UploadId"]
         tasks: list[asyncio.Task] = []
@@ -166,7 +183,7 @@ async def _s3_upload(store: Store, local_path: str, rel: str, algorithm: str, se
             with contextlib.suppress(Exception):
                 await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
             raise
-    return FileEntry(rel, total, h.hexdigest())
+    return FileEntry.hashed(rel, total, h)
 
 
 async def _s3_read(store: Store, rel: str, algorithm: str, sem: asyncio.Semaphore, progress: Progress,
@@ -273,33 +290,35 @@ async def _gather_limited(n: int, factories: list[Callable[[], Any]]) -> list[An
 
 
 def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress | None = None,
-                algorithm: str | None = None) -> list[FileEntry]:
-    """Upload [(local_path, rel)] concurrently; returns FileEntries in the same order.
+                algorithm: str | None = None, spans: Spans | None = None) -> list[FileEntry]:
+    """Upload [(local_path, rel)] concurrently; returns FileEntries in the same order, with block
+    checksums and a checksum of each of ``spans[rel]`` (offset, length) of a file.
 
     Raises LocalFileError when a local file cannot be read (not worth retrying) and a
     StoreError (with ``transient``) when the store fails.
     """
     algorithm = algorithm or DEFAULT_ALGORITHM
     progress = _locked(progress)
+    spans = spans or {}
     if not items:
         return []
     if s3http.enabled(store):
-        return s3http.upload_many(store, items, algorithm, progress)
+        return s3http.upload_many(store, items, algorithm, progress, spans)
     if store.is_s3:
         with store.errors("upload failed"):
             return _run(store, lambda sem: _gather_limited(
                 store.transfer.file_concurrency,
-                [lambda lp=lp, r=r: _s3_upload(store, lp, r, algorithm, sem, progress) for lp, r in items]))
+                [lambda lp=lp, r=r: _s3_upload(store, lp, r, algorithm, sem, progress, spans) for lp, r in items]))
     if store.is_local:
         def one(item: tuple[str, str]) -> FileEntry:
             lp, r = item
-            size, digest = _copy_hash(lp, store.full(r), algorithm, progress)
-            return FileEntry(r, size, digest)
+            h = BlockHasher(algorithm, store.transfer.block_size, spans.get(r, ()))
+            return FileEntry.hashed(r, _copy_hash(lp, store.full(r), h, progress), h)
         return _threads(store, one, items)
 
     def generic(item: tuple[str, str]) -> FileEntry:
         lp, r = item
-        h = new_hasher(algorithm)
+        h = BlockHasher(algorithm, store.transfer.block_size, spans.get(r, ()))
         size = 0
         try:
             fin = open(lp, "rb")
@@ -312,7 +331,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], progress: Progress |
                     fout.write(chunk)
                     size += len(chunk)
                     progress(len(chunk))
-        return FileEntry(r, size, h.hexdigest())
+        return FileEntry.hashed(r, size, h)
 
     return _threads(store, generic, items)
 
@@ -337,7 +356,9 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
             src = store.full(r)
             if not os.path.exists(src):
                 raise StorageError(f"{store.url(r)}: no such file")
-            return _copy_hash(src, lp, algorithm, progress, atomic=False, sync=False)
+            h = new_hasher(algorithm)
+            size = _copy_hash(src, lp, h, progress, atomic=False, sync=False, direct=store.transfer.direct_io)
+            return size, h.hexdigest()
         return _threads(store, one, items)
 
     def generic(item: tuple[str, str, int | None]) -> tuple[int, str]:
@@ -354,6 +375,115 @@ def download_many(store: Store, items: list[tuple[str, str, int | None]], progre
         return size, h.hexdigest()
 
     return _threads(store, generic, items)
+
+
+class _RangeReader:
+    """Reads byte ranges of stored files into the caller's buffers: local files with pread, S3
+    with ranged GETs (:class:`.s3http.RangeReader`), other backends through ``cat_file``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.s3 = s3http.RangeReader(store) if s3http.enabled(store) else None
+        self.fds: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> None:
+        if self.s3 is not None:
+            self.s3.read(rel, off, view, progress)
+            return
+        if not self.store.is_local:
+            with self.store.errors(f"cannot read {rel}"):
+                data = self.store.fs.cat_file(self.store.full(rel), start=off, end=off + len(view))
+            got = len(data)
+            view[:got] = data
+        else:
+            with self.lock:
+                fd = self.fds.get(rel)
+                if fd is None:
+                    try:
+                        fd = self.fds[rel] = os.open(self.store.full(rel), os.O_RDONLY)
+                    except OSError as e:
+                        raise StorageError(f"{self.store.url(rel)}: cannot read: {e.strerror}") from None
+            got = 0
+            while got < len(view):
+                k = os.preadv(fd, [view[got:]], off + got)
+                if not k:
+                    break
+                got += k
+        if got != len(view):
+            raise StorageError(f"{self.store.url(rel)}: short read at byte {off} ({got} of {len(view)} bytes)")
+        progress(got)
+
+    def close(self) -> None:
+        if self.s3 is not None:
+            self.s3.close()
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def download_pieces(store: Store, items: list[tuple[str, str, int, list[tuple[int, int, str]]]], algorithm: str,
+                    progress: Progress | None = None) -> list[list[tuple[int, int]]]:
+    """Fetch byte ranges of files: [(rel, local path, file size, [(offset, length, checksum)])].
+
+    Each local file is created at its full size (sparse: what is not fetched is a hole) and each
+    piece (a block of the record, or a span) is fetched, checked against its checksum and written
+    at its offset (O_DIRECT where aligned and allowed). Returns, per item, the (offset, length) of
+    the pieces whose bytes did not match (all good: empty lists). Raises StorageError when the
+    store or the disk fails."""
+    progress = _locked(progress)
+    if not items:
+        return []
+    size = max((n for *_, pieces in items for _, n, _ in pieces), default=1)
+    buffers = ranged.PartBuffers(-(-size // ranged.ALIGN) * ranged.ALIGN)
+    reader = _RangeReader(store)
+    writers: list[ranged.Writer] = []
+    bad: list[list[tuple[int, int]]] = [[] for _ in items]
+    lock = threading.Lock()
+
+    def one(i: int, w: ranged.Writer, rel: str, off: int, n: int, checksum: str) -> None:
+        buf = buffers.take()
+        try:
+            view = memoryview(buf)[:n]
+            reader.read(rel, off, view, progress)
+            h = new_hasher(algorithm)
+            h.update(view)
+            if h.hexdigest() != checksum:
+                with lock:
+                    bad[i].append((off, n))
+                return
+            try:
+                w.write(off, view)
+            except OSError as e:
+                raise StorageError(f"cannot write {w.path}: {e.strerror}") from None
+        finally:
+            buffers.give([buf])
+
+    try:
+        tasks = []
+        for i, (rel, lp, fsize, pieces) in enumerate(items):
+            try:
+                os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
+                fd = os.open(lp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(fd, fsize)
+            except OSError as e:
+                raise StorageError(f"cannot write {lp}: {e.strerror}") from None
+            w = ranged.Writer(fd, lp, store.transfer.direct_io)
+            writers.append(w)
+            tasks += [(i, w, rel, off, n, c) for off, n, c in pieces]
+        with ThreadPoolExecutor(max_workers=max(1, min(store.transfer.concurrency, len(tasks) or 1)),
+                                thread_name_prefix="ckpt-piece") as pool:
+            for fut in [pool.submit(one, *t) for t in tasks]:
+                fut.result()
+    finally:
+        reader.close()
+        for w in writers:
+            w.close()
+            os.close(w.fd)
+        buffers.close()
+    for b in bad:
+        b.sort()
+    return bad
 
 
 def checksum_many(store: Store, items: list[tuple[str, int | None]], algorithm: str,

@@ -13,7 +13,8 @@ transfer threads inherit both). It ignores the stop signals (the rank decides wh
 waits for the commit) and exits with its parent. Its log lines go to the rank's log.
 
 Protocol, one JSON object per line: the parent sends the :class:`UploadSettings`, then
-``{"op": "submit", "step": N}`` and finally ``{"op": "close", "timeout": T}``; the child answers
+``{"op": "submit", "step": N, "reads": [[path, offset, length], ...] or null, "spans": {path: [[offset,
+length], ...]}}`` and finally ``{"op": "close", "timeout": T}``; the child answers
 ``{"event": "ready", "location": ...}`` (or ``{"event": "error", "message": ...}`` and exits),
 ``{"event": "done", "step": N, "status": ...}`` once this rank's part of step N (rank 0: the
 commit) has finished, and ``{"event": "closed", "ok": ...}``.
@@ -100,8 +101,10 @@ class UploaderProcess:
         return self._proc.pid
 
     # ------------------------------------------------------------------------------ API
-    def submit(self, step: int) -> None:
-        """Queue the upload of this rank's files of step N (returns at once)."""
+    def submit(self, step: int, reads: list[tuple[str, int, int]] | None = None,
+               spans: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """Queue the upload of this rank's files of step N (returns at once); ``reads``, ``spans``:
+        see CheckpointSync.submit."""
         step = int(step)
         with self._cond:
             if self._close_sent:
@@ -110,7 +113,7 @@ class UploaderProcess:
                 log.warning("checkpoint step %d was already submitted; ignoring", step)
                 return
             self._submitted.add(step)
-        self._send({"op": "submit", "step": step})
+        self._send({"op": "submit", "step": step, "reads": reads, "spans": spans})
 
     def submitted(self, step: int) -> bool:
         with self._cond:
@@ -252,7 +255,9 @@ def serve(commands: IO[str], events: IO[str]) -> int:
     for line in commands:
         command = json.loads(line)
         if command["op"] == "submit":
-            sync.submit(command["step"])
+            reads = command.get("reads")
+            spans = {p: [tuple(v) for v in vs] for p, vs in (command.get("spans") or {}).items()}
+            sync.submit(command["step"], None if reads is None else [tuple(r) for r in reads], spans)
             reporters.append(threading.Thread(target=report, args=(command["step"],), daemon=True))
             reporters[-1].start()
         elif command["op"] == "close":

@@ -25,22 +25,35 @@ SKIP_DATALOADER_ENV = "SLURM_TITAN_SKIP_DATALOADER_STATE"
 RESTORE_FD_ENV = "SLURM_TITAN_RESTORE_FD"
 
 
-def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say) -> dict[str, str]:  # noqa: ANN001
+def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
+            ranks: list[int] | None = None, node: int = 0, nodes: int = 1,
+            verdicts: str | os.PathLike | None = None) -> dict[str, str]:
     """Restore what this node needs; returns what the ranks' checkpoint hook must add to its
-    environment. Raises StorageError (one line) when the remote location cannot be reached."""
+    environment. Raises StorageError (one line) when the remote location cannot be reached.
+
+    ``ranks``: this node's global ranks: on the world size that saved the checkpoint only their
+    share is fetched (whole checkpoint otherwise, or without them). ``verdicts``: a folder of the
+    job attempt on the shared filesystem through which the ``nodes`` nodes agree on each
+    candidate before any rank loads it (:class:`slurm_titan.ckpt.agree.NodeAgreement`)."""
     if not plan.remote:
         return {}
+    from slurm_titan.ckpt.agree import NodeAgreement
     from slurm_titan.ckpt.resume import prepare_resume
 
     remote = plan.rank_env(job_id)["SLURM_TITAN_CKPT_REMOTE"]
     Path(local).mkdir(parents=True, exist_ok=True)
+    agree = NodeAgreement(verdicts, node, nodes) if verdicts is not None and nodes > 1 else None
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
-        restored = prepare_resume(remote, local, endpoint_url=plan.endpoint_url)
+        restored = prepare_resume(remote, local, endpoint_url=plan.endpoint_url, ranks=ranks, world_size=world_size,
+                                  agree=agree)
     if restored is None:
         say(f"no complete checkpoint in {remote}: training starts at step 1")
         return {}
     step = restored.step
+    if restored.share is not None:
+        say(f"checkpoint step {step}: this node's share (ranks {restored.share.ranks[0]}-{restored.share.ranks[-1]}) "
+            f"fetched: {restored.fetched} of {restored.bytes} bytes")
     if restored.world_size != world_size:
         data = ("the data position is resharded by the data loader" if plan.reshards_data else
                 "the data loader position is NOT restored (checkpoint.on_world_size_change: restart_data): every "

@@ -8,7 +8,9 @@ What is measured (median of --rounds, each round interleaving ours and the refer
 that other load on the machine hits all of them alike):
 
 - directory target: our upload (CheckpointSync: checksummed copy, fsync, receipt, commit)
-  vs ``cp -r`` + ``sync``; our restore (download + verify + ``os.sync()``) vs ``cp -r`` + ``sync``.
+  vs ``cp -r`` + ``sync``; our restore (download + verify + ``os.sync()``) vs ``cp -r`` + ``sync``,
+  and the same restore with buffered writes (SLURM_TITAN_CKPT_DIRECT_IO=0: the restore before
+  it wrote with O_DIRECT).
 - S3 target (a private SeaweedFS on loopback, started here): our upload (submit -> commit)
   and restore (download + verify) vs boto3's transfer manager, s5cmd and obstore, each with
   its default settings (obstore: 16 files in flight, as it has no limit of its own), run from
@@ -244,23 +246,38 @@ def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: i
 
 
 def bench_directory(args, src_root: Path, step: int, nbytes: int, transfer, results: dict) -> None:
+    """Upload and restore against ``cp -r`` + ``sync``; the restore also with buffered writes
+    (``SLURM_TITAN_CKPT_DIRECT_IO=0``, the restore before O_DIRECT), the three in a rotating order."""
+    import dataclasses
+
     work = Path(args.work_dir)
-    ours_up, ours_dn, cp_up, cp_dn = [], [], [], []
+    ours_up, ours_dn, buffered_dn, cp_up, cp_dn = [], [], [], [], []
+    back = [work / "dir-restore", work / "dir-cp-back"]
     for rnd in range(args.rounds):
         remote = work / f"dir-remote-{rnd}"
         cpdst = work / f"dir-cp-{rnd}"
-        for p in (remote, cpdst, work / "dir-restore", work / "dir-cp-back"):
+        for p in (remote, cpdst, *back):
             shutil.rmtree(p, ignore_errors=True)
         os.sync()
         cp_up.append(timed(lambda: sh(f"cp -r {src_root}/step-{step} {cpdst} && sync")))
         store = opened(str(remote), transfer)
         ours_up.append(timed(lambda: our_upload(store, src_root, step)))
-        cp_dn.append(timed(lambda: sh(f"cp -r {remote}/step-{step} {work}/dir-cp-back && sync")))
-        ours_dn.append(timed(lambda: our_restore(store, step, work / "dir-restore", sync=True)))
-        for p in (remote, cpdst, work / "dir-restore", work / "dir-cp-back"):
+        buffered = opened(str(remote), dataclasses.replace(transfer, direct_io=False))
+        runs = [
+            (cp_dn, lambda: sh(f"cp -r {remote}/step-{step} {work}/dir-cp-back && sync")),
+            (ours_dn, lambda: our_restore(store, step, work / "dir-restore", sync=True)),
+            (buffered_dn, lambda: our_restore(buffered, step, work / "dir-restore", sync=True)),
+        ]
+        for times, fn in runs[rnd % 3:] + runs[:rnd % 3]:
+            for p in back:
+                shutil.rmtree(p, ignore_errors=True)
+            os.sync()
+            times.append(timed(fn))
+        for p in (remote, cpdst, *back):
             shutil.rmtree(p, ignore_errors=True)
     report("dir upload", ours_up, {"cp -r + sync": cp_up}, nbytes, 0.9, results)
     report("dir restore", ours_dn, {"cp -r + sync": cp_dn}, nbytes, 0.9, results)
+    report("dir restore buffered", buffered_dn, {"cp -r + sync": cp_dn}, nbytes, 0.9, results)
 
 
 def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, results: dict) -> None:

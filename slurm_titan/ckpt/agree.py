@@ -1,0 +1,77 @@
+"""One verdict on a checkpoint for all nodes of a job, through the job folder (shared filesystem).
+
+Each node restores its share of a candidate checkpoint, verifies it, and only then, before
+publishing it under ``step-N``, writes what it found to ``<folder>/step-N/node-K.json`` (whole,
+then renamed into place, as the preflight exchange does: slurm_titan/doctor/exchange.py) and
+waits for every node's. If any node rejects the candidate (a bad range: file and bytes named),
+every node falls back to the previous complete checkpoint; a node that does not report within
+the timeout (it died) ends the restore on every node, so that no rank loads a checkpoint one
+node rejected or never checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from slurm_titan.errors import StorageError
+
+DEFAULT_TIMEOUT_S = 900.0
+POLL_S = 0.2
+
+
+class NodeAgreement:
+    """``agree(step, why)`` for :func:`.catalog.restore`: this node's verdict out, the nodes' in.
+
+    ``folder``: one per job attempt (``<job_dir>/restore/attempt-A``), so that verdicts of an
+    earlier attempt are never read."""
+
+    def __init__(self, folder: str | os.PathLike, node: int, nodes: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 poll_s: float = POLL_S) -> None:
+        if not 0 <= node < nodes:
+            raise ValueError(f"node {node} is not one of {nodes}")
+        self.folder, self.node, self.nodes = Path(folder), node, nodes
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+
+    def _say(self, step: int, verdict: dict) -> Path:
+        d = self.folder / f"step-{int(step)}"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".node-{self.node}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(dict(verdict, node=self.node)), encoding="utf-8")
+        os.replace(tmp, d / f"node-{self.node}.json")
+        return d
+
+    def abort(self, step: int, why: str) -> None:
+        """This node cannot restore at all (the store is unreachable, the disk is full): every node
+        waiting on ``step`` stops at once instead of at the timeout."""
+        self._say(step, {"ok": False, "fatal": True, "why": why})
+
+    def __call__(self, step: int, why: str) -> str:
+        """Why some node rejects ``step`` ("node K: ..."), or "" when every node accepts it."""
+        d = self._say(step, {"ok": not why, "why": why})
+        deadline = time.monotonic() + self.timeout_s
+        verdicts: dict[int, dict] = {}
+        while True:
+            for k in range(self.nodes):
+                if k not in verdicts:
+                    try:
+                        verdicts[k] = json.loads((d / f"node-{k}.json").read_text(encoding="utf-8"))
+                    except (FileNotFoundError, ValueError):
+                        pass
+            fatal = sorted(k for k, v in verdicts.items() if v.get("fatal"))
+            if fatal:
+                raise StorageError(f"node {fatal[0]} could not restore checkpoint step {step}: "
+                                   f"{verdicts[fatal[0]].get('why')}; the restore ends on every node")
+            bad = sorted(k for k, v in verdicts.items() if not v.get("ok"))
+            if bad:  # one rejection is enough: no need to wait for the rest
+                return f"node {bad[0]}: {verdicts[bad[0]].get('why') or 'rejected'}"
+            if len(verdicts) == self.nodes:
+                return ""
+            if time.monotonic() > deadline:
+                missing = [k for k in range(self.nodes) if k not in verdicts]
+                raise StorageError(f"{d}: node(s) {missing} gave no verdict on checkpoint step {step} within "
+                                   f"{self.timeout_s:.0f} s (died or cut off): no rank loads it; the restore "
+                                   f"ends on every node")
+            time.sleep(self.poll_s)

@@ -1,0 +1,142 @@
+"""A node's share of a checkpoint: the files and blocks its ranks' DCP load reads (torch-free).
+
+The commit record's read map (:attr:`.manifest.Manifest.read_map`) says, per rank of the saving
+world size, which byte ranges that rank's load reads; DCP's load planner worked them out on the
+saving rank (:mod:`.dcp_plan`). On the same world size a node needs only the union of its ranks'
+ranges, each widened to the blocks that cover it (a block is the unit the record has a checksum
+for). Files that are not DCP data (``.metadata``, anything torchtitan adds) are always fetched
+whole, and so is a data file read in part whose record has no block checksums.
+
+The restored step folder records what it holds in ``.slurm-titan/share.json``; the blocks not
+fetched are holes in sparse files, at the offsets DCP's FileSystemReader reads, and the rank's
+checkpointer checks its own load plan against that record before torchtitan loads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from slurm_titan.errors import StorageError
+
+from .manifest import FileEntry, Manifest, ManifestError, Range
+
+SHARE_FILE = "share.json"
+"""Inside ``<step>/.slurm-titan/`` of a restored folder that holds part of the checkpoint."""
+
+
+@dataclass
+class Share:
+    ranks: list[int]
+    whole: list[str] = field(default_factory=list)
+    """Files fetched whole."""
+    blocks: dict[str, list[int]] = field(default_factory=dict)
+    """Files fetched in part: the blocks fetched (the rest are holes)."""
+    spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """Files fetched in part: the spans (offset, length) fetched outside those blocks."""
+
+    def pieces(self, f: FileEntry) -> list[tuple[int, int, str]]:
+        """(offset, length, checksum) of what this share holds of a file fetched in part."""
+        out = [(*f.block_span(b), f.blocks[b]) for b in self.blocks.get(f.path, [])]
+        return sorted(out + [s for o, n in self.spans.get(f.path, []) if (s := f.span(o, n))])
+
+    def nbytes(self, m: Manifest) -> int:
+        """Bytes this share moves out of the store."""
+        return sum(f.size if f.path in self.whole else sum(n for _, n, _ in self.pieces(f)) for f in m.files)
+
+    def covers(self, m: Manifest, path: str, offset: int, length: int) -> bool:
+        """Whether bytes [offset, offset + length) of ``path`` are on local disk in this share."""
+        if path in self.whole:
+            return True
+        f = next((f for f in m.files if f.path == path), None)
+        if f is None:
+            return False
+        held = merged([(path, o, n) for o, n in self.spans.get(path, [])])
+        if any(o <= offset and offset + length <= o + n for _, o, n in held):
+            return True
+        return bool(self.blocks.get(path)) and set(f.covering_blocks(offset, length)) <= set(self.blocks[path])
+
+    def to_json(self) -> bytes:
+        return (json.dumps({"ranks": self.ranks, "whole": sorted(self.whole),
+                            "blocks": {p: b for p, b in sorted(self.blocks.items())},
+                            "spans": {p: [list(s) for s in v] for p, v in sorted(self.spans.items())}},
+                           indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Share:
+        try:
+            obj = json.loads(data)
+            return cls([int(r) for r in obj["ranks"]], [str(p) for p in obj["whole"]],
+                       {str(p): [int(b) for b in bs] for p, bs in obj["blocks"].items()},
+                       {str(p): [(int(o), int(n)) for o, n in v] for p, v in obj.get("spans", {}).items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ManifestError(f"{where}: not a share record ({e})") from None
+
+
+def is_data(path: str) -> bool:
+    """DCP data files (``*.distcp``): the only files a node may fetch in part or not at all."""
+    return path.endswith(".distcp")
+
+
+def node_ranks(node: int, nodes: int, world_size: int) -> list[int]:
+    """The global ranks of node ``node`` of ``nodes`` (contiguous, as the launcher numbers them)."""
+    if nodes < 1 or not 0 <= node < nodes:
+        raise ValueError(f"node {node} is not one of {nodes} node(s)")
+    if world_size % nodes:
+        raise ValueError(f"{world_size} ranks do not split evenly over {nodes} nodes")
+    per = world_size // nodes
+    return list(range(node * per, (node + 1) * per))
+
+
+def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
+    """The share of ``ranks`` (ranks of the saving world size), or None when the record has no
+    read map (the whole checkpoint is needed). StorageError (one line) for a rank outside the
+    world size; ManifestError for a read of a file missing from the record or outside its file."""
+    if m.read_map is None:
+        return None
+    bad = [r for r in ranks if not 0 <= r < m.world_size]
+    if bad:
+        raise StorageError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
+    files = {f.path: f for f in m.files}
+    wanted: dict[str, set[int]] = {}
+    spans: dict[str, set[tuple[int, int]]] = {}
+    for r in ranks:
+        for path, off, length in m.read_map[r]:
+            f = files.get(path)
+            if f is None:
+                raise ManifestError(f"{where}: rank {r} reads bytes {off}-{off + length} of {path}, a file "
+                                    f"missing from the record")
+            tiles = f.tiling_spans(off, length)
+            if tiles:  # small items checksummed on their own: fetched exactly
+                spans.setdefault(path, set()).update(tiles)
+                wanted.setdefault(path, set())
+            elif not f.block_size:  # a record without block checksums: only the whole file can be verified
+                wanted[path] = set(range(len(f.blocks)))
+            else:
+                wanted.setdefault(path, set()).update(f.covering_blocks(off, length, where))
+    share = Share(sorted(ranks))
+    for f in m.files:
+        blocks = wanted.get(f.path)
+        if not is_data(f.path) or (blocks is not None and (not f.block_size or len(blocks) == len(f.blocks))):
+            share.whole.append(f.path)
+            continue
+        if blocks:
+            share.blocks[f.path] = sorted(blocks)
+        left = sorted(s for s in spans.get(f.path, ()) if not set(f.covering_blocks(*s)) <= (blocks or set()))
+        if not blocks and sum(n for _, n in left) == f.size:  # read all of it, item by item
+            share.whole.append(f.path)
+            continue
+        if left:
+            share.spans[f.path] = left
+    return share
+
+
+def merged(ranges: list[Range]) -> list[Range]:
+    """The same bytes as few ranges as possible (sorted; overlapping and adjacent ones joined)."""
+    out: list[list] = []
+    for path, off, length in sorted(ranges):
+        if out and out[-1][0] == path and off <= out[-1][1] + out[-1][2]:
+            out[-1][2] = max(out[-1][2], off + length - out[-1][1])
+        else:
+            out.append([path, off, length])
+    return [(p, o, n) for p, o, n in out]
