@@ -266,7 +266,7 @@ class NodeSupervisor:
                             learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes) if spec.watchdog else None
         self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs", gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
-            self._restore(job_id, rdzv.world_size, report)
+            self._restore(job_id, rdzv, job_dir / "attempts" / str(attempt) / "restore", report)
         try:
             rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, HANG_EXIT_CODE, {}, None, hang))
         finally:
@@ -276,12 +276,18 @@ class NodeSupervisor:
         self._finish(report, HANG_EXIT_CODE if hang else node_exit_code(rank_codes), rank_codes,
                      self.ranks.failed_first, hang)
 
-    def _restore(self, job_id: str, world_size: int, report: Path) -> None:
+    def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path) -> None:
+        """Restore this node's share of the newest complete checkpoint (its ranks' reads), agreeing with the
+        other nodes through `verdicts` (the attempt's folder) before any rank loads it."""
         checkpoint, ranks = self.spec.checkpoint, self.ranks
         assert checkpoint is not None and ranks is not None
         local = self.spec.fill(checkpoint.local, job_id)
+        first = rdzv.node_rank * rdzv.procs_per_node
+        node_ranks = list(range(first, first + rdzv.procs_per_node))
         try:  # a failed restore kills the ranks: they have trained nothing yet
-            ranks.release_after(lambda: resume.restore(checkpoint, local, job_id, world_size, say))
+            ranks.release_after(lambda: resume.restore(checkpoint, local, job_id, rdzv.world_size, say,
+                                                       ranks=node_ranks, node=rdzv.node_rank, nodes=rdzv.num_nodes,
+                                                       verdicts=verdicts))
         except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: checkpoint restore: {error}")
             self._finish(report, STORAGE_EXIT_CODE, {})
