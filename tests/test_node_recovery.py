@@ -188,3 +188,18 @@ def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.Mo
     history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True)  # n1 failed before
     assert _finish(job_dir, "--shrink-to", "1") == 0
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2"  # n1 failed again: left out; n2 goes on alone
+
+
+@pytest.mark.parametrize(("shown", "lost"), [
+    ("JobId=7 JobState=RUNNING NodeList=n2 BatchHost=n1", "n1"),  # Slurm removed the batch host (--no-kill)
+    ("JobId=7 JobState=RUNNING NodeList=n[1-2] BatchHost=n1", None),
+    ("JobId=7 JobState=PENDING NodeList=n2 BatchHost=n1", None),  # requeued already
+])
+def test_a_job_without_its_batch_host_is_found(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shown: str,
+                                               lost: str | None) -> None:
+    from slurm_titan.node import batch_host
+
+    (tmp_path / "scontrol").write_text(f"#!/bin/sh\necho '{shown}'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert batch_host.lost_batch_host("7") == lost

@@ -31,7 +31,7 @@ from typing import Any
 
 from slurm_titan import history, rendezvous
 from slurm_titan.errors import SlurmTitanError
-from slurm_titan.node import resume
+from slurm_titan.node import batch_host, resume
 from slurm_titan.node.allocation import ATTEMPT_ENV
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.report import format_table
@@ -216,11 +216,13 @@ class NodeSupervisor:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
         self.stop_file: Path | None = None
+        self.terminated = False  # Slurm sent SIGTERM: the job may have lost its batch host (node.batch_host)
         self.ranks: RankGroup | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
         name = signal.Signals(signum).name
+        self.terminated = self.terminated or signum == signal.SIGTERM
         if self.stop_file and not self.stop_file.exists():
             say(f"got {name}: the ranks checkpoint at the end of this step, then stop")
             self.stop_file.parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +275,10 @@ class NodeSupervisor:
             if watchdog:
                 watchdog.close()
         hang = self.ranks.hang
+        if self.terminated and (host := batch_host.requeue_orphaned(job_id)):
+            say(f"the job's batch host {host} is lost (Slurm removed it): requeued the job from this node")
+            history.append_event(job_dir, "end", attempt, exit_code=None, reason="failed", action="requeue",
+                                 cause=f"node {host} lost (the batch host)", culprit=host, excluded=[])
         self._finish(report, HANG_EXIT_CODE if hang else node_exit_code(rank_codes), rank_codes,
                      self.ranks.failed_first, hang)
 
