@@ -341,7 +341,8 @@ def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str])
         parameters["mail_type"] = mail_type
         if config.notify.mail.user:
             parameters["mail_user"] = config.notify.mail.user
-    parameters["additional_parameters"] = {"requeue": True, "no_kill": True} | slurm.extra
+    keep = {"no_kill": True} if slurm.keep_allocation_on_node_loss else {}
+    parameters["additional_parameters"] = {"requeue": True, **keep} | slurm.extra
     return parameters
 
 

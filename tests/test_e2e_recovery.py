@@ -86,7 +86,7 @@ def healed_cluster(slurm_env: dict) -> Iterator[dict]:
 
 def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: dict,
                                                                     reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1", "--set", "slurm.keep_allocation_on_node_loss=true")
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     lost = cli.status(job)["attempts"][0]["hosts"][1]
@@ -102,7 +102,7 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, he
 
 def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: dict,
                                                                  reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG)
+    job = cli.submit(*CONFIG, "--set", "slurm.keep_allocation_on_node_loss=true")
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     lost = cli.status(job)["attempts"][0]["hosts"][1]
