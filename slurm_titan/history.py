@@ -75,6 +75,8 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
         elif event == "stopped":
             attempt.stopped_at_step, attempt.stop_signal = record.pop("step"), record.pop("signal", None)
             attempt.stopped_time = stamp
+        elif event == "action":  # what followed, when it was not what the end record said (finish)
+            attempt.action = record.pop("action")
         elif event == "last-step":
             attempt.last_step = record.pop("step")
         attempt.extra.update(record)

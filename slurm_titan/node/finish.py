@@ -93,6 +93,7 @@ def exclude_from_pending_job(job_id: str, hosts: list[str]) -> None:
         result = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"],
                                 capture_output=True, text=True, timeout=60)
         if result.returncode == 0:
+            say(f"kept {','.join(hosts)} off the requeued job (ExcNodeList)")
             return
         time.sleep(0.5)
     say(f"WARNING: could not exclude {','.join(hosts)} from job {job_id}: {(result.stderr or result.stdout).strip()}")
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             step_watch.watch(job_dir, plan.attempt, list(plan.nodes), srun.pid)
             srun_exit_code = srun.wait()
             continue
+        if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
+            history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
         return requeue_job(job_dir, job_id, attempt.number)
 
 
