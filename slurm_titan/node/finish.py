@@ -147,6 +147,8 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     summary = (f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
                + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else ""))
     say(summary + {STOP: "", RESTART: "; restarting", REQUEUE: "; requeueing"}[outcome.action])
+    if failure and failure.kind == attribution.HUNG:
+        notify.send("hang detected", notify.JobRef.from_env(env), summary, notify.spec_from_env(env))
     if event := notify.outcome_event(outcome):
         notify.send(event, notify.JobRef.from_env(env), summary, notify.spec_from_env(env))
     return outcome, code
