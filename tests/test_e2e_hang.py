@@ -122,6 +122,8 @@ def _dataset_config(folder: Path, fifo: bool) -> list[str]:
     return [*CONFIG, "--set", f"torchtitan.args.dataloader.dataset_path={folder}",
             "--set", "torchtitan.args.dataloader.dataset=streamed_test",
             "--set", "torchtitan.override_imports=[streamed_dataset.streamed_dataset]",
+            # its own data loader: the project's resharding one (which claims the same node) stays off
+            "--set", "checkpoint.on_world_size_change=restart_data",
             "--set", f"environment.env.PYTHONPATH={REPO / 'tests'}"]
 
 
