@@ -131,7 +131,8 @@ def test_the_batch_host_lost_whole_is_requeued_by_slurm(cli: Cli, healed_cluster
 
 
 def test_spares_that_do_not_fit_the_partition_are_cut_with_one_warning(cli: Cli) -> None:
-    out = cli("submit", "--set", f"runs_dir={cli.runs}", *CONFIG, "--set", "slurm.spare_nodes=5")
+    out = cli("submit", "--set", f"runs_dir={cli.runs}", "--set", f"checkpoint.remote={cli.remote}", *CONFIG,
+              "--set", "slurm.spare_nodes=5")
     job = re.search(r"submitted job (\d+)", out.stdout).group(1)
     try:
         assert "slurm.spare_nodes=5 does not fit partition 'low' (4 nodes for 2 + spares); submitting with 2" \
