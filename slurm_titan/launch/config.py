@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import yaml
 
-from slurm_titan.ckpt.background import parse_cpu_list
+from slurm_titan.cpulist import parse_cpu_list
 from slurm_titan.errors import ConfigError
-from slurm_titan.notify_config import NotifySpec, check_notify
-from slurm_titan.npu_env import NpuSpec, check_npu
+from slurm_titan.node.notify_config import NotifySpec, check_notify
+from slurm_titan.launch.npu_env import NpuSpec, check_npu
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
 ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
