@@ -277,12 +277,20 @@ class NodeSupervisor:
             if watchdog:
                 watchdog.close()
         hang = self.ranks.hang
-        if self.terminated and (host := batch_host.requeue_orphaned(job_id)):
-            say(f"the job's batch host {host} is lost (Slurm removed it): requeued the job from this node")
+        code = ExitCode.HANG if hang else node_exit_code(rank_codes)
+        if self.terminated:
+            lost = batch_host.requeue_orphaned(job_id)
+        elif code not in (0, ExitCode.PREEMPTED):
+            failed_at = float((self.ranks.failed_first or {}).get("time", time.time()))
+            lost = batch_host.requeue_if_batch_shell_gone(job_dir, attempt, job_id, failed_at,
+                                                          os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+        else:
+            lost = None
+        if lost:
+            say(f"the job's batch host {lost} is lost: requeued the job from this node")
             history.append_event(job_dir, "end", attempt, exit_code=None, reason="failed", action="requeue",
-                                 cause=f"node {host} lost (the batch host)", culprit=host, excluded=[])
-        self._finish(report, ExitCode.HANG if hang else node_exit_code(rank_codes), rank_codes,
-                     self.ranks.failed_first, hang)
+                                 cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
+        self._finish(report, code, rank_codes, self.ranks.failed_first, hang)
 
     def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path) -> None:
         """Restore this node's share of the newest complete checkpoint (its ranks' reads), agreeing with the
