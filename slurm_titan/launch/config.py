@@ -210,7 +210,7 @@ class WatchdogSpec:
     startup_s: int = 900
     restore_s: int = 900
     first_step_s: int = 900
-    step_floor_s: int = 60
+    step_floor_s: int = 45  # with the watchdog's polling, a hang is named within 60 s (the goal)
     step_factor: int = 3
     save_s: int = 600
     upload_s: int = 1800
