@@ -125,7 +125,7 @@ def time_left_seconds(job_id: str) -> int | None:
     """
     import datetime
 
-    from slurm_titan.config import time_limit_minutes
+    from slurm_titan.launch.config import time_limit_minutes
 
     result = run(["scontrol", "show", "job", "-o", job_id], check=False)
     fields = parse_key_values(result.stdout) if result.returncode == 0 else {}

@@ -101,7 +101,7 @@ class Cli:
         self.remote = s3.url("runs/{name}/{job_id}")
 
     def __call__(self, *args: Any, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        return run([sys.executable, "-m", "slurm_titan.cli", *args], env=self.env, check=check, timeout=timeout,
+        return run([sys.executable, "-m", "slurm_titan.cli.main", *args], env=self.env, check=check, timeout=timeout,
                    cwd=REPO)
 
     def submit(self, *args: Any) -> str:

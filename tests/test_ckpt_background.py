@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from slurm_titan.ckpt.background import background_thread, confine_thread, format_cpu_list, parse_cpu_list
+from slurm_titan.ckpt.background import background_thread, confine_thread
+from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
 
 
 @pytest.mark.parametrize(("text", "cpus"), [("1", {1}), ("0-3,8", {0, 1, 2, 3, 8}),

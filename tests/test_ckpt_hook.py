@@ -18,7 +18,7 @@ from torchtitan.components.checkpointer import BaseCheckpointManager, Checkpoint
 from torchtitan.config import Configurable
 from torchtitan.config.override import OverrideConfig, apply_overrides
 
-from slurm_titan.ckpt import titan_hook
+from slurm_titan.rank import checkpointer
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, restore, verify
 from slurm_titan.ckpt.store import open_store
 from slurm_titan.ckpt.sync import CheckpointSync
@@ -44,7 +44,7 @@ def one_rank(tmp_path):
 
 
 def _manager(tmp_path, **cfg):
-    config = titan_hook.synced_checkpoints(CheckpointManager.Config(enable=True, folder="ckpt", **cfg))
+    config = checkpointer.synced_checkpoints(CheckpointManager.Config(enable=True, folder="ckpt", **cfg))
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 16)
     return config.build(dataloader=None, model_parts=[model], optimizers=_Stateful(1.0),
@@ -59,9 +59,9 @@ def test_override_replaces_the_checkpoint_manager():
             default_factory=lambda: CheckpointManager.Config(interval=7, keep_latest_k=3))
 
     root = Root()
-    lines = apply_overrides(OverrideConfig(imports=["slurm_titan.ckpt.titan_hook.synced_checkpoints"]), root)
+    lines = apply_overrides(OverrideConfig(imports=["slurm_titan.rank.checkpointer.synced_checkpoints"]), root)
     assert len(lines) == 1
-    assert type(root.checkpoint) is titan_hook.SyncedCheckpointManager.Config
+    assert type(root.checkpoint) is checkpointer.SyncedCheckpointManager.Config
     assert (root.checkpoint.interval, root.checkpoint.keep_latest_k) == (7, 3)
 
 
@@ -72,7 +72,7 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     monkeypatch.setenv("SLURM_TITAN_CKPT_KEEP_REMOTE", "2")
     monkeypatch.setenv("SLURM_TITAN_CKPT_UPLOAD_CPUS", str(max(os.sched_getaffinity(0))))
     mgr, model = _manager(tmp_path, interval=2, keep_latest_k=5)
-    assert isinstance(mgr, titan_hook.SyncedCheckpointManager) and mgr.sync is not None
+    assert isinstance(mgr, checkpointer.SyncedCheckpointManager) and mgr.sync is not None
     assert mgr.sync.pid != os.getpid()  # uploads run in a child process, outside training's GIL
     assert os.sched_getaffinity(mgr.sync.pid) == {max(os.sched_getaffinity(0))}
     for step in range(1, 7):

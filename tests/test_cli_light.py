@@ -11,7 +11,7 @@ PROBE = """
 import sys, runpy
 sys.argv = ["slurm-titan", *{args!r}]
 try:
-    runpy.run_module("slurm_titan.cli", run_name="__main__")
+    runpy.run_module("slurm_titan.cli.main", run_name="__main__")
 except SystemExit as done:
     code = done.code
 heavy = sorted(m for m in ("torch", "torchtitan", "torch_npu", "tokenizers") if m in sys.modules)
@@ -28,19 +28,19 @@ def test_cli_commands_import_no_torch(args: list[str]) -> None:
 
 
 def test_dry_run_prints_script_and_submits_nothing(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "slurm_titan.cli", "submit", "configs/debug_cpu.yaml", "--nodes",
+    result = subprocess.run([sys.executable, "-m", "slurm_titan.cli.main", "submit", "configs/debug_cpu.yaml", "--nodes",
                              "3", "--dry-run", "--set", f"runs_dir={tmp_path}"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --nodes=3" in result.stdout
-    assert "slurm_titan.node.rank_entry" in result.stdout
+    assert "slurm_titan.rank.entry" in result.stdout
     assert list(tmp_path.iterdir()) == []
 
 
 def test_config_error_is_one_line_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nslurm: {nodes: 0}\n")
-    result = subprocess.run([sys.executable, "-m", "slurm_titan.cli", "submit", str(bad)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "slurm_titan.cli.main", "submit", str(bad)], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == f"slurm-titan: {bad}: slurm.nodes: must be >= 1, got 0\n"

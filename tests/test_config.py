@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.config import load_config, parse_assignment
+from slurm_titan.launch.config import load_config, parse_assignment
 from slurm_titan.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

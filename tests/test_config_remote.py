@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.config import load_config
+from slurm_titan.launch.config import load_config
 from slurm_titan.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_good_remotes_are_accepted(tmp_path: Path, remote: str) -> None:
 
 def test_dry_run_refuses_a_bogus_remote_in_one_line_without_loading_s3fs(tmp_path: Path) -> None:
     probe = ("import runpy, sys\nsys.argv = ['slurm-titan', 'submit', sys.argv[1], '--dry-run']\n"
-             "try:\n    runpy.run_module('slurm_titan.cli', run_name='__main__')\n"
+             "try:\n    runpy.run_module('slurm_titan.cli.main', run_name='__main__')\n"
              "except SystemExit as done:\n"
              "    print('LOADED:', sorted(m for m in ('s3fs', 'torch') if m in sys.modules), file=sys.stderr)\n"
              "    raise\n")

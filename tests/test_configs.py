@@ -17,8 +17,8 @@ DEVICES = {"configs/llama3_8b_npu_a3.yaml": 16}
 PARSE = """
 import json, sys
 from torchtitan.config import ConfigManager
-from slurm_titan.config import load_config
-from slurm_titan.plan import plan_job
+from slurm_titan.launch.config import load_config
+from slurm_titan.launch.plan import plan_job
 seen = {}
 for path in sys.argv[1:]:
     _, argv = plan_job(load_config(path)).node.resolve("1")
@@ -36,7 +36,7 @@ print(json.dumps(seen))
 
 @pytest.mark.parametrize("path", NPU_CONFIGS)
 def test_dry_run(path: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "slurm_titan.cli", "submit", path, "--dry-run"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "slurm_titan.cli.main", "submit", path, "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "export SLURM_TITAN_DEVICE=npu" in done.stdout and "export HCCL_HOST_SOCKET_PORT_RANGE=" in done.stdout

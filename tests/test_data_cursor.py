@@ -1,4 +1,4 @@
-"""The resharding data loader's assignment and cursor maths (slurm_titan.data_cursor, torch-free)."""
+"""The resharding data loader's assignment and cursor maths (slurm_titan.data.cursor, torch-free)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from slurm_titan.data_cursor import (
+from slurm_titan.data.cursor import (
     Piece,
     epoch0_rows,
     fresh_plan,

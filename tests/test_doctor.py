@@ -12,25 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.config import load_config
-from slurm_titan.doctor import (
-    PREFLIGHT_EXIT_CODE,
-    DoctorExpectations,
-    PreflightFailed,
-    cli,
-    exchange,
-    run_preflight,
-)
+from slurm_titan.launch.config import load_config
+from slurm_titan.doctor import DoctorExpectations, PreflightFailed, exchange, run_preflight
+from slurm_titan.cli import doctor_cmd
 from slurm_titan.doctor import facts as facts_module
 from slurm_titan.doctor.checks import compare_nodes, node_findings
 from slurm_titan.doctor.facts import NodeFacts, collect_facts, run_tool
-from slurm_titan.doctor.npu_smi import (
-    parse_colon_fields,
-    parse_key_values,
-    parse_npu_smi_info,
-)
+from slurm_titan.doctor.npu_smi import parse_colon_fields, parse_key_values, parse_npu_smi_info
 from slurm_titan.doctor.report import WARN, Finding, format_table
-from slurm_titan.plan import plan_job
+from slurm_titan.launch.plan import plan_job
+from slurm_titan.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests/data/npu-smi"
@@ -206,7 +197,7 @@ def test_table_format_and_exception() -> None:
         "12      fail   preflight    no report within 600 s      node-12.json\n"
         "3 (n4)  warn   temperature  NPU 0 chip 0 (910B3): 78 C  below 75 C")
     error = PreflightFailed(findings, 16)
-    assert error.exit_code == PREFLIGHT_EXIT_CODE == 78
+    assert error.exit_code == ExitCode.PREFLIGHT == 78
     assert str(error).startswith("preflight failed: 2 problem(s) on 2 of 16 node(s), 1 warning(s); "
                                  "training not started\nnode ")
 
@@ -282,7 +273,7 @@ def test_no_verdict_fails_the_other_nodes(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_doctor_by_hand_on_a_cpu_node(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("SLURM_TITAN_DEVICE", "cpu")
-    assert cli.main(["--json"]) == 0
+    assert doctor_cmd.main(["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["failures"] == [] and report["facts"]["versions"]["torchtitan"] == "0.3.0"
 
@@ -291,7 +282,7 @@ def test_doctor_by_hand_with_a_config(tmp_path: Path, capsys: pytest.CaptureFixt
     config = tmp_path / "job.yaml"
     config.write_text(f"name: x\nruns_dir: {tmp_path}/runs\nenvironment: {{device: cpu}}\n"
                       "checkpoint: {enable: true, expected_size_gb: 1000000}\n")
-    assert cli.main(["--config", str(config)]) == PREFLIGHT_EXIT_CODE
+    assert doctor_cmd.main(["--config", str(config)]) == ExitCode.PREFLIGHT
     out = capsys.readouterr().out
     assert "checkpoint disk:" in out
     assert "disk   " in out and ">= 1000000.0 GB for a checkpoint (checkpoint.expected_size_gb / 1 node(s))" in out
@@ -302,12 +293,12 @@ def test_doctor_by_hand_without_npu_smi(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("SLURM_TITAN_DEVICE", "npu")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
-    assert cli.main([]) == PREFLIGHT_EXIT_CODE
+    assert doctor_cmd.main([]) == ExitCode.PREFLIGHT
     out = capsys.readouterr().out
     assert any(line.split()[2:4] == ["fail", "npu-smi"] and line.endswith("`npu-smi info` listing the chips")
                for line in out.splitlines() if "npu-smi not on PATH" in line)
 
 
 def test_the_doctor_does_not_import_torch() -> None:
-    code = "import sys, slurm_titan.doctor.cli; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
+    code = "import sys, slurm_titan.cli.doctor_cmd; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

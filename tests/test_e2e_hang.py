@@ -22,8 +22,8 @@ from conftest import REPO, Cli, wait_for
 from e2e_runs import assert_same_training, job_dir, uninterrupted_losses
 from local_cluster.faults import SignalAtStep, step_reached
 
-from slurm_titan.node import progress_record
-from slurm_titan.node.progress_record import Phase
+from slurm_titan.records import rank_progress
+from slurm_titan.records.rank_progress import Phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
@@ -75,7 +75,7 @@ def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers(cli: Cli, referen
 
 def _saving(env: dict[str, str], log: str) -> bool:
     """The rank is inside a checkpoint save (its progress record says so), at step 8 or later."""
-    record = progress_record.read(Path(env.get(progress_record.PROGRESS_FILE_ENV, "/nonexistent")))
+    record = rank_progress.read(Path(env.get(rank_progress.PROGRESS_FILE_ENV, "/nonexistent")))
     return record is not None and record.phase == Phase.SAVE and record.step >= 8
 
 
@@ -104,7 +104,7 @@ FEED_LINES = 60  # ~6k tokens: about 6 steps of 1024 tokens
 
 
 def _shards(folder: Path) -> list[str]:
-    from slurm_titan.debug_assets import _documents
+    from slurm_titan.launch.debug_assets import _documents
 
     lines = [json.dumps({"text": text}) + "\n" for text in _documents(0, 4000)]
     return ["".join(lines[0::2]), "".join(lines[1::2])]

@@ -93,7 +93,7 @@ def test_cluster_refusals_submit_nothing(cli: Cli, tmp_path: Path, args: list[st
 def test_missing_sbatch_is_named(cli: Cli) -> None:
     bin_dir = Path(os.__file__).parent  # any folder without Slurm's commands
     env = cli.env | {"PATH": str(bin_dir)}
-    result = run([sys.executable, "-m", "slurm_titan.cli", "submit", "configs/debug_cpu.yaml"], env=env,
+    result = run([sys.executable, "-m", "slurm_titan.cli.main", "submit", "configs/debug_cpu.yaml"], env=env,
                  check=False, cwd=REPO)
     assert result.returncode == 3
     assert result.stderr.startswith("slurm-titan: sbatch not found on PATH")

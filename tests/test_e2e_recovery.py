@@ -86,7 +86,7 @@ def healed_cluster(slurm_env: dict) -> Iterator[dict]:
 
 def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: dict,
                                                                     reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1", "--set", "slurm.keep_allocation_on_node_loss=true")
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     lost = cli.status(job)["attempts"][0]["hosts"][1]
@@ -102,7 +102,7 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, he
 
 def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: dict,
                                                                  reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "slurm.keep_allocation_on_node_loss=true")
+    job = cli.submit(*CONFIG)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     lost = cli.status(job)["attempts"][0]["hosts"][1]
@@ -116,8 +116,8 @@ def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, heale
     assert_same_training(cli, job, reference)
 
 
-def test_the_batch_host_lost_whole_is_requeued_by_slurm(cli: Cli, healed_cluster: dict,
-                                                        reference: dict[int, str]) -> None:
+def test_the_batch_host_lost_whole_is_requeued_by_a_surviving_node(cli: Cli, healed_cluster: dict,
+                                                                    reference: dict[int, str]) -> None:
     job = cli.submit(*CONFIG)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
@@ -126,6 +126,7 @@ def test_the_batch_host_lost_whole_is_requeued_by_slurm(cli: Cli, healed_cluster
     status = cli.wait(job, timeout=900)
     assert status["state"] == "COMPLETED", status
     assert job_field(cli, job, "Restarts") >= 1
+    assert status["attempts"][0]["cause"] == f"node {batch_host} lost (the batch host)"
     assert batch_host not in status["attempts"][-1]["hosts"]
     assert_same_training(cli, job, reference)
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import Cli
 from e2e_runs import job_dir, step_losses
-from slurm_titan.data_cursor import epoch0_rows, pieces_from_tuples, remaining
+from slurm_titan.data.cursor import epoch0_rows, pieces_from_tuples, remaining
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 CONFIG = "configs/debug_cpu.yaml"

@@ -4,7 +4,7 @@ the resume are the uninterrupted run's, a bad range in one node's share makes ev
 Bytes fetched per node come from the node logs (the restore's transfer line), never from timings.
 
 Needs the supervisor to pass the node's ranks, node index and node count and a verdict folder of
-the attempt to slurm_titan.node.resume.restore (see that function)."""
+the attempt to slurm_titan.node.restore.restore (see that function)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.node import attribution, failure_kinds
-from slurm_titan.node.failure_kinds import HARDWARE, NETWORK, OOM, UNKNOWN, USER
+from slurm_titan.node import attribution
+
+from slurm_titan import failure_kinds
+from slurm_titan.failure_kinds import HARDWARE, NETWORK, OOM, UNKNOWN, USER
 
 DATA = Path(__file__).parent / "data" / "failure_logs"
 

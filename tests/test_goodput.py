@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import goodput, history
+from slurm_titan.launch import goodput
+
+from slurm_titan.records import history
 
 RUNS = Path(__file__).parent / "data" / "runs"
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import ledger, slurm
-from slurm_titan.ledger import Entry
-from slurm_titan.node.failure_kinds import HARDWARE, NETWORK, UNKNOWN, USER
+from slurm_titan.records import ledger
+
+from slurm_titan import slurm
+from slurm_titan.records.ledger import Entry
+from slurm_titan.failure_kinds import HARDWARE, NETWORK, UNKNOWN, USER
 
 REPO = Path(__file__).resolve().parents[1]
 HOUR = 3600.0
@@ -118,7 +120,7 @@ def test_hooks_write_and_read_this_clusters_ledger(tmp_path: Path, monkeypatch: 
 
 def _cli(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "SLURM_TITAN_HOME": str(home), "SLURM_CLUSTER_NAME": "c"}
-    return subprocess.run([sys.executable, "-m", "slurm_titan.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "slurm_titan.cli.main", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -134,7 +136,7 @@ def test_nodes_command_prints_the_summary(tmp_path: Path) -> None:
 
 def test_nodes_command_imports_no_torch(tmp_path: Path) -> None:
     probe = ("import sys, runpy\nsys.argv = ['slurm-titan', 'nodes']\ntry:\n"
-             "    runpy.run_module('slurm_titan.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "    runpy.run_module('slurm_titan.cli.main', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print('HEAVY:', [m for m in ('torch', 'torchtitan', 'torch_npu') if m in sys.modules], file=sys.stderr)\n")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
                             env={"PATH": "/usr/bin:/bin", "SLURM_TITAN_HOME": str(tmp_path), "SLURM_CLUSTER_NAME": "c"})

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import logs, registry
+from slurm_titan.launch import logs
+
+from slurm_titan.records import jobs
 
 # torchtitan's MetricsProcessor.log lines as a rank log records them (colours included)
 STEP = ("[rank0]:[titan] 2025-01-01 10:00:0{n},000 - root - INFO - \x1b[31mstep: {n:2}  \x1b[32mloss: {loss:8.5f}  "
@@ -19,7 +21,7 @@ def _job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SLURM_TITAN_HOME", str(tmp_path / "home"))
     job_dir = tmp_path / "runs" / "demo" / "42"
     (job_dir / "logs").mkdir(parents=True)
-    registry.save(registry.new_record("42", "demo", job_dir, "job.yaml", 1))
+    jobs.save(jobs.new_record("42", "demo", job_dir, "job.yaml", 1))
     return job_dir
 
 

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import history, rendezvous
-from slurm_titan.node import allocation, attribution, finish, progress, step_watch
+from slurm_titan.records import history
+
+from slurm_titan.node import rendezvous
+from slurm_titan.node import allocation, attribution, finish, step_watch
+from slurm_titan.rank import progress
 from slurm_titan.node.supervisor import node_report_path
 
 
@@ -168,8 +171,8 @@ def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
 
 
 def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from slurm_titan.config import load_config
-    from slurm_titan.plan import shrink_node_counts
+    from slurm_titan.launch.config import load_config
+    from slurm_titan.launch.plan import shrink_node_counts
 
     def counts(*sets: tuple[str, object]) -> list[int]:
         return shrink_node_counts(load_config("configs/debug_cpu.yaml", [("slurm.nodes", 4), *sets]))

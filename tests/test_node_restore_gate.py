@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.node.resume import RESTORE_FD_ENV, SKIP_DATALOADER_ENV
+from slurm_titan.node.restore import RESTORE_FD_ENV, SKIP_DATALOADER_ENV
 from slurm_titan.node.supervisor import RankGroup
-from slurm_titan.rendezvous import Rendezvous
+from slurm_titan.node.rendezvous import Rendezvous
 
 RANK = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
-        "from slurm_titan.node.resume import wait_for_restore; "
+        "from slurm_titan.node.restore import wait_for_restore; "
         f"print('waiting', flush=True); wait_for_restore(); print('skip', os.environ.get({SKIP_DATALOADER_ENV!r}), "
         f"{RESTORE_FD_ENV!r} in os.environ)")
 

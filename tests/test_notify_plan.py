@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_titan.config import load_config
+from slurm_titan.launch.config import load_config
 from slurm_titan.errors import ConfigError
-from slurm_titan.notify_config import NOTIFY_ENV
-from slurm_titan.plan import plan_job
+from slurm_titan.node.notify_config import NOTIFY_ENV
+from slurm_titan.launch.plan import plan_job
 from test_plan import pinned_debug_cpu
 
 SECRET_URL = "https://hooks.slack.com/services/T0/B0/SECRET-TOKEN-XYZ"

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.config import load_config
-from slurm_titan.errors import ConfigError
-from slurm_titan.npu_env import (
+from slurm_titan.launch.config import load_config
+from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.launch.npu_env import (
     IF_BASE_PORTS,
     LINUX_EPHEMERAL,
-    PREFLIGHT_EXIT_CODE,
     NpuSpec,
     alloc_conf_problem,
     cann_launcher,
@@ -22,7 +21,7 @@ from slurm_titan.npu_env import (
     npu_variables,
     parse_affinity,
 )
-from slurm_titan.plan import plan_job
+from slurm_titan.launch.plan import plan_job
 
 BASE = """
 name: npu-job
@@ -250,7 +249,7 @@ def run_setup(spec: NpuSpec, tmp_path: Path, node: str = "n7") -> subprocess.Com
 
 def test_missing_cann_stops_the_job_with_a_clear_message(tmp_path: Path) -> None:
     done = run_setup(NpuSpec(ascend_home=str(tmp_path / "Ascend")), tmp_path, node="n7")
-    assert done.returncode == PREFLIGHT_EXIT_CODE
+    assert done.returncode == ExitCode.PREFLIGHT
     assert "CANN not found on n7:" in done.stderr and f"{tmp_path}/Ascend/ascend-toolkit/set_env.sh" in done.stderr
     assert "home=" not in done.stdout  # the node's command never starts
 
@@ -269,7 +268,7 @@ def test_set_env_and_atb_are_sourced(tmp_path: Path) -> None:
 def test_a_set_env_that_sets_nothing_is_refused(tmp_path: Path) -> None:
     (tmp_path / "broken.sh").write_text("true\n")
     done = run_setup(NpuSpec(set_env=str(tmp_path / "broken.sh")), tmp_path, node="n3")
-    assert done.returncode == PREFLIGHT_EXIT_CODE
+    assert done.returncode == ExitCode.PREFLIGHT
     assert "did not set ASCEND_HOME_PATH on n3" in done.stderr
 
 

@@ -12,8 +12,8 @@ import torchtitan.tools.logging
 import torchtitan.trainer
 from torchtitan.tools import utils as titan_utils
 
-from slurm_titan.node import npu_peak_flops, rank_entry
-from slurm_titan.node.npu_peak_flops import npu_get_peak_flops, peak_flops
+from slurm_titan.rank import npu_peak_flops, entry
+from slurm_titan.rank.npu_peak_flops import npu_get_peak_flops, peak_flops
 
 DOCUMENTED = [  # torch.npu.get_device_name() on each chip -> torchtitan-npu's figure
     ("Ascend910B1", 373.88e12),
@@ -68,5 +68,5 @@ def test_unknown_chip_warns_once_and_reports_mfu_zero(restore_lookup, caplog: py
 
 def test_prepare_device_installs_it_for_npu(restore_lookup, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))  # no torch_npu here
-    rank_entry.prepare_device("npu")
+    entry.prepare_device("npu")
     assert titan_utils.get_peak_flops is npu_get_peak_flops

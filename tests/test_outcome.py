@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import history
+from slurm_titan.records import history
 from slurm_titan.node.finish import attempt_exit_code
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, RetryPolicy, RunSoFar, decide
-from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
+from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.supervisor import node_exit_code, node_report_path
+from slurm_titan.errors import ExitCode
 
 POLICY = RetryPolicy(max_requeues=3, max_failures=5, max_failures_without_progress=3)
 
@@ -23,16 +23,16 @@ def _run(requeues: int = 0, failures: int = 0, stalled: int = 0, progressed: boo
     ("code", "near_limit", "run", "reason", "action"),
     [
         (0, False, _run(), "finished", STOP),
-        (PREEMPTED_EXIT_CODE, False, _run(), "preempted", REQUEUE),
-        (PREEMPTED_EXIT_CODE, True, _run(requeues=1), "timed out", REQUEUE),
-        (PREEMPTED_EXIT_CODE, False, _run(requeues=3), "preempted", STOP),  # max_requeues reached
+        (ExitCode.PREEMPTED, False, _run(), "preempted", REQUEUE),
+        (ExitCode.PREEMPTED, True, _run(requeues=1), "timed out", REQUEUE),
+        (ExitCode.PREEMPTED, False, _run(requeues=3), "preempted", STOP),  # max_requeues reached
         (1, False, _run(), "failed", RESTART),  # unplanned failures are retried by default
         (137, False, _run(failures=4, stalled=2), "failed", RESTART),  # progress resets the loop count
         (1, False, _run(failures=2, stalled=1, progressed=False), "failed", RESTART),
         (1, False, _run(failures=2, stalled=2, progressed=False), "restart loop", STOP),  # 3rd in a row
         (1, False, _run(failures=5), "failed", STOP),  # max_failures over the run
-        (PREFLIGHT_EXIT_CODE, False, _run(), "preflight failed", STOP),
-        (PREFLIGHT_EXIT_CODE, True, _run(), "preflight failed", STOP),
+        (ExitCode.PREFLIGHT, False, _run(), "preflight failed", STOP),
+        (ExitCode.PREFLIGHT, True, _run(), "preflight failed", STOP),
     ],
 )
 def test_decision_table(code: int, near_limit: bool, run: RunSoFar, reason: str, action: str) -> None:
@@ -41,7 +41,7 @@ def test_decision_table(code: int, near_limit: bool, run: RunSoFar, reason: str,
 
 
 def test_crash_is_retried_by_default_and_a_loop_is_named() -> None:
-    from slurm_titan.config import PreemptionSpec
+    from slurm_titan.launch.config import PreemptionSpec
 
     spec = PreemptionSpec()
     policy = RetryPolicy(spec.max_requeues, spec.max_failures, spec.max_failures_without_progress)
@@ -52,8 +52,8 @@ def test_crash_is_retried_by_default_and_a_loop_is_named() -> None:
 
 @pytest.mark.parametrize(
     ("ranks", "node"),
-    [({0: 0, 1: 0}, 0), ({0: PREEMPTED_EXIT_CODE, 1: PREEMPTED_EXIT_CODE}, PREEMPTED_EXIT_CODE),
-     ({0: PREEMPTED_EXIT_CODE, 1: 0}, PREEMPTED_EXIT_CODE), ({0: 0, 1: -9}, 137), ({0: 3, 1: -15}, 3)],
+    [({0: 0, 1: 0}, 0), ({0: ExitCode.PREEMPTED, 1: ExitCode.PREEMPTED}, ExitCode.PREEMPTED),
+     ({0: ExitCode.PREEMPTED, 1: 0}, ExitCode.PREEMPTED), ({0: 0, 1: -9}, 137), ({0: 3, 1: -15}, 3)],
 )
 def test_node_verdict(ranks: dict[int, int], node: int) -> None:
     assert node_exit_code(ranks) == node
@@ -66,10 +66,10 @@ def _report(job_dir: Path, node: int, code: int, failure: dict | None = None) ->
 
 
 def test_attempt_code_from_node_reports(tmp_path: Path) -> None:
-    _report(tmp_path, 0, PREEMPTED_EXIT_CODE)
+    _report(tmp_path, 0, ExitCode.PREEMPTED)
     assert attempt_exit_code(tmp_path, 0, 2, 0) == 1  # node 1 never reported: killed, so failed
     _report(tmp_path, 1, 0)
-    assert attempt_exit_code(tmp_path, 0, 2, 0) == PREEMPTED_EXIT_CODE
+    assert attempt_exit_code(tmp_path, 0, 2, 0) == ExitCode.PREEMPTED
     _report(tmp_path, 1, 9)
     assert attempt_exit_code(tmp_path, 0, 2, 137) == 9
 
@@ -103,13 +103,13 @@ def test_missing_scontrol_is_an_error_not_a_silent_non_requeue(monkeypatch: pyte
                                                                 capsys: pytest.CaptureFixture) -> None:
     from slurm_titan.node import finish
 
-    _report(tmp_path, 0, PREEMPTED_EXIT_CODE)
+    _report(tmp_path, 0, ExitCode.PREEMPTED)
     monkeypatch.setenv("PATH", str(tmp_path))  # a compute node without Slurm's client commands
     monkeypatch.setenv("SLURM_JOB_ID", "123")
     monkeypatch.setattr(finish, "near_time_limit", lambda job_id, seconds: False)
     code = finish.main(["--job-dir", str(tmp_path), "--srun-exit-code", "0", "--nodes", "1", "--max-requeues", "5",
                         "--max-failures", "0", "--signal-seconds", "60"])
-    assert code == finish.REQUEUE_FAILED_EXIT_CODE
+    assert code == ExitCode.REQUEUE_FAILED
     assert "ERROR: scontrol not found on PATH" in capsys.readouterr().out
     assert [a.reason for a in history.read_attempts(tmp_path)] == ["preempted"]
 

@@ -8,7 +8,7 @@ import torch
 
 import slurm_titan.overrides.check as check
 import slurm_titan.overrides.npu_attention as npu_attention
-from slurm_titan.cli import main as cli_main
+from slurm_titan.cli.main import main as cli_main
 from slurm_titan.overrides.check import Target, main, run_checks, run_device_checks
 from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.kernels import NpuKernels, torch_npu_kernels

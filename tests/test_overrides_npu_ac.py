@@ -18,9 +18,9 @@ from torchtitan.config import apply_overrides
 from torchtitan.config.manager import ConfigManager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-from slurm_titan.config import load_config
+from slurm_titan.launch.config import load_config
 from slurm_titan.overrides.npu_selective_ac import NpuSelectiveAC, npu_selective_ac
-from slurm_titan.plan import plan_job
+from slurm_titan.launch.plan import plan_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CALLS: Counter[str] = Counter()

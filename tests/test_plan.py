@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.config import load_config
+from slurm_titan.launch.config import load_config
 from slurm_titan.errors import ConfigError
-from slurm_titan.plan import flatten_options, plan_job
+from slurm_titan.launch.plan import flatten_options, plan_job
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "data/golden/debug_cpu_plan.txt"
@@ -43,7 +43,7 @@ def test_plan_matches_golden_file(tmp_path: Path) -> None:
 def test_plan_rank_command_runs_the_project_entry_with_overrides(tmp_path: Path) -> None:
     plan = plan_job(load_config(pinned_debug_cpu(tmp_path)))
     argv = list(plan.node.rank_argv)
-    assert argv[:4] == ["/opt/venv/bin/python", "-u", "-m", "slurm_titan.node.rank_entry"]
+    assert argv[:4] == ["/opt/venv/bin/python", "-u", "-m", "slurm_titan.rank.entry"]
     assert argv[argv.index("--override.imports") + 1].startswith("slurm_titan.overrides.")
     assert argv[-1] == "activation-checkpoint:none"
     job_dir, resolved = plan.node.resolve("77")

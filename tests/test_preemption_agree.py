@@ -10,7 +10,7 @@ from pathlib import Path
 
 WORKER = textwrap.dedent("""
     import os, signal, sys
-    from slurm_titan.node import preemption
+    from slurm_titan.rank import preemption
     preemption.install_handlers()
     import torch.distributed as dist
     dist.init_process_group("gloo")

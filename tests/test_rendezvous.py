@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import rendezvous
-from slurm_titan.rendezvous import RendezvousError, from_slurm_env, master_port
+from slurm_titan.node import rendezvous
+from slurm_titan.node.rendezvous import RendezvousError, from_slurm_env, master_port
 
 RECORDED = json.loads((Path(__file__).parent / "data/slurm-env/local-3node.json").read_text())["tasks"]
 EPHEMERAL = (32768, 60999)

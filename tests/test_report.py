@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_goodput import recorded
 
-from slurm_titan import history
+from slurm_titan.records import history
 from slurm_titan.report import data
 
 SUBMITTED = 1735725600.0  # 2025-01-01 10:00:00 UTC, every recorded run's submit

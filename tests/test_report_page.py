@@ -15,7 +15,7 @@ from test_report import utc  # noqa: F401  (autouse: the recorded logs are UTC)
 from test_runs_status import submitted_runs  # noqa: F401  (jobs 101..103: the recorded runs)
 
 import slurm_titan.report
-from slurm_titan.cli import main
+from slurm_titan.cli.main import main
 from slurm_titan.report import browser
 
 needs_chromium = pytest.mark.skipif(browser.find() is None, reason="Chromium is not installed (tools/setup installs it)")
@@ -80,7 +80,7 @@ PROBE = """
 import sys, runpy
 sys.argv = ["slurm-titan", *{args!r}]
 try:
-    runpy.run_module("slurm_titan.cli", run_name="__main__")
+    runpy.run_module("slurm_titan.cli.main", run_name="__main__")
 except SystemExit:
     pass
 print("LOADED:", ",".join(sorted(m for m in sys.modules if m.split(".")[0] == "plotly" or m.startswith("slurm_titan.report"))),

@@ -18,7 +18,7 @@ pytest.importorskip("torchtitan")
 
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader  # noqa: E402
 
-from slurm_titan.data_cursor import DataResumeError  # noqa: E402
+from slurm_titan.data.cursor import DataResumeError  # noqa: E402
 from slurm_titan.overrides.resharding_loader import ReshardingDataLoader, resharding_dataloader  # noqa: E402
 
 SEQ, BATCH = 16, 2

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.config import load_config, parse_assignment
+from slurm_titan.launch.config import load_config, parse_assignment
 from slurm_titan.errors import ConfigError
 from slurm_titan.overrides import RESHARDING_DATALOADER
-from slurm_titan.plan import _titan_options, default_overrides
+from slurm_titan.launch.plan import _titan_options, default_overrides
 
 CONFIG = Path(__file__).parent.parent / "configs/debug_cpu.yaml"
 

@@ -11,8 +11,12 @@ import pytest
 from test_cli_light import PROBE, REPO
 from test_goodput import recorded
 
-from slurm_titan import registry, runs, slurm
-from slurm_titan.cli import main
+from slurm_titan.records import jobs
+
+from slurm_titan.launch import runs
+
+from slurm_titan import slurm
+from slurm_titan.cli.main import main
 
 
 @pytest.fixture
@@ -24,8 +28,8 @@ def submitted_runs(tmp_path, monkeypatch):
     for n, name in enumerate(["preempted-requeued", "crash-restart", "node-lost-running"]):
         folder, submitted, _ = recorded(name, tmp_path)
         job = str(101 + n)
-        path = registry.save(registry.JobRecord(job, name, str(folder), "job.yaml", 2, submitted))
-        os.utime(path, (submitted + n, submitted + n))  # registry.recent: newest first
+        path = jobs.save(jobs.JobRecord(job, name, str(folder), "job.yaml", 2, submitted))
+        os.utime(path, (submitted + n, submitted + n))  # jobs.recent: newest first
         folders[name] = folder
     return folders
 

@@ -12,15 +12,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-from slurm_titan.config import load_config
-from slurm_titan.plan import HOLD_SIGNALS_VAR, plan_job
+from slurm_titan.launch.config import load_config
+from slurm_titan.launch.plan import HOLD_SIGNALS_VAR, plan_job
 from test_plan import pinned_debug_cpu
 
 SUPERVISOR_START = textwrap.dedent("""
     import sys
     print("started", flush=True)
     sys.stdin.readline()  # the test has sent USR2 by now
-    from slurm_titan.node.preemption import take_stop_signals
+    from slurm_titan.signals import take_stop_signals
     got = []
     take_stop_signals(lambda signum, frame: got.append(signum))
     print("handled", got, flush=True)

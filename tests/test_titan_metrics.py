@@ -1,4 +1,4 @@
-"""One TensorBoard run with one step axis across a job's attempts (slurm_titan.titan_metrics)."""
+"""One TensorBoard run with one step axis across a job's attempts (slurm_titan.overrides.titan_metrics)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch.distributed as dist
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from torchtitan.components.metrics import MetricsProcessor
 
-from slurm_titan.config import load_config
-from slurm_titan.plan import METRICS_OVERRIDE, default_overrides
-from slurm_titan.titan_metrics import ContinuousMetricsProcessor, continuous_metrics, run_name
+from slurm_titan.launch.config import load_config
+from slurm_titan.launch.plan import METRICS_OVERRIDE, default_overrides
+from slurm_titan.overrides.titan_metrics import ContinuousMetricsProcessor, continuous_metrics, run_name
 
 
 @pytest.fixture

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan import config as config_module
-from slurm_titan.config import load_config
-from slurm_titan.errors import ConfigError
-from slurm_titan.node import attribution, budgets, progress_record, stacks, watchdog
+from slurm_titan.launch import config as config_module
+from slurm_titan.launch.config import load_config
+from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.node import attribution, budgets, stacks, watchdog
+from slurm_titan.records import rank_progress
 from slurm_titan.node.budgets import Budgets, Calibration
-from slurm_titan.node.progress_record import Phase, Progress
-from slurm_titan.plan import plan_job
+from slurm_titan.records.rank_progress import Phase, Progress
+from slurm_titan.launch.plan import plan_job
 from test_node_recovery import _report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def test_calibration_survives_to_the_next_attempt(tmp_path: Path) -> None:
 
 def test_the_watchdog_learns_and_the_next_attempt_starts_calibrated(tmp_path: Path) -> None:
     first = watchdog.Watchdog(LIMITS, [0], tmp_path, 0, learns=True, say=lambda _: None)
-    writer = progress_record.ProgressWriter(first.rank_env(0)[progress_record.PROGRESS_FILE_ENV])
+    writer = rank_progress.ProgressWriter(first.rank_env(0)[rank_progress.PROGRESS_FILE_ENV])
     writer.enter(Phase.STEP, 1)
     writer.step_done(1)
     first.arm()
@@ -63,21 +64,21 @@ def test_the_watchdog_learns_and_the_next_attempt_starts_calibrated(tmp_path: Pa
 
 def test_progress_record_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "rank-3.progress"
-    progress_record.create(path, 100.0)
-    assert progress_record.read(path) == Progress(Phase.STARTUP, 0, 100.0)
-    writer = progress_record.ProgressWriter(str(path))
+    rank_progress.create(path, 100.0)
+    assert rank_progress.read(path) == Progress(Phase.STARTUP, 0, 100.0)
+    writer = rank_progress.ProgressWriter(str(path))
     writer.enter(Phase.STEP, 7)
     writer.step_done(7)
-    record = progress_record.read(path)
+    record = rank_progress.read(path)
     assert (record.phase, record.step, record.steps_done) == (Phase.STEP, 8, 1)  # step 8 is being trained
     assert record.slowest_step_s >= 0 and record.since >= 100.0
     writer.enter(Phase.SAVE, 8)
-    assert progress_record.read(path).phase == Phase.SAVE
+    assert rank_progress.read(path).phase == Phase.SAVE
     torn = bytearray(path.read_bytes())
     torn[-1] ^= 0xFF  # the end's sequence number differs: a write in progress
     path.write_bytes(bytes(torn))
-    assert progress_record.read(path) is None
-    assert progress_record.read(tmp_path / "missing") is None
+    assert rank_progress.read(path) is None
+    assert rank_progress.read(tmp_path / "missing") is None
 
 
 def test_budget_errors_name_the_key(tmp_path: Path) -> None:
@@ -109,16 +110,17 @@ def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook() -> None:
 
 RANK = textwrap.dedent("""
     import sys, time
-    from slurm_titan.node import progress_record, stacks
-    from slurm_titan.node.progress_record import Phase
+    from slurm_titan.records import rank_progress
+    from slurm_titan.node import stacks
+    from slurm_titan.records.rank_progress import Phase
     stacks.register_in_rank()
-    progress_record.enter(Phase.STEP, 1)
+    rank_progress.enter(Phase.STEP, 1)
 
     def train_forever():
         step = 1
         while True:
             time.sleep(0.01)
-            progress_record.step_done(step)
+            rank_progress.step_done(step)
             step += 1
 
     print("ready", flush=True)
@@ -169,7 +171,7 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
 
 
 def test_the_faulthandler_fallback_is_registered_on_an_unused_signal() -> None:
-    from slurm_titan.node.preemption import STOP_SIGNALS
+    from slurm_titan.signals import STOP_SIGNALS
 
     assert stacks.DUMP_SIGNAL not in STOP_SIGNALS
     assert stacks.frozen("T") and stacks.frozen("D") and not stacks.frozen("S")
@@ -184,7 +186,7 @@ def _hang(rank: int, since: float, at: float, frozen: bool = False, in_collectiv
 
 
 def _hang_report(job_dir: Path, node: int, host: str, hang: dict | None, failure: dict | None = None) -> None:
-    _report(job_dir, 0, node, host, watchdog.HANG_EXIT_CODE if hang else 1, failure)
+    _report(job_dir, 0, node, host, ExitCode.HANG if hang else 1, failure)
     path = job_dir / "attempts" / "0" / f"node-{node}.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"hang": hang}))
 
@@ -213,7 +215,7 @@ def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path)
 
 
 def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path) -> None:
-    from slurm_titan.rendezvous import Rendezvous
+    from slurm_titan.node.rendezvous import Rendezvous
     from slurm_titan.node.supervisor import RankGroup
 
     rank_program = RANK.replace('print("ready", flush=True)',
@@ -234,7 +236,7 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
 
 
 def test_logs_stacks_prints_the_newest_attempt_that_has_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from slurm_titan import logs
+    from slurm_titan.launch import logs
 
     for attempt, text in ((0, "old"), (1, "new")):
         folder = logs.stacks_folder(tmp_path, attempt)

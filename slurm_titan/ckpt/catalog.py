@@ -26,12 +26,12 @@ from typing import Any, Protocol
 
 from slurm_titan.errors import StorageError
 
-from . import layout
-from .checksum import hash_bytes, hash_file
-from .manifest import FileEntry, Manifest, ManifestError
-from .share import SHARE_FILE, Share, node_share
-from .store import Store
-from .transfer import checksum_many, download_many, download_pieces
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.checksum import hash_bytes, hash_file
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
+from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
+from slurm_titan.ckpt.store import Store
+from slurm_titan.ckpt.transfer import checksum_many, download_many, download_pieces
 
 log = logging.getLogger("slurm_titan.ckpt.catalog")
 

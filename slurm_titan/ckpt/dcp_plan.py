@@ -18,9 +18,9 @@ from typing import Any
 from torch.distributed.checkpoint import DefaultLoadPlanner, Metadata
 from torch.distributed.checkpoint.stateful import Stateful
 
-from . import layout
-from .manifest import Range
-from .share import is_data, merged
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.manifest import Range
+from slurm_titan.ckpt.share import is_data, merged
 
 
 def load_reads(state_dict: dict[str, Any], metadata: Metadata) -> list[Range]:
@@ -61,8 +61,8 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
 
     from slurm_titan.errors import StorageError
 
-    from .manifest import Manifest
-    from .share import SHARE_FILE, Share
+    from slurm_titan.ckpt.manifest import Manifest
+    from slurm_titan.ckpt.share import SHARE_FILE, Share
 
     meta = os.path.join(checkpoint_dir, layout.META_DIR)
     try:

@@ -17,8 +17,8 @@ from typing import Any
 
 from slurm_titan.errors import StorageError
 
-from . import layout
-from .checksum import BlockHasher
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.checksum import BlockHasher
 
 FORMAT = "slurm-titan-checkpoint/1"
 RECEIPT_FORMAT = "slurm-titan-receipt/1"

@@ -20,7 +20,7 @@ import mmap
 import os
 import threading
 
-from .checksum import Hasher, new_hasher
+from slurm_titan.ckpt.checksum import Hasher, new_hasher
 
 ALIGN = 4096
 """O_DIRECT offsets, lengths and buffer addresses are multiples of this (the page size covers

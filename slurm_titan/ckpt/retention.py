@@ -22,9 +22,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from . import layout
-from .catalog import CheckpointInfo, list_checkpoints
-from .store import Store
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.catalog import CheckpointInfo, list_checkpoints
+from slurm_titan.ckpt.store import Store
 
 log = logging.getLogger("slurm_titan.ckpt.retention")
 

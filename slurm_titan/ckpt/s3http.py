@@ -39,10 +39,10 @@ from urllib.parse import urlsplit
 
 from slurm_titan.errors import StorageError
 
-from .checksum import BlockHasher, new_hasher
-from .manifest import FileEntry
-from .ranged import ALIGN, Budget, PartBuffers, RangedFile
-from .store import Progress, Store, StoreError
+from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
+from slurm_titan.ckpt.manifest import FileEntry
+from slurm_titan.ckpt.ranged import ALIGN, Budget, PartBuffers, RangedFile
+from slurm_titan.ckpt.store import Progress, Store, StoreError
 
 _BUF = 256 << 10
 _TRIES = 4
@@ -340,7 +340,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
     """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order.
 
     Raises LocalFileError for unreadable local files, StoreError for store failures."""
-    from .transfer import LocalFileError
+    from slurm_titan.ckpt.transfer import LocalFileError
 
     fs = store.fs
     http = _Http(store)

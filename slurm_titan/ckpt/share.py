@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from slurm_titan.errors import StorageError
 
-from .manifest import FileEntry, Manifest, ManifestError, Range
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range
 
 SHARE_FILE = "share.json"
 """Inside ``<step>/.slurm-titan/`` of a restored folder that holds part of the checkpoint."""

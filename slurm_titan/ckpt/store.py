@@ -548,19 +548,19 @@ class Store:
     # -- big files ------------------------------------------------------------------------
     def upload(self, local_path: str, rel: str, progress: Progress | None = None, algorithm: str | None = None):
         """Copy a local file to ``rel``; returns its FileEntry (size, checksum of the bytes sent)."""
-        from . import transfer
+        from slurm_titan.ckpt import transfer
 
         return transfer.upload(self, local_path, rel, progress=progress, algorithm=algorithm)
 
     def download(self, rel: str, local_path: str, progress: Progress | None = None, algorithm: str | None = None):
         """Copy ``rel`` to a local file; returns (size, checksum of the bytes received)."""
-        from . import transfer
+        from slurm_titan.ckpt import transfer
 
         return transfer.download(self, rel, local_path, progress=progress, algorithm=algorithm)
 
     def checksum(self, rel: str, algorithm: str, progress: Progress | None = None) -> tuple[int, str]:
         """(size, checksum) of a stored object, streaming it."""
-        from . import transfer
+        from slurm_titan.ckpt import transfer
 
         return transfer.checksum_remote(self, rel, algorithm, progress=progress)
 

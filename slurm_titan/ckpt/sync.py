@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 from slurm_titan.errors import StorageError
 
-from . import layout
-from .background import background_thread
-from .checksum import DEFAULT_ALGORITHM
-from .manifest import Manifest, ManifestError, Range, Receipt, utc_iso
-from .share import merged
-from .store import Store, open_store
-from .transfer import LocalFileError, upload_many
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.background import background_thread
+from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
+from slurm_titan.ckpt.manifest import Manifest, ManifestError, Range, Receipt, utc_iso
+from slurm_titan.ckpt.share import merged
+from slurm_titan.ckpt.store import Store, open_store
+from slurm_titan.ckpt.transfer import LocalFileError, upload_many
 
 log = logging.getLogger("slurm_titan.ckpt.sync")
 
@@ -362,7 +362,7 @@ class CheckpointSync:
                 st.committed.set()
             if st.status == "committed" and (self.keep_remote or self.keep_remote_every):
                 try:
-                    from .retention import prune
+                    from slurm_titan.ckpt.retention import prune
 
                     prune(self.store, self.keep_remote, self.keep_remote_every, protected=self.in_flight())
                 except Exception as e:  # noqa: BLE001

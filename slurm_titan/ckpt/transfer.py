@@ -27,10 +27,10 @@ from typing import Any
 
 from slurm_titan.errors import StorageError
 
-from . import ranged, s3http
-from .checksum import DEFAULT_ALGORITHM, BlockHasher, Hasher, hash_file, new_hasher
-from .manifest import FileEntry
-from .store import Progress, Store
+from slurm_titan.ckpt import ranged, s3http
+from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, BlockHasher, Hasher, hash_file, new_hasher
+from slurm_titan.ckpt.manifest import FileEntry
+from slurm_titan.ckpt.store import Progress, Store
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
 _DIRECT_BUF = 1 << 20

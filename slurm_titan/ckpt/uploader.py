@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from slurm_titan.errors import StorageError
+from slurm_titan.signals import STOP_SIGNALS
 
-from .background import background_thread
+from slurm_titan.ckpt.background import background_thread
 
 log = logging.getLogger("slurm_titan.ckpt.uploader")
 
-_STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGINT)
 _LOG_FORMAT = "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"
 
 
@@ -227,7 +228,7 @@ def serve(commands: IO[str], events: IO[str]) -> int:
     settings = UploadSettings(**json.loads(commands.readline()))
     # the whole process at once, before the imports: every thread started from here on inherits both
     background_thread(settings.nice, frozenset(settings.cpus) or None)
-    from .sync import CheckpointSync
+    from slurm_titan.ckpt.sync import CheckpointSync
 
     lock = threading.Lock()
 

@@ -7,12 +7,11 @@ NPUs' network ports (`facts`, `checks`); across nodes: same chips, driver, firmw
 versions, distinct device IPs, one NPU ping per node (`checks.compare_nodes`, `checks.reachability`),
 exchanged through the job folder (`exchange`). A finding fails the preflight or is a warning (`report`).
 Nothing here imports torch. Entry points for the supervisor and the CLI: `run_preflight`, `PreflightFailed`,
-`PREFLIGHT_EXIT_CODE`, `DoctorExpectations`, `cli.main`.
+`DoctorExpectations` (exit code: `errors.ExitCode.PREFLIGHT`).
 """
 
 from slurm_titan.doctor.exchange import run_preflight
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.report import Finding, PreflightFailed
-from slurm_titan.npu_env import PREFLIGHT_EXIT_CODE
 
-__all__ = ["PREFLIGHT_EXIT_CODE", "DoctorExpectations", "Finding", "PreflightFailed", "run_preflight"]
+__all__ = ["DoctorExpectations", "Finding", "PreflightFailed", "run_preflight"]

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from slurm_titan import npu_env
+from slurm_titan.launch import npu_env
 
 if TYPE_CHECKING:
-    from slurm_titan.config import JobConfig
+    from slurm_titan.launch.config import JobConfig
 
 PARAMETERS = {"llama3_debugmodel": 6_163_712, "llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496}
 """Parameter counts of torchtitan 0.3.0's llama3 configs (counted on a meta-device model)."""

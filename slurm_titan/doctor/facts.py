@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import slurm_titan
-from slurm_titan import rendezvous
+from slurm_titan.node import rendezvous
 from slurm_titan.doctor import hccn_tool
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.hccn_tool import HccnDevice

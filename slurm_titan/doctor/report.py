@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from slurm_titan.errors import SlurmTitanError
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
+from slurm_titan.errors import ExitCode, SlurmTitanError
 
 FAIL = "fail"
 WARN = "warn"
@@ -44,9 +43,9 @@ def format_table(findings: list[Finding]) -> str:
 
 class PreflightFailed(SlurmTitanError):
     """The preflight found problems; `str()` is a summary line and the table (warnings included).
-    Exit code PREFLIGHT_EXIT_CODE."""
+    Exit code ExitCode.PREFLIGHT."""
 
-    exit_code = PREFLIGHT_EXIT_CODE
+    exit_code = ExitCode.PREFLIGHT
 
     def __init__(self, findings: list[Finding], num_nodes: int) -> None:
         self.findings = findings

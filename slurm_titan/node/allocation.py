@@ -27,7 +27,7 @@ from pathlib import Path
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.rendezvous import NODES_ENV
+from slurm_titan.node.rendezvous import NODES_ENV
 
 NUM_NODES_ENV = "SLURM_TITAN_NUM_NODES"
 ATTEMPT_ENV = "SLURM_TITAN_ATTEMPT_INDEX"

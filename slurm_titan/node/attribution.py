@@ -19,7 +19,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan.node import failure_kinds
+from slurm_titan import failure_kinds
 from slurm_titan.node.watchdog import culprit_key
 
 LOST = "lost"

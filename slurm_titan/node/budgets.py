@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_titan.node.progress_record import Phase, Progress
+from slurm_titan.records.rank_progress import Phase, Progress
 
 CALIBRATION_FILE = "watchdog.json"
 

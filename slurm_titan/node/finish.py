@@ -27,15 +27,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan import history, ledger, slurm
-from slurm_titan.errors import ClusterError
+from slurm_titan.records import history, ledger
+
+from slurm_titan import slurm
+from slurm_titan.errors import ExitCode, ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node import allocation, attribution, failure_kinds, notify, progress, step_watch
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
-from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
+from slurm_titan.node import allocation, attribution, notify, step_watch
+from slurm_titan import failure_kinds
+from slurm_titan.rank import progress
+from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.supervisor import node_report_path, say
 
-REQUEUE_FAILED_EXIT_CODE = 76
 REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
 TIME_LIMIT_MARGIN_S = 90  # slurmctld sends the --signal up to ~60 s earlier than asked
 
@@ -51,11 +53,11 @@ def attempt_exit_code(job_dir: Path, attempt: int, nodes: int, srun_exit_code: i
         if not path.is_file():
             return srun_exit_code or 1
         codes.append(json.loads(path.read_text())["exit_code"])
-    failures = [code for code in codes if code not in (0, PREEMPTED_EXIT_CODE)]
+    failures = [code for code in codes if code not in (0, ExitCode.PREEMPTED)]
     if failures:
         return failures[0]
-    if PREEMPTED_EXIT_CODE in codes:
-        return PREEMPTED_EXIT_CODE
+    if ExitCode.PREEMPTED in codes:
+        return ExitCode.PREEMPTED
     return srun_exit_code
 
 
@@ -133,12 +135,12 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     """Decide what follows `attempt`, leave out the node it blames if it should, record the end and
     send its alert. Returns the outcome and the attempt's exit code."""
     code = attempt_exit_code(job_dir, attempt.number, len(attempt.hosts), srun_exit_code)
-    near_limit = code == PREEMPTED_EXIT_CODE and near_time_limit(job_id, args.signal_seconds)
+    near_limit = code == ExitCode.PREEMPTED and near_time_limit(job_id, args.signal_seconds)
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
                                                         args.max_failures_without_progress))
     failure, excluded = None, []
-    if code not in (0, PREEMPTED_EXIT_CODE, PREFLIGHT_EXIT_CODE):
+    if code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
         failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
                          action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
@@ -262,7 +264,7 @@ def requeue_job(job_dir: Path, job_id: str, attempt: int) -> int:
         history.append_event(job_dir, "requeue-failed", attempt, error=str(error))
         notify.send("failed", notify.JobRef.from_env(os.environ), f"after attempt {attempt}: {error}",
                     notify.spec_from_env(os.environ))
-        return REQUEUE_FAILED_EXIT_CODE
+        return ExitCode.REQUEUE_FAILED
     if excluded := sorted(allocation.read_excluded(job_dir)):
         exclude_from_pending_job(job_id, excluded)
     notify.send("requeued", notify.JobRef.from_env(os.environ), f"after attempt {attempt}",

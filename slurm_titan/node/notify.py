@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_titan.node.outcome import REQUEUE, Outcome
-from slurm_titan.notify_config import EVENTS, NOTIFY_ENV, NotifySpec, WebhookSpec
+from slurm_titan.node.notify_config import EVENTS, NOTIFY_ENV, NotifySpec, WebhookSpec
 
 RETRY_PAUSE_S = 1.0
 _REPLY_LIMIT = 65536

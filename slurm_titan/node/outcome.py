@@ -17,11 +17,9 @@ failures in a row (nvidia-resiliency-ext's "3 cycles without progress") end the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from slurm_titan.errors import ExitCode
 
-from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE
 
-PREFLIGHT_EXIT_CODE = 78  # EX_CONFIG: the node is not fit to run this job; never requeued
-STORAGE_EXIT_CODE = 74  # EX_IOERR: checkpoint storage unreachable before training
 
 STOP, REQUEUE, RESTART = "stop", "requeue", "restart"
 
@@ -56,9 +54,9 @@ def decide(exit_code: int, near_time_limit: bool, run: RunSoFar, policy: RetryPo
     """Decide what follows an attempt that ended with `exit_code` (the node reports combined)."""
     if exit_code == 0:
         return Outcome("finished", STOP)
-    if exit_code == PREFLIGHT_EXIT_CODE:
+    if exit_code == ExitCode.PREFLIGHT:
         return Outcome("preflight failed", STOP, "a node failed the preflight: never retried")
-    if exit_code == PREEMPTED_EXIT_CODE:
+    if exit_code == ExitCode.PREEMPTED:
         reason = "timed out" if near_time_limit else "preempted"
         if run.requeues >= policy.max_requeues:
             return Outcome(reason, STOP, f"max_requeues={policy.max_requeues} reached")

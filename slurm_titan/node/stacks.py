@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DUMP_SIGNAL = signal.SIGUSR1  # unused by the ranks: Slurm's warnings are USR2 and TERM (node.preemption)
+from slurm_titan.signals import DUMP_SIGNAL
+
 STACK_FILE_ENV = "SLURM_TITAN_STACK_FILE"
 PY_SPY_TIMEOUT_S = 20.0
 FAULTHANDLER_WAIT_S = 5.0

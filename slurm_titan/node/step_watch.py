@@ -5,7 +5,9 @@ slurmctld marks the node down (SlurmdTimeout, 300 s by default; "srun: error: No
 The surviving nodes' supervisors report within seconds (their ranks fail on the lost peer), so once
 some node has reported and others stay silent for `grace_s`, the silent ones are probed
 (`allocation.probe_failures`); if one does not answer, srun is killed and the batch shell goes on to
-`finish`, which finds the same silent, unanswering node and blames it. The first attempt's watcher
+`finish`, which finds the same silent, unanswering node and blames it. While it watches, it touches the
+attempt's batch-shell heartbeat (:func:`batch_host.beat`), which tells the other nodes' supervisors that
+the batch shell still lives to decide what follows a failure. The first attempt's watcher
 is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the batch
 shell's children); `finish` watches the steps it starts itself with :func:`watch`.
 """
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from slurm_titan.node import allocation, attribution
+from slurm_titan.node import allocation, attribution, batch_host
 
 GRACE_S = 10.0
 POLL_S = 1.0
@@ -41,6 +43,7 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes."""
     waiting_since: float | None = None
     while alive(srun_pid):
+        batch_host.beat(job_dir, attempt)
         reports = attribution.read_reports(job_dir, attempt, len(hosts))
         silent = attribution.silent_nodes(reports, hosts)
         if not reports or not silent:

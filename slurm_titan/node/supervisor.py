@@ -10,7 +10,7 @@ the node's outcome to `<job>/attempts/<A>/node-<N>.json` for the batch script's 
 
 Exit code: 0 when the ranks finished or checkpointed for a requeue (so srun's
 `--kill-on-bad-exit` does not cut short another node's upload), the failing rank's code otherwise,
-HANG_EXIT_CODE after a hang.
+ExitCode.HANG after a hang.
 """
 
 from __future__ import annotations
@@ -29,16 +29,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_titan import history, rendezvous
-from slurm_titan.errors import SlurmTitanError
-from slurm_titan.node import batch_host, resume
+from slurm_titan.records import history
+
+from slurm_titan.node import rendezvous
+from slurm_titan.errors import ExitCode, SlurmTitanError
+from slurm_titan.node import batch_host, restore
 from slurm_titan.node.allocation import ATTEMPT_ENV
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.report import format_table
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE, STORAGE_EXIT_CODE
-from slurm_titan.node.preemption import PREEMPTED_EXIT_CODE, STOP_FILE_ENV, ignore_signals, take_stop_signals
-from slurm_titan.node.watchdog import HANG_EXIT_CODE, Hang, Watchdog
-from slurm_titan.plan import NodeSpec
+from slurm_titan.rank.preemption import STOP_FILE_ENV
+from slurm_titan.signals import ignore_signals, take_stop_signals
+from slurm_titan.node.watchdog import Hang, Watchdog
+from slurm_titan.launch.plan import NodeSpec
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
@@ -57,13 +59,13 @@ def node_report_path(job_dir: Path, attempt: int, node_rank: int) -> Path:
 
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
     """(rank, exit code) of the lowest rank that failed (neither running, finished nor checkpointed to stop)."""
-    failed = sorted((rank, code) for rank, code in codes.items() if code not in (None, 0, PREEMPTED_EXIT_CODE))
+    failed = sorted((rank, code) for rank, code in codes.items() if code not in (None, 0, ExitCode.PREEMPTED))
     return failed[0] if failed else None
 
 
 class RankGroup:
     """The training processes of this node. With `gated`, each rank's checkpoint hook waits on a
-    pipe (resume.wait_for_restore) until :meth:`release` says how the node's restore went. With a
+    pipe (restore.wait_for_restore) until :meth:`release` says how the node's restore went. With a
     `watchdog`, :meth:`wait` also ends on a hang (from the release on, or from the start ungated)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, log_dir: Path,
@@ -81,7 +83,7 @@ class RankGroup:
                 rank_env |= watchdog.rank_env(rank)
             gate = os.pipe() if gated else None
             if gate:
-                rank_env[resume.RESTORE_FD_ENV] = str(gate[0])
+                rank_env[restore.RESTORE_FD_ENV] = str(gate[0])
                 self.gates.append(gate[1])
             with (log_dir / f"rank-{rank}.log").open("ab") as log:
                 self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
@@ -203,11 +205,11 @@ class RankGroup:
 
 def node_exit_code(rank_codes: dict[int, int]) -> int:
     """The node's verdict: a failure's code (signals as 128+N), else 75 if any rank checkpointed to stop, else 0."""
-    failures = [code for code in rank_codes.values() if code not in (0, PREEMPTED_EXIT_CODE)]
+    failures = [code for code in rank_codes.values() if code not in (0, ExitCode.PREEMPTED)]
     if failures:
         code = failures[0]
         return code if code > 0 else 128 - code
-    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in rank_codes.values() else 0
+    return ExitCode.PREEMPTED if ExitCode.PREEMPTED in rank_codes.values() else 0
 
 
 class NodeSupervisor:
@@ -258,7 +260,7 @@ class NodeSupervisor:
                                          spec.preflight.for_job(lambda text: spec.fill(text, job_id)))
             except PreflightFailed as failure:  # the same table on every node
                 say(f"ERROR before training: {failure}")
-                self._finish(report, PREFLIGHT_EXIT_CODE, {})
+                self._finish(report, ExitCode.PREFLIGHT, {})
             if doctor_warnings:
                 say(f"preflight warnings (training goes on):\n{format_table(doctor_warnings)}")
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
@@ -270,17 +272,25 @@ class NodeSupervisor:
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv, job_dir / "attempts" / str(attempt) / "restore", report)
         try:
-            rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, HANG_EXIT_CODE, {}, None, hang))
+            rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, ExitCode.HANG, {}, None, hang))
         finally:
             if watchdog:
                 watchdog.close()
         hang = self.ranks.hang
-        if self.terminated and (host := batch_host.requeue_orphaned(job_id)):
-            say(f"the job's batch host {host} is lost (Slurm removed it): requeued the job from this node")
+        code = ExitCode.HANG if hang else node_exit_code(rank_codes)
+        if self.terminated:
+            lost = batch_host.requeue_orphaned(job_id)
+        elif code not in (0, ExitCode.PREEMPTED):
+            failed_at = float((self.ranks.failed_first or {}).get("time", time.time()))
+            lost = batch_host.requeue_if_batch_shell_gone(job_dir, attempt, job_id, failed_at,
+                                                          os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+        else:
+            lost = None
+        if lost:
+            say(f"the job's batch host {lost} is lost: requeued the job from this node")
             history.append_event(job_dir, "end", attempt, exit_code=None, reason="failed", action="requeue",
-                                 cause=f"node {host} lost (the batch host)", culprit=host, excluded=[])
-        self._finish(report, HANG_EXIT_CODE if hang else node_exit_code(rank_codes), rank_codes,
-                     self.ranks.failed_first, hang)
+                                 cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
+        self._finish(report, code, rank_codes, self.ranks.failed_first, hang)
 
     def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path) -> None:
         """Restore this node's share of the newest complete checkpoint (its ranks' reads), agreeing with the
@@ -291,12 +301,12 @@ class NodeSupervisor:
         first = rdzv.node_rank * rdzv.procs_per_node
         node_ranks = list(range(first, first + rdzv.procs_per_node))
         try:  # a failed restore kills the ranks: they have trained nothing yet
-            ranks.release_after(lambda: resume.restore(checkpoint, local, job_id, rdzv.world_size, say,
+            ranks.release_after(lambda: restore.restore(checkpoint, local, job_id, rdzv.world_size, say,
                                                        ranks=node_ranks, node=rdzv.node_rank, nodes=rdzv.num_nodes,
                                                        verdicts=verdicts))
         except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: checkpoint restore: {error}")
-            self._finish(report, STORAGE_EXIT_CODE, {})
+            self._finish(report, ExitCode.STORAGE_UNREACHABLE, {})
 
     @staticmethod
     def _report(report: Path, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None,
@@ -316,6 +326,6 @@ class NodeSupervisor:
                 failed_first: dict[str, float | int] | None = None, hang: Hang | None = None) -> None:
         """Write the node's report (:meth:`_report`); exit non-zero only on failure."""
         cls._report(report, code, rank_codes, failed_first, hang)
-        say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == PREEMPTED_EXIT_CODE else ""))
-        if code not in (0, PREEMPTED_EXIT_CODE):
+        say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == ExitCode.PREEMPTED else ""))
+        if code not in (0, ExitCode.PREEMPTED):
             sys.exit(code)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-from slurm_titan import titan_registry
+from slurm_titan import titan_configs
 
 
 def available_configs(module: str) -> set[str]:
     """Config functions of a torchtitan module name or a fully qualified config_registry module."""
-    names = titan_registry.config_functions(module)
+    names = titan_configs.config_functions(module)
     if names is not None:
         return names
     for candidate in (f"{module}.config_registry", module):

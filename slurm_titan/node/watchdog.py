@@ -5,7 +5,7 @@ each poll of the supervisor reads them and compares the time since each rank's l
 phase's budget (node.budgets). On a hang it dumps the stacks of every rank of the node (node.stacks) into
 `<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
 uninterruptible sleep) first, then one that is not waiting in a collective, then the one whose last progress
-is the oldest. The supervisor then kills the ranks and reports the hang (HANG_EXIT_CODE); attribution
+is the oldest. The supervisor then kills the ranks and reports the hang (ExitCode.HANG); attribution
 compares the hangs of all nodes with the same key.
 
 When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
@@ -25,11 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_titan.node import budgets, progress_record, stacks
-from slurm_titan.node.budgets import Budgets, Calibration
-from slurm_titan.node.progress_record import Progress
+from slurm_titan.node import budgets, stacks
 
-HANG_EXIT_CODE = 124  # like timeout(1): the attempt made no progress within its budget
+from slurm_titan.records import rank_progress
+from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.records.rank_progress import Progress
+from slurm_titan.errors import ExitCode
+
 PEER_WAIT_S = 15.0
 """How long a node that saw a hang waits, before killing its ranks, for every other node's report."""
 
@@ -76,13 +78,13 @@ class Watchdog:
         self.armed_at: float | None = None
         now = time.time()
         for path in self.records.values():
-            progress_record.create(path, now)
+            rank_progress.create(path, now)
         if self.learned:
             say(f"watchdog: calibrated from earlier attempts: slowest step {self.learned:.1f} s, step budget "
                 f"{limits.step_budget(self.learned):.0f} s")
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        return {progress_record.PROGRESS_FILE_ENV: str(self.records[rank]),
+        return {rank_progress.PROGRESS_FILE_ENV: str(self.records[rank]),
                 stacks.STACK_FILE_ENV: str(self.dumper.local_files[rank])}
 
     def arm(self) -> None:
@@ -90,7 +92,7 @@ class Watchdog:
         self.armed_at = time.time()
 
     def read(self) -> dict[int, Progress]:
-        return {rank: record for rank, path in self.records.items() if (record := progress_record.read(path))}
+        return {rank: record for rank, path in self.records.items() if (record := rank_progress.read(path))}
 
     def overdue(self, running: set[int], now: float | None = None) -> list[int]:
         """The running ranks past their phase's budget; learns the slowest step on the way."""
@@ -129,7 +131,7 @@ class Watchdog:
                  taken: dict[int, str]) -> Hang:
         views = []
         for rank, state in states.items():
-            record = progress.get(rank) or Progress(progress_record.Phase.STARTUP, 0, self.armed_at or now)
+            record = progress.get(rank) or Progress(rank_progress.Phase.STARTUP, 0, self.armed_at or now)
             views.append(Hang(rank, record.step, record.phase.label, max(record.since, self.armed_at or 0.0), now,
                               self.limits.for_progress(record, self.learned) or 0.0, state, stacks.frozen(state),
                               stacks.in_collective(taken[rank]) if rank in taken else None))

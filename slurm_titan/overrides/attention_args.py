@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torchtitan.models.common.attention import VarlenMetadata
 
-from .npu_capabilities import VARLEN_MAX_SEQUENCES, VARLEN_MAX_TOKENS
+from slurm_titan.overrides.npu_capabilities import VARLEN_MAX_SEQUENCES, VARLEN_MAX_TOKENS
 
 RIGHT_DOWN_CAUSAL = 3
 """``sparse_mode`` for per-sequence causal masking from the compressed mask."""

@@ -55,12 +55,12 @@ from torchtitan.models.common.attention import (
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import ComplexRoPE
 
-from .kernel_models import MODEL_KERNELS
-from .kernels import NpuKernels, torch_npu_kernels
-from .npu_attention import npu_fused_attention
-from .npu_capabilities import RefuseAscendUnsupported
-from .npu_norm import npu_rms_norm
-from .npu_rope import npu_rotary_rope, rotation_angles
+from slurm_titan.overrides.kernel_models import MODEL_KERNELS
+from slurm_titan.overrides.kernels import NpuKernels, torch_npu_kernels
+from slurm_titan.overrides.npu_attention import npu_fused_attention
+from slurm_titan.overrides.npu_capabilities import RefuseAscendUnsupported
+from slurm_titan.overrides.npu_norm import npu_rms_norm
+from slurm_titan.overrides.npu_rope import npu_rotary_rope, rotation_angles
 
 DTYPES = (torch.float32, torch.bfloat16)
 DEVICE_DTYPES = (torch.bfloat16,)

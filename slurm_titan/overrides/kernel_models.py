@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .kernels import NpuKernels
-from .npu_capabilities import (
+from slurm_titan.overrides.kernels import NpuKernels
+from slurm_titan.overrides.npu_capabilities import (
     FUSION_ATTENTION_MAX_HEAD_DIM,
     FUSION_ATTENTION_MAX_HEADS,
     VARLEN_MAX_SEQUENCES,

@@ -26,9 +26,9 @@ from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention, VarlenAttention, VarlenMetadata
 from torchtitan.protocols.module import Module
 
-from .attention_args import document_ends, fusion_attention_kwargs, host_offsets, varlen_calls
-from .kernels import NpuKernels, select_kernels
-from .reference_attention import reference_attention
+from slurm_titan.overrides.attention_args import document_ends, fusion_attention_kwargs, host_offsets, varlen_calls
+from slurm_titan.overrides.kernels import NpuKernels, select_kernels
+from slurm_titan.overrides.reference_attention import reference_attention
 
 
 def npu_attention(

@@ -16,7 +16,7 @@ import torch
 from torchtitan.config import derive, override
 from torchtitan.models.common.nn_modules import RMSNorm
 
-from .kernels import NpuKernels, select_kernels
+from slurm_titan.overrides.kernels import NpuKernels, select_kernels
 
 
 def rms_norm_npu(

@@ -35,7 +35,7 @@ import torch
 from torchtitan.config import derive, override
 from torchtitan.models.common.rope import ComplexRoPE
 
-from .kernels import NpuKernels, select_kernels
+from slurm_titan.overrides.kernels import NpuKernels, select_kernels
 
 
 def rotation_angles(

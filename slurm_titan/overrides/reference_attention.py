@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .attention_args import softmax_scale
+from slurm_titan.overrides.attention_args import softmax_scale
 
 
 def reference_attention(

@@ -5,7 +5,7 @@
 torchtitan's ``ParallelAwareDataloader`` keeps one state per data-parallel rank and refuses another
 degree ("dp_degree is inconsistent", torchtitan#811). This loader reads map-style datasets (JSON lines
 given with ``--dataloader.dataset-path``, or any ``datasets.Dataset``) with the plan of
-:mod:`slurm_titan.data_cursor`: on an unchanged degree each rank reads, packs and yields exactly what
+:mod:`slurm_titan.data.cursor`: on an unchanged degree each rank reads, packs and yields exactly what
 torchtitan's ``HuggingFaceTextDataset`` does; its state is a per-rank cursor (plan, oldest sample with
 tokens in the buffer, their token offset), gathered from every rank at save into one entry that any
 degree can load. On another degree the unconsumed samples are re-split: each is read exactly once, a
@@ -15,7 +15,7 @@ torchtitan's own dataset unchanged and resume on the same degree only: another o
 The gathered state sits under torchtitan's ``world_size`` key (pickled, as torchtitan pickles its
 per-rank states), so that the template DCP loads into has the same keys on every degree, and a
 checkpoint of torchtitan's loader (whose ``world_size`` is a bare int) is recognised and refused in one
-line. The state carries the dataset's fingerprint (:mod:`slurm_titan.data_identity`).
+line. The state carries the dataset's fingerprint (:mod:`slurm_titan.data.identity`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import derive, override
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader, HuggingFaceTextDataset, _validate_dataset
 
-from slurm_titan import data_identity
-from slurm_titan.data_cursor import (
+from slurm_titan.data import identity
+from slurm_titan.data.cursor import (
     SHUFFLE_SEED,
     DataResumeError,
     Piece,
@@ -64,7 +64,7 @@ _normalize_positions = HuggingFaceTextDataset._normalize_positions
 
 
 class ReshardableTextDataset(IterableDataset, Stateful):
-    """torchtitan's ``HuggingFaceTextDataset`` packing over a :class:`~slurm_titan.data_cursor.Piece` plan.
+    """torchtitan's ``HuggingFaceTextDataset`` packing over a :class:`~slurm_titan.data.cursor.Piece` plan.
 
     Same tokenisation, next-token shift inside each document, per-document positions, ``seq_len`` chunks
     and per-epoch reshuffle (seed 42 + epoch) as torchtitan; in addition it knows how many tokens of each
@@ -167,9 +167,9 @@ def _all_gather(entry: object) -> list[object]:
 
 def _dataset_fingerprint(name: str, path: str, data: object, text: Callable[[Any], str]) -> dict[str, Any]:
     if isinstance(data, Dataset):
-        head = (text(row) for row in data.select(range(min(len(data), data_identity.HEAD_ROWS))))
-        return data_identity.fingerprint(name, path, "map-style", len(data), head)
-    return data_identity.fingerprint(name, path, "streaming", None, None)
+        head = (text(row) for row in data.select(range(min(len(data), identity.HEAD_ROWS))))
+        return identity.fingerprint(name, path, "map-style", len(data), head)
+    return identity.fingerprint(name, path, "streaming", None, None)
 
 
 class ReshardingDataLoader(ParallelAwareDataloader):
@@ -274,7 +274,7 @@ class ReshardingDataLoader(ParallelAwareDataloader):
         return saved
 
     def _check_dataset(self, saved: dict[str, Any]) -> None:
-        changed = data_identity.difference(saved, self.fingerprint)
+        changed = identity.difference(saved, self.fingerprint)
         if changed and not self.allow_dataset_change:
             raise DataResumeError(f"the checkpoint was trained on another dataset ({changed}); resume on it, or set "
                                   "checkpoint.allow_dataset_change: true to go on at the same sample positions")

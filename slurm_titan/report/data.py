@@ -4,10 +4,10 @@
   `MetricsProcessor.log` line `step: N  loss: L  ...  tps: T  ...` (colours stripped; validation's
   `validate step:` lines are not training steps);
 - checkpoints: rank 0's uploader logs `checkpoint step N committed` once a checkpoint is committed
-  (slurm_titan.ckpt.sync, as slurm_titan.runs reads it);
+  (slurm_titan.ckpt.sync, as slurm_titan.launch.runs reads it);
 - restores and saves: torchtitan's checkpointer logs `Finished loading|saving|staging the checkpoint
   in S seconds.` (torchtitan/components/checkpointer/dcp.py) when it is done: the S seconds before;
-- each attempt's phases and lost time: slurm_titan.goodput's per-attempt times, laid end to end from
+- each attempt's phases and lost time: slurm_titan.launch.goodput's per-attempt times, laid end to end from
   the submit (queue, start-up, training with its retrained steps first, then its end), with the
   restores cut out of the start-up and the saves out of what follows the first step; a run that
   waits for its next attempt (none yet, or requeued) has that attempt queued until now.
@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_titan import goodput, history
-from slurm_titan.logs import rank_log
+from slurm_titan.launch import goodput
+
+from slurm_titan.records import history
+from slurm_titan.launch.logs import rank_log
 
 REPORT_RANK = 0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -2,7 +2,7 @@
 follow them to the end without starting a Python process per poll, read the stamped lines of
 their logs, and start a private S3 store.
 
-Job state comes from ``slurm_titan.status.describe`` in this process (what ``slurm-titan status
+Job state comes from ``slurm_titan.launch.status.describe`` in this process (what ``slurm-titan status
 --json`` prints). Everything goes to a private SLURM_TITAN_HOME and runs folder under the work
 folder; cleanup cancels what is still running and removes the jobs' node-local checkpoints.
 """
@@ -29,8 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
-from slurm_titan import history, registry, status  # noqa: E402
-from slurm_titan.ckpt.background import format_cpu_list, parse_cpu_list  # noqa: E402
+from slurm_titan.records import history, jobs
+
+from slurm_titan.launch import status  # noqa: E402
+from slurm_titan.cpulist import format_cpu_list, parse_cpu_list  # noqa: E402
 
 CONFIG = "configs/debug_cpu.yaml"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -138,7 +140,7 @@ class Bench:
 
     def submit(self, *sets: str) -> Run:
         """Submit with `--set` each of `sets` (KEY=VALUE) after the steps and a private runs folder."""
-        cmd = [sys.executable, "-m", "slurm_titan.cli", "submit", CONFIG, "--nodes", str(self.args.nodes),
+        cmd = [sys.executable, "-m", "slurm_titan.cli.main", "submit", CONFIG, "--nodes", str(self.args.nodes),
                "--set", f"torchtitan.args.training.steps={self.args.steps}", "--set", f"runs_dir={self.work / 'runs'}"]
         if self.args.upload_cpus is not None:
             cmd += ["--set", f"checkpoint.upload_cpus={format_cpu_list(self.args.upload_cpus)}"]
@@ -152,7 +154,7 @@ class Bench:
         job = match.group(1)
         self.live.add(job)
         others = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, text=True, capture_output=True)
-        return Run(job, registry.load(job).folder, submitted,
+        return Run(job, jobs.load(job).folder, submitted,
                    other_jobs=len([j for j in others.stdout.split() if j != job]))
 
     def wait(self, run: Run, until: Callable[[], bool] | None = None, interval: float = 2.0) -> None:

@@ -32,7 +32,7 @@ from bench_jobs import (REPO, STEP, Bench, Run, bench_parser, median_spread, rea
                         step_times)
 from local_cluster.faults import SignalAtStep, kill_node, step_reached
 
-from slurm_titan import history
+from slurm_titan.records import history
 
 FAULTS = ("crash", "hang", "node-spare", "node-requeue")
 DETECTION = {"crash": "exited with code", "hang": "watchdog: rank", "node-spare": "does not answer",

@@ -54,7 +54,7 @@ from bench_jobs import (  # noqa: E402
     run_repeats,
 )
 
-from slurm_titan import history  # noqa: E402
+from slurm_titan.records import history  # noqa: E402
 
 # (label, from milestone, to milestone, indent): the rows of the table, in order
 PHASES: list[tuple[str, str, str, int]] = [

@@ -3,7 +3,7 @@
 
     .venv/bin/python tools/bench/progress_hook.py [--calls 200000] [--step-ms 100] [--json out.json]
 
-Per step every rank makes one `progress_record.step_done` call (from the checkpoint hook's `save()`),
+Per step every rank makes one `rank_progress.step_done` call (from the checkpoint hook's `save()`),
 plus an `enter` for each save; the supervisor reads the records every 0.5 s. Measured here, in one run:
 
 - hook: `step_done` on a record in /dev/shm (or the temp folder), the way a rank makes it;
@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from slurm_titan.node import progress_record  # noqa: E402
-from slurm_titan.node.progress_record import Phase  # noqa: E402
+from slurm_titan.records import rank_progress  # noqa: E402
+from slurm_titan.records.rank_progress import Phase  # noqa: E402
 
 
 def _empty(step: int) -> None:
@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     root = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(dir=root) as folder:
         path = Path(folder) / "rank-0.progress"
-        progress_record.create(path, time.time())
-        writer = progress_record.ProgressWriter(str(path))
+        rank_progress.create(path, time.time())
+        writer = rank_progress.ProgressWriter(str(path))
         writer.enter(Phase.STEP, 1)
         hook, reference = [], []
         for _ in range(args.repeats):  # interleaved, so that load on the machine hits both alike
             reference.append(_per_call_s(_empty, args.calls))
             hook.append(_per_call_s(writer.step_done, args.calls))
-        assert progress_record.read(path).steps_done == args.calls * args.repeats
+        assert rank_progress.read(path).steps_done == args.calls * args.repeats
     hook_s, reference_s = statistics.median(hook), statistics.median(reference)
     result = {"hook_us": round(hook_s * 1e6, 3), "reference_us": round(reference_s * 1e6, 3),
               "ratio": round(hook_s / reference_s, 1), "step_ms": args.step_ms,

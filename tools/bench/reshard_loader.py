@@ -1,6 +1,6 @@
 """Loader throughput with and without the resharding data loader, on the debug dataset, in one run.
 
-Both loaders read the debug dataset (slurm_titan.debug_assets) with its tokenizer at seq_len 256,
+Both loaders read the debug dataset (slurm_titan.launch.debug_assets) with its tokenizer at seq_len 256,
 local batch 4, as one rank of `--degree`; rounds alternate between the two, and the ratio
 (resharding / torchtitan, tokens per second) is the median over rounds. Goal: >= 0.98.
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    from slurm_titan.debug_assets import ensure_assets
+    from slurm_titan.launch.debug_assets import ensure_assets
     from slurm_titan.overrides.resharding_loader import ReshardingDataLoader
 
     ensure_assets(args.assets)

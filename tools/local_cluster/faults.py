@@ -22,7 +22,7 @@ def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
         if not entry.name.isdigit():
             continue
         try:
-            if b"slurm_titan.node.rank_entry" not in (entry / "cmdline").read_bytes():
+            if b"slurm_titan.rank.entry" not in (entry / "cmdline").read_bytes():
                 continue
             env = dict(item.split("=", 1) for item in (entry / "environ").read_text(errors="replace").split("\0")
                        if "=" in item)

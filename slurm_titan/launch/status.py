@@ -7,9 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_titan import goodput, history, registry, slurm
+from slurm_titan.launch import goodput
+
+from slurm_titan.records import history, jobs
+
+from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
-from slurm_titan.logs import stacks_folder
+from slurm_titan.launch.logs import stacks_folder
 
 
 def _state_from_history(attempts: list[history.Attempt]) -> str:
@@ -21,7 +25,7 @@ def _state_from_history(attempts: list[history.Attempt]) -> str:
 def describe(job_id: str) -> dict[str, Any]:
     """Everything known of one job: Slurm's state (or the run record's when Slurm forgot it) and its attempts."""
     try:
-        record: registry.JobRecord | None = registry.load(job_id)
+        record: jobs.JobRecord | None = jobs.load(job_id)
     except SlurmTitanError:
         record = None
     attempts = history.read_attempts(record.folder) if record else []
@@ -42,8 +46,8 @@ def describe(job_id: str) -> dict[str, Any]:
     } | _goodput(record, attempts)
 
 
-def _goodput(record: registry.JobRecord | None, attempts: list[history.Attempt]) -> dict[str, Any]:
-    """The run's goodput and each attempt's time (slurm_titan.goodput), given the submit time."""
+def _goodput(record: jobs.JobRecord | None, attempts: list[history.Attempt]) -> dict[str, Any]:
+    """The run's goodput and each attempt's time (slurm_titan.launch.goodput), given the submit time."""
     if record is None:
         return {"goodput": None, "attempt_times": []}
     result = goodput.compute(attempts, record.submitted, time.time(), goodput.trained_files(record.folder, attempts))
@@ -92,7 +96,7 @@ def _print(info: dict[str, Any]) -> None:
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:
-    infos = [describe(job_id)] if job_id else [describe(r.job_id) for r in registry.recent()]
+    infos = [describe(job_id)] if job_id else [describe(r.job_id) for r in jobs.recent()]
     if as_json:
         print(json.dumps(infos[0] if job_id else infos, indent=1))
     else:

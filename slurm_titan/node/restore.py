@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from slurm_titan.plan import CheckpointPlan
+from slurm_titan.launch.plan import CheckpointPlan
 
 SKIP_DATALOADER_ENV = "SLURM_TITAN_SKIP_DATALOADER_STATE"
 RESTORE_FD_ENV = "SLURM_TITAN_RESTORE_FD"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_titan import registry, status
+from slurm_titan.records import jobs
+
+from slurm_titan.launch import status
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.report import browser, data
 
@@ -17,7 +19,7 @@ def default_out(job_id: str) -> Path:
 
 
 def run(job_id: str, out: Path | None = None, png: Path | None = None) -> int:
-    record = registry.load(job_id)
+    record = jobs.load(job_id)
     try:
         from slurm_titan.report import page
     except ImportError as error:

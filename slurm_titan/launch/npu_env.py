@@ -51,13 +51,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slurm_titan.ckpt.background import parse_cpu_list
-from slurm_titan.errors import ConfigError
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
-from slurm_titan.templating import render
+from slurm_titan.cpulist import parse_cpu_list
+from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.launch.templating import render
 
 if TYPE_CHECKING:
-    from slurm_titan.config import JobConfig
+    from slurm_titan.launch.config import JobConfig
 
 LINUX_EPHEMERAL = (32768, 60999)
 """The kernel's default net.ipv4.ip_local_port_range, assumed at plan time."""
@@ -429,11 +428,11 @@ def npu_variables(config: JobConfig, dump_folder: str) -> dict[str, str]:
 
 def cann_launcher(spec: NpuSpec) -> str:
     """Words that run the rest of a command line after sourcing CANN (and NNAL's ATB when present) on the node
-    the command runs on, or stop it there with a clear message (exit code PREFLIGHT_EXIT_CODE)."""
+    the command runs on, or stop it there with a clear message (exit code ExitCode.PREFLIGHT)."""
     script = render("npu_setup.sh.tmpl",
                     set_env_candidates=" ".join(shlex.quote(path) for path in set_env_candidates(spec)),
                     atb_set_env=shlex.quote(f"{spec.ascend_home}/nnal/atb/set_env.sh"),
-                    exit_code=str(PREFLIGHT_EXIT_CODE))
+                    exit_code=str(ExitCode.PREFLIGHT))
     return f"bash -c {shlex.quote(script.rstrip(chr(10)))} slurm-titan-cann"
 
 

@@ -3,7 +3,7 @@
 Without a config it checks what needs none (npu-smi, every chip's health and temperature, CANN and its ops
 package, driver / CANN / torch_npu compatibility, torch_npu seeing any NPU, the NPUs' network ports); with one,
 also the job's device count, visible devices, interfaces, ports and checkpoint disk. Warnings are printed with
-the failures (`--json`: under "warnings"); exit 0 unless a check failed, PREFLIGHT_EXIT_CODE then. Cross-node
+the failures (`--json`: under "warnings"); exit 0 unless a check failed, ExitCode.PREFLIGHT then. Cross-node
 checks need a job: they run in every job's preflight.
 """
 
@@ -20,8 +20,7 @@ from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.expectations import GB, DoctorExpectations
 from slurm_titan.doctor.facts import NodeFacts, collect_facts
 from slurm_titan.doctor.report import FAIL, WARN, failures, format_table
-from slurm_titan.errors import SlurmTitanError
-from slurm_titan.node.outcome import PREFLIGHT_EXIT_CODE
+from slurm_titan.errors import ExitCode, SlurmTitanError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +32,8 @@ def expectations(config_path: str | None) -> DoctorExpectations:
     """The job's own preflight expectations (as `submit` plans them), or the config-free ones."""
     if config_path is None:
         return DoctorExpectations(device=os.environ.get("SLURM_TITAN_DEVICE", "npu"))
-    from slurm_titan.config import load_config
-    from slurm_titan.plan import plan_job
+    from slurm_titan.launch.config import load_config
+    from slurm_titan.launch.plan import plan_job
 
     node = plan_job(load_config(config_path)).node
     return node.preflight.for_job(lambda text: node.fill(text, "doctor"))
@@ -74,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(describe(facts))
         print(f"\n{format_table(findings)}" if findings else "all checks passed")
-    return PREFLIGHT_EXIT_CODE if failures(findings) else 0
+    return ExitCode.PREFLIGHT if failures(findings) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_titan import registry, slurm
+from slurm_titan.records import jobs
+
+from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
 
 FOLLOW_POLL_S = 1.0
@@ -101,7 +103,7 @@ def newest_stacks(job_dir: Path) -> list[Path]:
 
 
 def show_stacks(job_id: str) -> int:
-    record = registry.load(job_id)
+    record = jobs.load(job_id)
     files = newest_stacks(record.folder)
     if not files:
         raise SlurmTitanError(f"no stacks for job {job_id} in {record.job_dir}: the watchdog saw no hang")
@@ -117,7 +119,7 @@ def _finished(job_id: str) -> bool:
 
 
 def show(job_id: str, rank: int | None = None, follow: bool = False) -> int:
-    record = registry.load(job_id)
+    record = jobs.load(job_id)
     follower = Follower(record.folder, job_id, rank, PROGRESS_RANK if follow and rank is None else None)
     if not follow and not follower.files():
         raise SlurmTitanError(f"no logs yet for job {job_id} in {record.job_dir}" + (f" for rank {rank}" if rank is not None else ""))

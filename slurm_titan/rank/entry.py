@@ -9,19 +9,23 @@ from __future__ import annotations
 import os
 import sys
 
-from slurm_titan.node import preemption, progress_record, stacks
+from slurm_titan.rank import preemption
+
+from slurm_titan.records import rank_progress
+
+from slurm_titan.node import stacks
 
 
 def prepare_device(device: str) -> None:
     """Must run before torchtitan is imported: torchtitan picks its device at import."""
     if device == "cpu":
-        from slurm_titan.node import cpu_device
+        from slurm_titan.rank import cpu_device
 
         cpu_device.install()
     elif device == "npu":
         import torch_npu  # noqa: F401  registers the "npu" device and the "hccl" backend
 
-        from slurm_titan.node import npu_peak_flops
+        from slurm_titan.rank import npu_peak_flops
 
         npu_peak_flops.install()  # MFU against the Ascend chip's peak, not an A100's
 
@@ -29,7 +33,7 @@ def prepare_device(device: str) -> None:
 def main() -> None:
     preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing
     stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
-    progress_record.enter(progress_record.Phase.STARTUP)
+    rank_progress.enter(rank_progress.Phase.STARTUP)
     prepare_device(os.environ.get("SLURM_TITAN_DEVICE", "npu"))
     from torchtitan.train import main as torchtitan_main
 

@@ -13,8 +13,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slurm_titan import goodput, history, registry, status
-from slurm_titan.logs import rank_log
+from slurm_titan.launch import goodput, status
+
+from slurm_titan.records import history, jobs
+from slurm_titan.launch.logs import rank_log
 
 _COMMITTED = re.compile(rb"checkpoint step (\d+) committed")
 TAIL_BLOCK = 1 << 18
@@ -48,7 +50,7 @@ def last_checkpoint(job_dir: Path, attempts: list[history.Attempt]) -> int | Non
     return max(known) if known else None
 
 
-def row(record: registry.JobRecord) -> dict[str, Any]:
+def row(record: jobs.JobRecord) -> dict[str, Any]:
     info = status.describe(record.job_id)
     attempts = history.read_attempts(record.folder)
     return {"job_id": record.job_id, "name": record.name, "state": info["state"],
@@ -58,7 +60,7 @@ def row(record: registry.JobRecord) -> dict[str, Any]:
 
 
 def show(limit: int = 20, as_json: bool = False) -> int:
-    rows = [row(record) for record in registry.recent(limit)]
+    rows = [row(record) for record in jobs.recent(limit)]
     if as_json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -11,7 +11,7 @@ after its checkpoint, so the events of all attempts share one step axis; steps t
 after a failure appear twice there. W&B gets the same run id (`WANDB_RUN_ID`, with
 `WANDB_RESUME=allow` so that later attempts continue the run) unless the job's environment sets them.
 
-Activated by the plan (``--override.imports slurm_titan.titan_metrics.continuous_metrics``)
+Activated by the plan (``--override.imports slurm_titan.overrides.titan_metrics.continuous_metrics``)
 when `metrics.enable_tensorboard` or `metrics.enable_wandb` is on. Imports torch: node side only.
 """
 

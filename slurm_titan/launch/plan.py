@@ -19,18 +19,20 @@ from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurm_titan import npu_env, titan_registry
-from slurm_titan.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig, time_limit_minutes
+from slurm_titan.launch import npu_env
+
+from slurm_titan import titan_configs
+from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig, time_limit_minutes
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.budgets import Budgets
-from slurm_titan.node.preemption import STOP_SIGNALS
-from slurm_titan.notify_config import submit_warnings
-from slurm_titan.templating import export_lines, render
+from slurm_titan.signals import STOP_SIGNALS
+from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.launch.templating import export_lines, render
 
 JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
-RANK_ENTRY = "slurm_titan.node.rank_entry"
+RANK_ENTRY = "slurm_titan.rank.entry"
 HOLD_SIGNALS_VAR = "hold_stop_signals"  # set by the node set-up template, used on the srun line
 STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --ntasks=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES --overlap"
 """srun options on the srun line: each attempt runs on the nodes the batch shell chose (spares left out);
@@ -106,7 +108,7 @@ class JobPlan:
     def launcher(self) -> str:
         """What follows srun's own options on submitit's srun line: the attempt's nodes (srun options,
         see slurm_titan.node.allocation), then the Python, behind the set-up's hold on Slurm's warning
-        signals (see slurm_titan.node.preemption) and `node_prefix`, which runs on each node first (NPU
+        signals (see slurm_titan.rank.preemption) and `node_prefix`, which runs on each node first (NPU
         jobs: CANN's set_env.sh, see npu_env.cann_launcher; the signals stay blocked through it)."""
         return f"{STEP_NODES} ${HOLD_SIGNALS_VAR} {self.node_prefix}{shlex.quote(self.python)}"
 
@@ -166,7 +168,7 @@ def flatten_options(options: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _check_torchtitan(config: JobConfig) -> None:
     titan = config.torchtitan
-    functions = titan_registry.config_functions(titan.module)
+    functions = titan_configs.config_functions(titan.module)
     if functions is not None and titan.config not in functions:
         raise ConfigError(config.source, "torchtitan.config",
                           f"torchtitan module {titan.module!r} has no config {titan.config!r}")
@@ -219,8 +221,8 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
     return argv
 
 
-CHECKPOINT_OVERRIDE = "slurm_titan.ckpt.titan_hook.synced_checkpoints"
-METRICS_OVERRIDE = "slurm_titan.titan_metrics.continuous_metrics"
+CHECKPOINT_OVERRIDE = "slurm_titan.rank.checkpointer.synced_checkpoints"
+METRICS_OVERRIDE = "slurm_titan.overrides.titan_metrics.continuous_metrics"
 
 
 def _data_overrides(ckpt: CheckpointSpec) -> list[str]:
@@ -237,7 +239,7 @@ def default_overrides(config: JobConfig) -> list[str]:
     """The project's overrides every job activates: device kernels, the checkpoint hook
     (background upload + commit, coordinated save on preemption) and the resharding data loader when
     checkpointing is on, and one metrics run across attempts when TensorBoard or W&B is on
-    (slurm_titan.titan_metrics)."""
+    (slurm_titan.overrides.titan_metrics)."""
     from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
 
     device = config.environment.device

@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import yaml
 
-from slurm_titan.ckpt.background import parse_cpu_list
+from slurm_titan.cpulist import parse_cpu_list
 from slurm_titan.errors import ConfigError
-from slurm_titan.notify_config import NotifySpec, check_notify
-from slurm_titan.npu_env import NpuSpec, check_npu
+from slurm_titan.node.notify_config import NotifySpec, check_notify
+from slurm_titan.launch.npu_env import NpuSpec, check_npu
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
 ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
@@ -44,11 +44,10 @@ class SlurmSpec:
     `gres` becomes sbatch `--gres`: "auto" (the default) asks for `npu:<devices_per_node>` in NPU jobs and
     nothing otherwise (sites that constrain devices by cgroup give a job without it no /dev/davinci*); "none" or
     null asks for nothing; any other value (`npu:16`, `gpu:8`, `gpu:a100:4,shard:2`) is passed as it is.
-    `spare_nodes` more nodes wait idle for a node to leave out. `keep_allocation_on_node_loss` submits with
-    `--no-kill`: a lost node then leaves the allocation, which goes on (with a spare) without a trip through
-    the queue; but on Slurm 22.05 a job whose lost node is its batch host then runs on without its batch
-    script until the time limit, unless a surviving supervisor sees it (node.batch_host). Off by default:
-    Slurm then ends the job on a lost node and requeues it (its nodes excluded by Slurm as down).
+    `spare_nodes` more nodes wait idle for a node to leave out. `keep_allocation_on_node_loss` (on by default)
+    submits with `--no-kill`: a lost node then leaves the allocation, which goes on (with a spare) without a
+    trip through the queue; a lost batch host is seen by the surviving supervisors, which requeue the job
+    (node.batch_host). Off: Slurm ends the job on a lost node and requeues it, spares or not.
     """
 
     nodes: int = 1
@@ -62,7 +61,7 @@ class SlurmSpec:
     mem: str | None = None
     port_window: list[int] = field(default_factory=lambda: [20000, 29999])
     spare_nodes: int = 0
-    keep_allocation_on_node_loss: bool = False
+    keep_allocation_on_node_loss: bool = True
     gres: str | None = AUTO_GRES
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -211,7 +210,7 @@ class WatchdogSpec:
     startup_s: int = 900
     restore_s: int = 900
     first_step_s: int = 900
-    step_floor_s: int = 60
+    step_floor_s: int = 45  # with the watchdog's polling, a hang is named within 60 s (the goal)
     step_factor: int = 3
     save_s: int = 600
     upload_s: int = 1800

@@ -8,10 +8,12 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError
 
-from slurm_titan import ledger, registry, slurm
+from slurm_titan.records import ledger, jobs
+
+from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.node.supervisor import NodeSupervisor
-from slurm_titan.plan import JobPlan
+from slurm_titan.launch.plan import JobPlan
 
 
 def preflight(plan: JobPlan) -> JobPlan:
@@ -42,12 +44,12 @@ def preflight(plan: JobPlan) -> JobPlan:
 
 def prepare_assets(plan: JobPlan) -> None:
     if plan.config.torchtitan.debug_assets:
-        from slurm_titan.debug_assets import ensure_assets
+        from slurm_titan.launch.debug_assets import ensure_assets
 
         ensure_assets(Path(plan.config.torchtitan.debug_assets))
 
 
-def submit(plan: JobPlan) -> registry.JobRecord:
+def submit(plan: JobPlan) -> jobs.JobRecord:
     """Check the cluster, submit, record the job; returns its record."""
     plan = preflight(plan)
     prepare_assets(plan)
@@ -59,6 +61,6 @@ def submit(plan: JobPlan) -> registry.JobRecord:
         lines = [line for line in str(error).splitlines() if "error" in line.lower()] or str(error).splitlines()
         raise ClusterError(f"sbatch refused the job: {lines[0].strip()}") from None
     job_dir, _ = plan.node.resolve(job.job_id)
-    record = registry.new_record(job.job_id, plan.config.name, job_dir, plan.config.source, plan.config.slurm.nodes)
-    registry.save(record)
+    record = jobs.new_record(job.job_id, plan.config.name, job_dir, plan.config.source, plan.config.slurm.nodes)
+    jobs.save(record)
     return record

@@ -14,9 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from slurm_titan.errors import StorageError
+from slurm_titan.errors import ExitCode, StorageError
 
-EXIT_BAD_CHECKPOINT = 5
 """Exit code of ``ckpt verify`` when files are bad."""
 
 
@@ -76,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from .store import open_store
+    from slurm_titan.ckpt.store import open_store
 
     return open_store(args.location, endpoint_url=getattr(args, "endpoint_url", None), check=True)
 
@@ -136,7 +135,7 @@ class ProgressBar:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .catalog import list_checkpoints
+    from slurm_titan.ckpt.catalog import list_checkpoints
 
     store = _open(args)
     infos = list_checkpoints(store)
@@ -158,8 +157,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from . import layout
-    from .catalog import read_manifest
+    from slurm_titan.ckpt import layout
+    from slurm_titan.ckpt.catalog import read_manifest
 
     store = _open(args)
     m = read_manifest(store, args.step)
@@ -181,7 +180,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _restore_ranks(args: argparse.Namespace) -> Any:
     """The ranks of ``--ranks`` or ``--node K --nodes N`` (None: the whole checkpoint)."""
-    from .share import node_ranks
+    from slurm_titan.ckpt.share import node_ranks
 
     if args.ranks is not None and (args.node is not None or args.nodes is not None):
         raise StorageError("ckpt restore: give --ranks or --node/--nodes, not both")
@@ -202,7 +201,7 @@ def _restore_ranks(args: argparse.Namespace) -> Any:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from .catalog import restore
+    from slurm_titan.ckpt.catalog import restore
 
     ranks = _restore_ranks(args)
     store = _open(args)
@@ -226,7 +225,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .catalog import list_checkpoints, verify
+    from slurm_titan.ckpt.catalog import list_checkpoints, verify
 
     store = _open(args)
     if args.all:
@@ -245,7 +244,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if report.ok:
             print(f"step {report.step}: OK, {report.files} file(s), {human_bytes(report.bytes)} at {report.where}")
         else:
-            status = EXIT_BAD_CHECKPOINT
+            status = ExitCode.BAD_CHECKPOINT
             print(f"step {report.step}: {len(report.bad)} BAD file(s) at {report.where}:")
             for path, why in report.bad:
                 print(f"  {path}: {why}")
@@ -253,7 +252,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from .retention import prune
+    from slurm_titan.ckpt.retention import prune
 
     if args.keep < 1:
         raise StorageError("--keep must be at least 1")
@@ -272,7 +271,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m slurm_titan.ckpt.commands ckpt list ...``), for tests and tools."""
+    """Stand-alone entry (``python -m slurm_titan.cli.ckpt_cmd ckpt list ...``), for tests and tools."""
     parser = argparse.ArgumentParser(prog="slurm-titan")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)

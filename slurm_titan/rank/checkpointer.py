@@ -1,6 +1,6 @@
 """torchtitan hook: upload every checkpoint to the run's remote location in the background.
 
-Activate with ``--override.imports slurm_titan.ckpt.titan_hook.synced_checkpoints`` (the
+Activate with ``--override.imports slurm_titan.rank.checkpointer.synced_checkpoints`` (the
 log then says ``Applied 1 override(s)``). It replaces torchtitan's ``CheckpointManager``
 with :class:`SyncedCheckpointManager`, which after torchtitan's own save of step N on this
 rank (node-local ``checkpoint.folder``) hands step N to the rank's uploader process
@@ -42,16 +42,17 @@ from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
 
 from slurm_titan.errors import ConfigError
-from slurm_titan.node import preemption, progress, progress_record
-from slurm_titan.node.progress_record import Phase
-from slurm_titan.node.resume import SKIP_DATALOADER_ENV, wait_for_restore
+from slurm_titan.rank import preemption, progress
+from slurm_titan.records import rank_progress
+from slurm_titan.records.rank_progress import Phase
+from slurm_titan.node.restore import SKIP_DATALOADER_ENV, wait_for_restore
 
-from .background import format_cpu_list, parse_cpu_list
-from .dcp_plan import check_share, load_reads, small_items
-from .store import TransferConfig
-from .uploader import UploaderProcess, UploadSettings
+from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
+from slurm_titan.ckpt.dcp_plan import check_share, load_reads, small_items
+from slurm_titan.ckpt.store import TransferConfig
+from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings
 
-log = logging.getLogger("slurm_titan.ckpt.titan_hook")
+log = logging.getLogger("slurm_titan.rank.checkpointer")
 
 ENV_REMOTE = "SLURM_TITAN_CKPT_REMOTE"
 ENV_DIGEST = "SLURM_TITAN_CONFIG_DIGEST"
@@ -98,7 +99,7 @@ class SyncedCheckpointManager(CheckpointManager):
 
     def __init__(self, config: Config, **kwargs) -> None:
         wait_for_restore()  # the node restores the checkpoint folder while the model is built
-        progress_record.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
+        rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
         self.sync: UploaderProcess | None = None
         self._sync_closed = False
         self._force_save = False
@@ -137,8 +138,8 @@ class SyncedCheckpointManager(CheckpointManager):
     def save(self, curr_step: int, last_step: bool = False) -> bool:
         """torchtitan calls this after every step. All ranks first agree whether any got a stop
         signal (one all_reduce); if so they save this step, wait for its commit and exit so that
-        the job requeues (see slurm_titan.node.preemption). The watchdog hears of every step here."""
-        progress_record.step_done(curr_step)
+        the job requeues (see slurm_titan.rank.preemption). The watchdog hears of every step here."""
+        rank_progress.step_done(curr_step)
         progress.note_step(curr_step, last_step)
         if last_step or not preemption.agreed_stop():
             return super().save(curr_step, last_step)
@@ -146,7 +147,7 @@ class SyncedCheckpointManager(CheckpointManager):
         reason = request.signal_name if request else "another rank's signal"
         logger.info(f"slurm-titan: stop requested ({reason}) during step {curr_step}: saving step {curr_step}")
         self.save_now(curr_step)
-        progress_record.enter(Phase.UPLOAD)
+        rank_progress.enter(Phase.UPLOAD)
         committed = self.wait_for_commit(curr_step)
         logger.info(f"slurm-titan: checkpoint step {curr_step} "
                     f"{'committed' if committed else 'NOT committed: the job resumes from an older one'}; "
@@ -174,7 +175,7 @@ class SyncedCheckpointManager(CheckpointManager):
     def _load(self, step: int = -1) -> bool:
         loaded = super()._load(step)
         trained = getattr(self.states.get("train_state"), "step", 0)  # the trainer: its step after the load
-        progress_record.enter(Phase.STEP, trained + 1)  # the attempt's first step begins (its own budget)
+        rank_progress.enter(Phase.STEP, trained + 1)  # the attempt's first step begins (its own budget)
         return loaded
 
     def dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection=False, to_hf=False):  # noqa: ANN001, ANN201
@@ -215,12 +216,12 @@ class SyncedCheckpointManager(CheckpointManager):
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saving = self._should_save(curr_step, last_step)
         if saving:
-            progress_record.enter(Phase.SAVE, curr_step)
+            rank_progress.enter(Phase.SAVE, curr_step)
         try:
             return self._save_and_submit(curr_step, last_step)
         finally:
             if saving:  # the next step's time starts after the save
-                progress_record.enter(Phase.STEP, curr_step + 1)
+                rank_progress.enter(Phase.STEP, curr_step + 1)
 
     def _save_and_submit(self, curr_step: int, last_step: bool) -> bool:
         saved = super()._save(curr_step, last_step)
@@ -268,7 +269,7 @@ class SyncedCheckpointManager(CheckpointManager):
         return self.sync.wait(step, timeout)
 
     def _close(self) -> None:
-        progress_record.enter(Phase.UPLOAD)
+        rank_progress.enter(Phase.UPLOAD)
         try:
             if self.sync is not None and not self._sync_closed:
                 self._sync_closed = True
@@ -284,7 +285,7 @@ class SyncedCheckpointManager(CheckpointManager):
                               {s: self.sync.status(s) for s in sorted(self.sync.in_flight())} or "see above")
         finally:
             super()._close()
-            progress_record.enter(Phase.DONE)
+            rank_progress.enter(Phase.DONE)
 
 
 @override(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurm_titan import history
+from slurm_titan.records import history
 
 _first_step_noted = False
 

@@ -3,7 +3,7 @@
 One JSON-lines file per cluster, `$SLURM_TITAN_HOME/nodes/<cluster>.jsonl` (the cluster from
 SLURM_CLUSTER_NAME inside jobs, else `scontrol show config`'s ClusterName: node names are only
 unique within a cluster). The batch shell appends one line per attributed failure: node, time,
-job, kind (`slurm_titan.node.failure_kinds`), cause and whether the run excluded the node. Each
+job, kind (`slurm_titan.failure_kinds`), cause and whether the run excluded the node. Each
 line is one O_APPEND write shorter than PIPE_BUF, so jobs appending at once never interleave.
 
 A node is avoided until `period_s` (default 24 h) after a hardware-kind failure, or after the
@@ -22,9 +22,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from slurm_titan import registry, slurm
+from slurm_titan.records import jobs
+
+from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
-from slurm_titan.node.failure_kinds import HARDWARE, USER
+from slurm_titan.failure_kinds import HARDWARE, USER
 
 PERIOD_S = 24 * 3600.0
 WINDOW_S = 3600.0
@@ -72,7 +74,7 @@ def cluster_name(env: dict[str, str] | None = None) -> str:
 
 
 def ledger_path(cluster: str) -> Path:
-    return registry.home() / "nodes" / f"{cluster}.jsonl"
+    return jobs.home() / "nodes" / f"{cluster}.jsonl"
 
 
 def encode(entry: Entry) -> bytes:

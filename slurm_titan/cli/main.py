@@ -18,8 +18,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from slurm_titan.config import load_config, parse_assignment
-    from slurm_titan.plan import plan_job
+    from slurm_titan.launch.config import load_config, parse_assignment
+    from slurm_titan.launch.plan import plan_job
 
     overrides = [parse_assignment(text) for text in args.set]
     shorthands = {"slurm.nodes": args.nodes, "slurm.partition": args.partition, "slurm.time": args.time}
@@ -28,7 +28,7 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan, end="")
         return 0
-    from slurm_titan.submit import submit
+    from slurm_titan.launch.submit import submit
 
     record = submit(plan)
     print(f"submitted job {record.job_id} ({record.name}, {record.nodes} node(s))")
@@ -37,25 +37,25 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from slurm_titan import status
+    from slurm_titan.launch import status
 
     return status.show(args.job, as_json=args.json)
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from slurm_titan import runs
+    from slurm_titan.launch import runs
 
     return runs.show(limit=args.limit, as_json=args.json)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from slurm_titan.report import command
+    from slurm_titan.cli import report_cmd
 
-    return command.run(args.job, out=args.out, png=args.png)
+    return report_cmd.run(args.job, out=args.out, png=args.png)
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from slurm_titan import logs
+    from slurm_titan.launch import logs
 
     if args.stacks:
         return logs.show_stacks(args.job)
@@ -63,7 +63,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    from slurm_titan import ledger
+    from slurm_titan.records import ledger
 
     return ledger.show(args.cluster, as_json=args.json)
 
@@ -77,7 +77,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from slurm_titan.doctor.cli import run
+    from slurm_titan.cli.doctor_cmd import run
 
     return run(args)
 
@@ -138,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job", help="job id")
     cancel.set_defaults(handler=_cancel)
 
-    from slurm_titan.ckpt.commands import register as register_ckpt
-    from slurm_titan.doctor.cli import add_arguments as add_doctor_arguments
+    from slurm_titan.cli.ckpt_cmd import register as register_ckpt
+    from slurm_titan.cli.doctor_cmd import add_arguments as add_doctor_arguments
 
     register_ckpt(commands)
 

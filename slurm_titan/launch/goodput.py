@@ -1,6 +1,6 @@
 """Goodput of a run and where each attempt's time went, from the run's history (torch-free).
 
-Times are Unix seconds from `history.jsonl` (slurm_titan.history) and the registry's submit time.
+Times are Unix seconds from `history.jsonl` (slurm_titan.records.history) and the registry's submit time.
 For attempt i, with `prev_end` the previous attempt's end (the submit time for attempt 0), `end`
 its end (its `end` event, else its `stopped` event, else the next attempt's start, else now) and
 `last_done` the time its last step was done (its `stopped` event, else the mtime of the
@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_titan import history
-from slurm_titan.node.progress import read_trained_step, trained_step_path
+from slurm_titan.records import history
+from slurm_titan.rank.progress import read_trained_step, trained_step_path
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,9 @@
 """Turn Slurm's warning signals into a checkpoint every rank agrees on (runs inside each rank).
 
-Slurm warns before it takes the nodes: the `--signal` signal (USR2) ahead of the time limit or on
-preemption (`preempt_send_user_signal`), SIGTERM when it kills. The batch script starts each
-node's supervisor with both signals blocked (`env --block-signal`), so one that comes while the
-interpreter and submitit start waits for :func:`take_stop_signals` instead of killing the
-supervisor or reaching submitit's handler. The supervisor starts the ranks with both signals
-ignored (so one that comes while torch is still importing cannot kill them) and leaves a stop
-file when it gets one, which the rank reads too. The handler only sets a flag; at the next step
+Slurm's stop signals reach the rank as :mod:`slurm_titan.signals` describes; the supervisor also
+leaves a stop file when it gets one, which the rank reads too. The handler only sets a flag; at the next step
 boundary `agreed_stop()` combines the flags of all ranks with one all_reduce(MAX), so every rank
-saves the same step and exits with `PREEMPTED_EXIT_CODE`, which tells the node supervisor to
+saves the same step and exits with `ExitCode.PREEMPTED`, which tells the node supervisor to
 requeue the job.
 """
 
@@ -18,13 +13,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import NoReturn
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+from slurm_titan.errors import ExitCode
+from slurm_titan.signals import ignore_signals, take_stop_signals
+
 STOP_FILE_ENV = "SLURM_TITAN_STOP_FILE"
 
 
@@ -49,14 +44,6 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     _request_stop(signal.Signals(signum).name)
 
 
-def take_stop_signals(handler: Callable[[int, FrameType | None], None]) -> None:
-    """Route the stop signals to `handler`, then unblock them: one that came while they were
-    blocked (see the module docstring) is handled now."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
 def install_handlers() -> None:
     """Catch the stop signals; run first thing in the rank, before torch is imported.
 
@@ -70,20 +57,13 @@ def install_handlers() -> None:
         _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")
 
 
-def ignore_signals() -> None:
-    """For the way out (and the way in, see the supervisor): a late signal must not kill the rank
-    while it exits with its checkpoint saved."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def exit_for_requeue() -> NoReturn:
     """Leave at once once the checkpoint is committed: a normal interpreter shutdown of a large
     torch process takes seconds (measured 6-7 s here) that count against Slurm's grace time."""
     ignore_signals()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(PREEMPTED_EXIT_CODE)
+    os._exit(ExitCode.PREEMPTED)
 
 
 def stop_requested() -> StopRequest | None:
