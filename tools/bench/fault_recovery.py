@@ -5,8 +5,8 @@ Each fault kind runs once per repeat on configs/debug_cpu.yaml (2 nodes), inject
 
   crash         SIGKILL of rank 1 (default config): recovered inside the allocation
   hang          SIGSTOP of rank 1: found by the watchdog, then recovered inside the allocation
-  node-spare    node of rank 1 killed whole (slurmd and every process), slurm.spare_nodes=1 and
-                slurm.keep_allocation_on_node_loss=true (without it Slurm ends the allocation with the node)
+  node-spare    node of rank 1 killed whole (slurmd and every process), slurm.spare_nodes=1 (the
+                allocation outlives the node: slurm.keep_allocation_on_node_loss, on by default)
   node-requeue  the same without a spare: the job requeues itself without that node
                 (the cluster is brought back whole afterwards: tools/local-cluster up)
 
@@ -35,8 +35,8 @@ from local_cluster.faults import SignalAtStep, kill_node, step_reached
 from slurm_titan.records import history
 
 FAULTS = ("crash", "hang", "node-spare", "node-requeue")
-DETECTION = {"crash": "exited with code", "hang": "watchdog: rank", "node-spare": "does not answer",
-             "node-requeue": "does not answer"}
+DETECTION = {"crash": "exited with code", "hang": "watchdog: rank", "node-spare": "attempt 0 ended",
+             "node-requeue": "attempt 0 ended"}
 
 
 def node_log_lines(run: Run) -> list[tuple[float, str]]:
@@ -63,7 +63,7 @@ def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
     """Submit, inject `kind` once rank 1 (or its node) reached `at_step`, wait for the end."""
     sets = [f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=4"]
     if kind == "node-spare":
-        sets += ["slurm.spare_nodes=1", "slurm.keep_allocation_on_node_loss=true"]
+        sets.append("slurm.spare_nodes=1")
     run = bench.submit(*sets)
     if kind in ("crash", "hang"):
         signum = signal.SIGKILL if kind == "crash" else signal.SIGSTOP
