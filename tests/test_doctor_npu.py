@@ -280,8 +280,8 @@ def test_an_unreachable_node_stops_the_job(tmp_path: Path) -> None:
 
 def test_doctor_by_hand_prints_warnings_in_json(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "collect_facts", lambda expect, node_rank: npu_facts(info="info_910_93_a3.txt"))
-    monkeypatch.setattr(cli, "expectations", lambda path: DoctorExpectations(device="npu"))
+    monkeypatch.setattr(doctor_cmd, "collect_facts", lambda expect, node_rank: npu_facts(info="info_910_93_a3.txt"))
+    monkeypatch.setattr(doctor_cmd, "expectations", lambda path: DoctorExpectations(device="npu"))
     assert doctor_cmd.main(["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["failures"] == [] and [w["check"] for w in report["warnings"]] == ["npu_fusion_attention"]

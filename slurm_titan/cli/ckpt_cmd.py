@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from slurm_titan.cli.store import open_store
+    from slurm_titan.ckpt.store import open_store
 
     return open_store(args.location, endpoint_url=getattr(args, "endpoint_url", None), check=True)
 
@@ -135,7 +135,7 @@ class ProgressBar:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from slurm_titan.cli.catalog import list_checkpoints
+    from slurm_titan.ckpt.catalog import list_checkpoints
 
     store = _open(args)
     infos = list_checkpoints(store)
@@ -157,8 +157,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from slurm_titan.cli import layout
-    from slurm_titan.cli.catalog import read_manifest
+    from slurm_titan.ckpt import layout
+    from slurm_titan.ckpt.catalog import read_manifest
 
     store = _open(args)
     m = read_manifest(store, args.step)
@@ -180,7 +180,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _restore_ranks(args: argparse.Namespace) -> Any:
     """The ranks of ``--ranks`` or ``--node K --nodes N`` (None: the whole checkpoint)."""
-    from slurm_titan.cli.share import node_ranks
+    from slurm_titan.ckpt.share import node_ranks
 
     if args.ranks is not None and (args.node is not None or args.nodes is not None):
         raise StorageError("ckpt restore: give --ranks or --node/--nodes, not both")
@@ -201,7 +201,7 @@ def _restore_ranks(args: argparse.Namespace) -> Any:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from slurm_titan.cli.catalog import restore
+    from slurm_titan.ckpt.catalog import restore
 
     ranks = _restore_ranks(args)
     store = _open(args)
@@ -225,7 +225,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from slurm_titan.cli.catalog import list_checkpoints, verify
+    from slurm_titan.ckpt.catalog import list_checkpoints, verify
 
     store = _open(args)
     if args.all:
@@ -252,7 +252,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from slurm_titan.cli.retention import prune
+    from slurm_titan.ckpt.retention import prune
 
     if args.keep < 1:
         raise StorageError("--keep must be at least 1")
