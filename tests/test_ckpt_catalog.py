@@ -16,7 +16,7 @@ from slurm_titan.ckpt.catalog import (
     verify,
 )
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
-from slurm_titan.cli.ckpt_cmd import main as ckpt_main
+from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.store import open_store
 from slurm_titan.ckpt.sync import CheckpointSync

@@ -142,7 +142,7 @@ def test_error_messages_hide_credentials(monkeypatch):
 
 
 def test_cli_modules_do_not_import_torch():
-    code = ("import sys; import slurm_titan.cli.ckpt_cmd, slurm_titan.ckpt.catalog, slurm_titan.ckpt.sync, "
+    code = ("import sys; import slurm_titan.cli.ckpt, slurm_titan.ckpt.catalog, slurm_titan.ckpt.sync, "
             "slurm_titan.ckpt.retention, slurm_titan.ckpt.resume, slurm_titan.ckpt.store, slurm_titan.ckpt.s3http; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan')]; print(bad); "
             "sys.exit(1 if bad else 0)")

@@ -14,7 +14,7 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.agree import NodeAgreement
 from slurm_titan.ckpt.catalog import read_manifest, restore
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
-from slurm_titan.cli.ckpt_cmd import main as ckpt_main
+from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
 from slurm_titan.ckpt.share import node_ranks
 from slurm_titan.ckpt.store import open_store

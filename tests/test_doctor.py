@@ -14,7 +14,7 @@ import pytest
 
 from slurm_titan.launch.config import load_config
 from slurm_titan.doctor import DoctorExpectations, PreflightFailed, exchange, run_preflight
-from slurm_titan.cli import doctor_cmd
+from slurm_titan.cli.main import main as cli_main
 from slurm_titan.doctor import facts as facts_module
 from slurm_titan.doctor.checks import compare_nodes, node_findings
 from slurm_titan.doctor.facts import NodeFacts, collect_facts, run_tool
@@ -273,7 +273,7 @@ def test_no_verdict_fails_the_other_nodes(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_doctor_by_hand_on_a_cpu_node(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("SLURM_TITAN_DEVICE", "cpu")
-    assert doctor_cmd.main(["--json"]) == 0
+    assert cli_main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["failures"] == [] and report["facts"]["versions"]["torchtitan"] == "0.3.0"
 
@@ -282,7 +282,7 @@ def test_doctor_by_hand_with_a_config(tmp_path: Path, capsys: pytest.CaptureFixt
     config = tmp_path / "job.yaml"
     config.write_text(f"name: x\nruns_dir: {tmp_path}/runs\nenvironment: {{device: cpu}}\n"
                       "checkpoint: {enable: true, expected_size_gb: 1000000}\n")
-    assert doctor_cmd.main(["--config", str(config)]) == ExitCode.PREFLIGHT
+    assert cli_main(["doctor", "--config", str(config)]) == ExitCode.PREFLIGHT
     out = capsys.readouterr().out
     assert "checkpoint disk:" in out
     assert "disk   " in out and ">= 1000000.0 GB for a checkpoint (checkpoint.expected_size_gb / 1 node(s))" in out
@@ -293,12 +293,12 @@ def test_doctor_by_hand_without_npu_smi(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("SLURM_TITAN_DEVICE", "npu")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
-    assert doctor_cmd.main([]) == ExitCode.PREFLIGHT
+    assert cli_main(["doctor"]) == ExitCode.PREFLIGHT
     out = capsys.readouterr().out
     assert any(line.split()[2:4] == ["fail", "npu-smi"] and line.endswith("`npu-smi info` listing the chips")
                for line in out.splitlines() if "npu-smi not on PATH" in line)
 
 
 def test_the_doctor_does_not_import_torch() -> None:
-    code = "import sys, slurm_titan.cli.doctor_cmd; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
+    code = "import sys, slurm_titan.cli.doctor; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

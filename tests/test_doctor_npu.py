@@ -11,7 +11,8 @@ import pytest
 
 from slurm_titan.doctor import PreflightFailed, hccn_tool, run_preflight, versions
 
-from slurm_titan.cli import doctor_cmd
+from slurm_titan.cli import doctor as doctor_cli
+from slurm_titan.cli.main import main as cli_main
 from slurm_titan.doctor import facts as facts_module
 from slurm_titan.doctor.checks import compare_nodes, node_findings, reachability
 from slurm_titan.doctor.expectations import DoctorExpectations
@@ -280,10 +281,10 @@ def test_an_unreachable_node_stops_the_job(tmp_path: Path) -> None:
 
 def test_doctor_by_hand_prints_warnings_in_json(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(doctor_cmd, "collect_facts", lambda expect, node_rank: npu_facts(info="info_910_93_a3.txt"))
-    monkeypatch.setattr(doctor_cmd, "expectations", lambda path: DoctorExpectations(device="npu"))
-    assert doctor_cmd.main(["--json"]) == 0
+    monkeypatch.setattr(doctor_cli, "collect_facts", lambda expect, node_rank: npu_facts(info="info_910_93_a3.txt"))
+    monkeypatch.setattr(doctor_cli, "expectations", lambda path: DoctorExpectations(device="npu"))
+    assert cli_main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["failures"] == [] and [w["check"] for w in report["warnings"]] == ["npu_fusion_attention"]
-    assert doctor_cmd.main([]) == 0
+    assert cli_main(["doctor"]) == 0
     assert "warn   npu_fusion_attention" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import torch
 import slurm_titan.overrides.check as check
 import slurm_titan.overrides.npu_attention as npu_attention
 from slurm_titan.cli.main import main as cli_main
-from slurm_titan.overrides.check import Target, main, run_checks, run_device_checks
+from slurm_titan.overrides.check import Target, run, run_checks, run_device_checks
 from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.kernels import NpuKernels, torch_npu_kernels
 from slurm_titan.overrides.npu_rope import NpuComplexRoPE, rotary_npu
@@ -38,7 +38,7 @@ def test_all_checks_pass():
 
 
 def test_main_prints_table_and_one_verdict_per_check(capsys):
-    assert main(["--quick", "--seed", "3"]) == 0
+    assert run(seed=3, quick=True) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["check", "dtype", "shape", "max", "error", "tolerance", "ok"]
     verdicts = [line for line in lines if line.startswith("ok   ")]
@@ -113,6 +113,6 @@ def test_device_npu_without_npus_is_one_line(monkeypatch, capsys, npu, message):
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     monkeypatch.setattr(torch, "npu", npu, raising=False)
     torch_npu_kernels.cache_clear()
-    assert main(["--device", "npu"]) == 2
+    assert run("npu") == 2
     assert capsys.readouterr().err == f"check-overrides --device npu: {message}\n"
     torch_npu_kernels.cache_clear()

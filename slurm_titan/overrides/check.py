@@ -27,7 +27,6 @@ against an expectation is ``max|a - b| / max(1, max|b|)``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import warnings
@@ -405,26 +404,17 @@ def format_verdicts(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(device: str = "cpu", seed: int = 0, quick: bool = False) -> int:
     """Print the check table and one verdict per check; 0 when every check passes, 2 without a device, else 1."""
-    parser = argparse.ArgumentParser(
-        prog="slurm-titan check-overrides",
-        description="Check the NPU overrides against upstream torchtitan: on CPU through torch_npu's contract "
-        "models, or with --device npu through torch_npu's kernels on an NPU.",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random cases")
-    parser.add_argument("--quick", action="store_true", help="fewer random cases")
-    parser.add_argument("--device", choices=("cpu", "npu"), default="cpu", help="where the NPU code paths run")
-    args = parser.parse_args(argv)
-    if args.device == "npu":
+    if device == "npu":
         try:
             target = npu_target()
         except DeviceUnavailable as exc:
             print(f"check-overrides --device npu: {exc}", file=sys.stderr)
             return 2
-        results = run_device_checks(target, seed=args.seed, quick=args.quick)
+        results = run_device_checks(target, seed=seed, quick=quick)
     else:
-        results = run_checks(seed=args.seed, quick=args.quick)
+        results = run_checks(seed=seed, quick=quick)
     print(format_table(results))
     print(format_verdicts(results))
     failed = sum(not r.ok for r in results)

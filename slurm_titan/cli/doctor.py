@@ -12,20 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from collections.abc import Sequence
 from dataclasses import asdict
 
+from slurm_titan.cli.base import SubCommand
 from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.expectations import GB, DoctorExpectations
 from slurm_titan.doctor.facts import NodeFacts, collect_facts
 from slurm_titan.doctor.report import FAIL, WARN, failures, format_table
-from slurm_titan.errors import ExitCode, SlurmTitanError
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="job config (YAML) whose expectations to check this node against")
-    parser.add_argument("--json", action="store_true", help="machine-readable output: facts, failures, warnings")
+from slurm_titan.errors import ExitCode
 
 
 def expectations(config_path: str | None) -> DoctorExpectations:
@@ -62,29 +56,23 @@ def describe(facts: NodeFacts) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    expect = expectations(args.config)
-    facts = collect_facts(expect, node_rank=0)
-    findings = node_findings(facts, expect)
-    if args.json:
-        print(json.dumps({"facts": facts.to_json(), **{
-            key: [asdict(f) for f in findings if f.severity == severity]
-            for key, severity in (("failures", FAIL), ("warnings", WARN))}}, indent=1))
-    else:
-        print(describe(facts))
-        print(f"\n{format_table(findings)}" if findings else "all checks passed")
-    return ExitCode.PREFLIGHT if failures(findings) else 0
+class Doctor(SubCommand):
+    name = "doctor"
+    help = "check this node as every job's preflight does (NPUs, CANN, driver, versions, disk)"
 
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", help="job config (YAML) whose expectations to check this node against")
+        parser.add_argument("--json", action="store_true", help="machine-readable output: facts, failures, warnings")
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slurm-titan doctor", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except SlurmTitanError as error:
-        print(f"slurm-titan doctor: {error}", file=sys.stderr)
-        return error.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def run(self, args: argparse.Namespace) -> int:
+        expect = expectations(args.config)
+        facts = collect_facts(expect, node_rank=0)
+        findings = node_findings(facts, expect)
+        if args.json:
+            print(json.dumps({"facts": facts.to_json(), **{
+                key: [asdict(f) for f in findings if f.severity == severity]
+                for key, severity in (("failures", FAIL), ("warnings", WARN))}}, indent=1))
+        else:
+            print(describe(facts))
+            print(f"\n{format_table(findings)}" if findings else "all checks passed")
+        return ExitCode.PREFLIGHT if failures(findings) else 0
