@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 import sys
 import types
@@ -21,13 +20,13 @@ import yaml
 
 from slurm_titan.cpulist import parse_cpu_list
 from slurm_titan.errors import ConfigError
+from slurm_titan.launch.npu_env import NpuJob, NpuSpec, check_npu
 from slurm_titan.node.notify_config import NotifySpec, check_notify
-from slurm_titan.launch.npu_env import NpuSpec, check_npu
+from slurm_titan.slurm import time_limit_minutes
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
 ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _GRES_ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::[A-Za-z][A-Za-z0-9_.-]*)?(?::([1-9][0-9]*))?$")
 AUTO_GRES = "auto"
 _MOVED = {
@@ -233,6 +232,14 @@ class JobConfig:
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
+    def npu_job(self) -> NpuJob:
+        """What `npu_env` needs of this job besides `environment.npu`."""
+        slurm, timeouts = self.slurm, self.timeouts
+        return NpuJob(where=self.source, nodes=slurm.nodes, devices_per_node=slurm.devices_per_node,
+                      port_window=(slurm.port_window[0], slurm.port_window[1]), startup_s=timeouts.startup_s,
+                      collective_s=timeouts.collective_s, env=self.environment.env,
+                      upload_cpus=self.checkpoint.upload_cpus, titan_option=self.torchtitan.option)
+
 
 # ---- loading -----------------------------------------------------------------------------
 
@@ -310,25 +317,6 @@ def _build(cls: type, data: dict[str, Any], where: str, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def time_limit_minutes(text: str) -> int:
-    """Slurm's time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) in whole minutes, rounded up."""
-    match = _TIME.match(text.strip())
-    if not match:
-        raise ValueError(f"bad time {text!r}: use minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
-    days, *clock = match.groups()
-    numbers = [int(part) for part in clock if part is not None]
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        hours, minutes, seconds = (numbers + [0, 0])[:3]
-    else:  # M, M:S, H:M:S
-        hours, minutes, seconds = ([0, 0] + numbers)[-3:] if len(numbers) == 3 else (0, *(numbers + [0])[:2])
-    if (len(numbers) > 1 and minutes >= 60 and (days is not None or len(numbers) == 3)) or seconds >= 60:
-        raise ValueError(f"bad time {text!r}: minutes and seconds must be below 60")
-    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    if total <= 0:
-        raise ValueError(f"bad time {text!r}: must be positive")
-    return math.ceil(total / 60)
-
-
 def _validate(config: JobConfig) -> None:
     where = config.source
     if not _NAME.match(config.name):
@@ -385,7 +373,7 @@ def _validate(config: JobConfig) -> None:
         if config.torchtitan.option(option) is not None:
             raise ConfigError(where, f"torchtitan.args.{option}", "comes from the timeouts section; set it there")
     if config.environment.device == "npu":
-        check_npu(config)
+        check_npu(config.environment.npu, config.npu_job())
         _check_npu_torchtitan(config)
     _check_watchdog(config)
     for key in ("module", "config"):

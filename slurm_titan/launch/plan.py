@@ -22,11 +22,12 @@ from submitit.slurm.slurm import _make_sbatch_string
 from slurm_titan.launch import npu_env
 
 from slurm_titan import titan_configs
-from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig, time_limit_minutes
+from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.signals import STOP_SIGNALS
+from slurm_titan.slurm import time_limit_minutes
 from slurm_titan.node.notify_config import submit_warnings
 from slurm_titan.launch.templating import export_lines, render
 
@@ -372,7 +373,8 @@ def plan_job(config: JobConfig) -> JobPlan:
     job_dir = str(Path(config.runs_dir).absolute() / config.name / JOB_ID)
     overrides = default_overrides(config) + config.torchtitan.override_imports
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
-    node_prefix, npu_vars = npu_env.node_setup(config, DUMP_FOLDER.replace(JOB_DIR, job_dir))
+    node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), DUMP_FOLDER.replace(JOB_DIR, job_dir))
+                             if env.device == "npu" else ("", {}))
     node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | config.notify.node_env() | env.env
     _warn_notify(config)
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
