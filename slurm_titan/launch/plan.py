@@ -29,6 +29,7 @@ from slurm_titan.node.budgets import Budgets
 from slurm_titan.signals import STOP_SIGNALS
 from slurm_titan.slurm import time_limit_minutes
 from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
 
 JOB_ID = "{job_id}"
@@ -388,7 +389,7 @@ def plan_job(config: JobConfig) -> JobPlan:
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
         port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
         rank_argv=rank_argv, checkpoint=checkpoint,
-        preflight=DoctorExpectations.from_config(config, checkpoint.local if checkpoint else None),
+        preflight=preflight_expectations(config, checkpoint.local if checkpoint else None),
         watchdog=_watchdog_budgets(config),
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
