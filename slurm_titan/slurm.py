@@ -16,13 +16,15 @@ from slurm_titan.errors import ClusterError
 
 TIMEOUT_S = 30
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                   "PREEMPTED"}
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command; ClusterError if it is missing or (with check) fails."""
     if shutil.which(argv[0]) is None:
-        raise ClusterError(f"{argv[0]} not found on PATH: run on a Slurm login node (Debian: apt-get install slurm-client)")
+        raise ClusterError(f"{argv[0]} not found on PATH: run on a Slurm login node "
+                           "(Debian: apt-get install slurm-client)")
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_titan.errors import ConfigError, ExitCode
 from slurm_titan.launch.config import JobConfig, load_config
-from slurm_titan.errors import ExitCode, ConfigError
 from slurm_titan.launch.npu_env import (
     IF_BASE_PORTS,
     LINUX_EPHEMERAL,

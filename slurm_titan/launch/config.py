@@ -12,6 +12,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -272,7 +273,7 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     if tp is type(None):
         if value is None:
             return None
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, dict):
             return _build(tp, value, where, key)
     elif origin is list:
@@ -291,9 +292,8 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
+    elif tp is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
     raise ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
 
 
@@ -341,7 +341,8 @@ def _validate(config: JobConfig) -> None:
                           f"must be >= 1, got {config.preemption.max_failures_without_progress}")
     min_nodes = config.preemption.min_nodes
     if min_nodes is not None and not 1 <= min_nodes <= slurm.nodes:
-        raise ConfigError(where, "preemption.min_nodes", f"must be within 1..slurm.nodes={slurm.nodes}, got {min_nodes}")
+        raise ConfigError(where, "preemption.min_nodes",
+                          f"must be within 1..slurm.nodes={slurm.nodes}, got {min_nodes}")
     if slurm.spare_nodes < 0:
         raise ConfigError(where, "slurm.spare_nodes", f"must be >= 0, got {slurm.spare_nodes}")
     if config.preemption.signal_seconds >= time_limit_minutes(slurm.time) * 60:
@@ -395,8 +396,9 @@ def _check_remote(where: str, remote: str) -> None:
         if not sep:
             continue
         if protocol.lower() not in available_protocols():
-            raise ConfigError(where, "checkpoint.remote", f"{remote!r}: unknown protocol {protocol + '://'!r} "
-                                                          "(fsspec knows s3://, gs://, file://, ...; or give a shared path)")
+            raise ConfigError(where, "checkpoint.remote",
+                              f"{remote!r}: unknown protocol {protocol + '://'!r} "
+                              "(fsspec knows s3://, gs://, file://, ...; or give a shared path)")
         if protocol.lower() in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0]:
             raise ConfigError(where, "checkpoint.remote", f"{remote!r} names no bucket: write {protocol}://BUCKET/prefix")
 
@@ -480,7 +482,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(raw) if raw else ""
 
 
-def load_config(path: str | Path, overrides: list[tuple[str, Any]] = ()) -> JobConfig:
+def load_config(path: str | Path, overrides: Sequence[tuple[str, Any]] = ()) -> JobConfig:
     """Read, override (`--set`, `--nodes`, ...) and validate a job config; ConfigError on any problem."""
     where = str(path)
     try:

@@ -19,18 +19,17 @@ from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurm_titan.launch import npu_env
-
 from slurm_titan import titan_configs
-from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
-from slurm_titan.node.budgets import Budgets
-from slurm_titan.signals import STOP_SIGNALS
-from slurm_titan.slurm import time_limit_minutes
-from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.launch import npu_env
+from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
+from slurm_titan.node.budgets import Budgets
+from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.signals import STOP_SIGNALS
+from slurm_titan.slurm import time_limit_minutes
 
 JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
@@ -207,7 +206,8 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
                                         "train_timeout_seconds": config.timeouts.collective_s}}
     if titan.debug_assets:
         assets = Path(titan.debug_assets).absolute()
-        options |= {"hf_assets_path": str(assets / "tokenizer"), "dataloader": {"dataset_path": str(assets / "dataset")}}
+        options |= {"hf_assets_path": str(assets / "tokenizer"),
+                    "dataloader": {"dataset_path": str(assets / "dataset")}}
     argv = ["--module", titan.module, "--config", titan.config, *flatten_options(options), *flatten_options(titan.args)]
     if config.environment.device == "npu":
         argv += _flags({key: value for key, value in NPU_DEFAULTS.items() if titan.option(key) is None})

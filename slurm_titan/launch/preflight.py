@@ -18,8 +18,9 @@ BYTES_PER_PARAMETER = 12
 def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> DoctorExpectations:
     """`checkpoint_dir`: the folder torchtitan saves to (None: checkpointing is off)."""
     slurm = config.slurm
+    size, source = _checkpoint_size(config)
     expect = DoctorExpectations(device=config.environment.device, devices_per_node=slurm.devices_per_node,
-                                checkpoint_dir=checkpoint_dir, **_checkpoint_size(config))
+                                checkpoint_dir=checkpoint_dir, checkpoint_bytes=size, checkpoint_size_source=source)
     if expect.device != "npu":
         return expect
     spec = config.environment.npu
@@ -30,16 +31,17 @@ def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> Doc
                    temp_warn_c=spec.temp_warn_c, temp_fail_c=spec.temp_fail_c)
 
 
-def _checkpoint_size(config: JobConfig) -> dict[str, object]:
-    """Each node's share of one checkpoint (its ranks' shards), from the config or the parameter count."""
+def _checkpoint_size(config: JobConfig) -> tuple[int | None, str]:
+    """Each node's share of one checkpoint (its ranks' shards), from the config or the parameter count, and where
+    the number comes from; (None, "") when unknown."""
     nodes = config.slurm.nodes
     if not config.checkpoint.enable:
-        return {}
+        return None, ""
     if config.checkpoint.expected_size_gb is not None:
         total, source = config.checkpoint.expected_size_gb * GB, "checkpoint.expected_size_gb"
     elif (count := PARAMETERS.get(config.torchtitan.config)) is not None:
         total = count * BYTES_PER_PARAMETER
         source = f"estimated: {count / 1e9:.2f}B parameters x {BYTES_PER_PARAMETER} B"
     else:
-        return {}
-    return {"checkpoint_bytes": math.ceil(total / nodes), "checkpoint_size_source": f"{source} / {nodes} node(s)"}
+        return None, ""
+    return math.ceil(total / nodes), f"{source} / {nodes} node(s)"
