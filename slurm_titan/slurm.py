@@ -1,4 +1,4 @@
-"""Thin, typed wrappers around Slurm's commands (sinfo/scontrol/squeue/sacct/scancel).
+"""Thin, typed wrappers around Slurm's commands (sinfo/scontrol/squeue/sacct/scancel), and Slurm's time format.
 
 Each failure becomes a one-line `ClusterError`: a missing command names itself, a refused
 request carries Slurm's own first line.
@@ -6,6 +6,8 @@ request carries Slurm's own first line.
 
 from __future__ import annotations
 
+import math
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -13,13 +15,16 @@ from dataclasses import dataclass
 from slurm_titan.errors import ClusterError
 
 TIMEOUT_S = 30
-FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                   "PREEMPTED"}
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command; ClusterError if it is missing or (with check) fails."""
     if shutil.which(argv[0]) is None:
-        raise ClusterError(f"{argv[0]} not found on PATH: run on a Slurm login node (Debian: apt-get install slurm-client)")
+        raise ClusterError(f"{argv[0]} not found on PATH: run on a Slurm login node "
+                           "(Debian: apt-get install slurm-client)")
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -38,6 +43,25 @@ def parse_key_values(line: str) -> dict[str, str]:
         if sep:
             fields[key] = value
     return fields
+
+
+def time_limit_minutes(text: str) -> int:
+    """Slurm's time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) in whole minutes, rounded up."""
+    match = _TIME.match(text.strip())
+    if not match:
+        raise ValueError(f"bad time {text!r}: use minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
+    days, *clock = match.groups()
+    numbers = [int(part) for part in clock if part is not None]
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    else:  # M, M:S, H:M:S
+        hours, minutes, seconds = ([0, 0] + numbers)[-3:] if len(numbers) == 3 else (0, *(numbers + [0])[:2])
+    if (len(numbers) > 1 and minutes >= 60 and (days is not None or len(numbers) == 3)) or seconds >= 60:
+        raise ValueError(f"bad time {text!r}: minutes and seconds must be below 60")
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise ValueError(f"bad time {text!r}: must be positive")
+    return math.ceil(total / 60)
 
 
 @dataclass(frozen=True)
@@ -124,8 +148,6 @@ def time_left_seconds(job_id: str) -> int | None:
     preemption look like the time limit.
     """
     import datetime
-
-    from slurm_titan.launch.config import time_limit_minutes
 
     result = run(["scontrol", "show", "job", "-o", job_id], check=False)
     fields = parse_key_values(result.stdout) if result.returncode == 0 else {}

@@ -29,7 +29,8 @@ def config_functions(module: str) -> set[str] | None:
         path = root / package / module.replace(".", "/") / "config_registry.py"
         if path.is_file():
             tree = ast.parse(path.read_text(encoding="utf-8"))
-            return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
+            return {node.name for node in tree.body
+                    if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
     return None
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.launch.config import load_config
-from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.errors import ConfigError, ExitCode
+from slurm_titan.launch.config import JobConfig, load_config
 from slurm_titan.launch.npu_env import (
     IF_BASE_PORTS,
     LINUX_EPHEMERAL,
@@ -41,8 +41,12 @@ def config_with(tmp_path: Path, *sets: tuple[str, object], text: str = BASE):
 DUMP = "/runs/npu-job/{job_id}/dump"
 
 
+def rank_variables(config: JobConfig) -> dict[str, str]:
+    return npu_variables(config.environment.npu, config.npu_job(), DUMP)
+
+
 def test_variables_of_a_two_node_job(tmp_path: Path) -> None:
-    assert npu_variables(config_with(tmp_path), DUMP) == {
+    assert rank_variables(config_with(tmp_path)) == {
         "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
         "HCCL_CONNECT_TIMEOUT": "1800",
         "HCCL_EXEC_TIMEOUT": "1920",
@@ -68,10 +72,10 @@ def test_torchtitan_comm_and_debug_options_reach_hccl(tmp_path: Path) -> None:
     config = config_with(tmp_path, ("torchtitan.args.comm.save_traces_folder", "fr"),
                          ("torchtitan.args.comm.save_traces_file_prefix", "r"),
                          ("torchtitan.args.debug.deterministic", True))
-    variables = npu_variables(config, DUMP)
+    variables = rank_variables(config)
     assert variables["TORCH_HCCL_DEBUG_INFO_TEMP_FILE"] == f"{DUMP}/fr/r"
     assert variables["HCCL_DETERMINISTIC"] == "true"
-    off = npu_variables(config_with(tmp_path, ("torchtitan.args.comm.trace_buf_size", 0)), DUMP)
+    off = rank_variables(config_with(tmp_path, ("torchtitan.args.comm.trace_buf_size", 0)))
     assert off["TORCH_HCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_HCCL_DUMP_ON_TIMEOUT" not in off
     assert "HCCL_DETERMINISTIC" not in off
 
@@ -79,7 +83,7 @@ def test_torchtitan_comm_and_debug_options_reach_hccl(tmp_path: Path) -> None:
 def test_timeouts_fire_in_order_from_one_section(tmp_path: Path) -> None:
     """torch's watchdog (torchtitan comm timeouts) before HCCL's device-side wait; connect = start-up budget."""
     config = config_with(tmp_path, ("timeouts.startup_s", 1500), ("timeouts.collective_s", 900))
-    variables = npu_variables(config, DUMP)
+    variables = rank_variables(config)
     assert variables["HCCL_CONNECT_TIMEOUT"] == "1500"
     assert int(variables["HCCL_EXEC_TIMEOUT"]) > max(1500, 900)
     argv = plan_job(config).node.rank_argv
@@ -92,7 +96,7 @@ def test_performance_settings_can_be_changed_or_left_unset(tmp_path: Path) -> No
                          ("environment.npu.streams_per_device", 8),
                          ("environment.npu.multi_stream_memory_reserve", None),
                          ("environment.npu.hccl_buffsize_mb", 400))
-    variables = npu_variables(config, DUMP)
+    variables = rank_variables(config)
     assert (variables["TASK_QUEUE_ENABLE"], variables["STREAMS_PER_DEVICE"], variables["HCCL_BUFFSIZE"]) == \
         ("1", "8", "400")
     assert "CPU_AFFINITY_CONF" not in variables and "MULTI_STREAM_MEMORY_RESERVE" not in variables
@@ -128,7 +132,7 @@ def test_explicit_devices_address_and_no_alloc_conf(tmp_path: Path) -> None:
     config = config_with(tmp_path, ("slurm.nodes", 1), ("slurm.devices_per_node", 4),
                          ("environment.npu.socket_ifname", []), ("environment.npu.if_ip", "10.0.0.5"),
                          ("environment.npu.visible_devices", [4, 5, 6, 7]), ("environment.npu.alloc_conf", None))
-    variables = npu_variables(config, DUMP)
+    variables = rank_variables(config)
     assert variables["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
     assert variables["HCCL_IF_IP"] == "10.0.0.5"
     assert "HCCL_SOCKET_IFNAME" not in variables and "PYTORCH_NPU_ALLOC_CONF" not in variables

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.node import rendezvous
+from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.node.rendezvous import RendezvousError, from_slurm_env, master_port
 
 RECORDED = json.loads((Path(__file__).parent / "data/slurm-env/local-3node.json").read_text())["tasks"]
@@ -48,7 +48,7 @@ def test_port_inside_the_kernels_ephemeral_range_is_refused() -> None:
 
 
 def test_reads_this_machines_ephemeral_range() -> None:
-    low, high = rendezvous.read_ephemeral_range()
+    low, high = read_ephemeral_range()
     assert 0 < low <= high <= 65535
 
 

@@ -102,7 +102,8 @@ def take(pieces: Sequence[Piece], start: int, stop: int) -> list[Piece]:
     for piece in pieces:
         lo, hi = max(start - base, 0), min(stop - base, len(piece))
         if lo < hi:
-            out.append(replace(piece, begin=piece.begin + lo, end=piece.begin + hi, offset=piece.offset if lo == 0 else 0))
+            out.append(replace(piece, begin=piece.begin + lo, end=piece.begin + hi,
+                               offset=piece.offset if lo == 0 else 0))
         base += len(piece)
     return out
 

@@ -4,7 +4,8 @@ The fingerprint is what the checkpoint's sample cursor means something against: 
 name and path, its row count, the bytes of its local files (when it is a local file or folder),
 and a SHA-256 of its first rows' text (the head). Content decides: the same files at another path
 are the same dataset (the log says the path moved); another row count, size or head is another
-dataset (a stream, with no content to compare, is identified by its path), and resuming on it is refused unless ``checkpoint.allow_dataset_change`` is true.
+dataset (a stream, with no content to compare, is identified by its path), and resuming on it is refused
+unless ``checkpoint.allow_dataset_change`` is true.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def fingerprint(name: str, path: str | None, kind: str, rows: int | None, head: 
 def difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
     """What makes ``current`` another dataset than ``saved`` (one phrase), or None when it is the same.
     Without content to compare (a stream), the path decides."""
-    changed = [f"{key} {saved.get(key)} -> {current.get(key)}" for key in _COMPARED if saved.get(key) != current.get(key)]
+    changed = [f"{key} {saved.get(key)} -> {current.get(key)}" for key in _COMPARED
+               if saved.get(key) != current.get(key)]
     blind = all(saved.get(key) is None for key in _COMPARED[1:])
     if saved.get("path") != current.get("path") and (blind or saved.get("name") != current.get("name")):
         changed.insert(0, f"path {saved.get('path')} -> {current.get('path')}")

@@ -137,7 +137,8 @@ def _port_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
         if gaps:
             rows.append(("HCCL ports", f"{first}-{last} overlaps this node's ephemeral ports {low}-{high} "
                                        f"({format_ranges(gaps)} not reserved)",
-                         "ports outside net.ipv4.ip_local_port_range (environment.npu.port_base / environment.npu.if_base_port) or reserved: "
+                         "ports outside net.ipv4.ip_local_port_range (environment.npu.port_base / "
+                         "environment.npu.if_base_port) or reserved: "
                          f"sysctl -w net.ipv4.ip_local_reserved_ports={format_ranges(gaps)}", FAIL))
     return rows
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import slurm_titan
-from slurm_titan.node import rendezvous
 from slurm_titan.doctor import hccn_tool
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.hccn_tool import HccnDevice
@@ -44,6 +43,7 @@ PROBE_TIMEOUT_S = 300.0
 PACKAGES = ("torch", "torch_npu", "torchtitan")
 NET_DIR = "/sys/class/net"
 RESERVED_PORTS_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 DAVINCI = "/dev/davinci[0-9]*"
 T = TypeVar("T")
 
@@ -211,6 +211,12 @@ def network_ids(smi: NpuSmiInfo, visible: tuple[int, ...]) -> list[str]:
     return [str(chip.npu_id if chip.phy_id is None else chip.phy_id) for chip in chips]
 
 
+def read_ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    with open(path, encoding="ascii") as handle:
+        low, high = handle.read().split()
+    return int(low), int(high)
+
+
 def read_reserved_ports(path: str = RESERVED_PORTS_FILE) -> tuple[tuple[int, int], ...]:
     with open(path, encoding="ascii") as handle:
         return parse_port_list(handle.read())
@@ -274,7 +280,7 @@ def collect_facts(expect: DoctorExpectations, node_rank: int) -> NodeFacts:
     if expect.socket_ifnames:
         facts.interfaces = _collect(facts, "network interface", lambda: sorted(os.listdir(NET_DIR)))
     if expect.hccl_port_ranges:
-        facts.ephemeral_range = _collect(facts, "HCCL ports", rendezvous.read_ephemeral_range)
+        facts.ephemeral_range = _collect(facts, "HCCL ports", read_ephemeral_range)
         facts.reserved_ports = _collect(facts, "HCCL ports", read_reserved_ports)
     if expect.device == "npu":
         _collect_npu(facts, expect)

@@ -11,7 +11,7 @@ def main() -> None:
     import torch
     import torch_npu  # noqa: F401  registers torch.npu
 
-    print(torch.npu.device_count())
+    print(torch.npu.device_count())  # type: ignore[attr-defined]  # torch_npu adds torch.npu
 
 
 if __name__ == "__main__":

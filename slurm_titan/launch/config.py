@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,13 +21,13 @@ import yaml
 
 from slurm_titan.cpulist import parse_cpu_list
 from slurm_titan.errors import ConfigError
+from slurm_titan.launch.npu_env import NpuJob, NpuSpec, check_npu
 from slurm_titan.node.notify_config import NotifySpec, check_notify
-from slurm_titan.launch.npu_env import NpuSpec, check_npu
+from slurm_titan.slurm import time_limit_minutes
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
 ActivationCheckpoint = Literal["selective", "full", "memory-budget", "none"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _GRES_ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::[A-Za-z][A-Za-z0-9_.-]*)?(?::([1-9][0-9]*))?$")
 AUTO_GRES = "auto"
 _MOVED = {
@@ -232,6 +232,14 @@ class JobConfig:
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
+    def npu_job(self) -> NpuJob:
+        """What `npu_env` needs of this job besides `environment.npu`."""
+        slurm, timeouts = self.slurm, self.timeouts
+        return NpuJob(where=self.source, nodes=slurm.nodes, devices_per_node=slurm.devices_per_node,
+                      port_window=(slurm.port_window[0], slurm.port_window[1]), startup_s=timeouts.startup_s,
+                      collective_s=timeouts.collective_s, env=self.environment.env,
+                      upload_cpus=self.checkpoint.upload_cpus, titan_option=self.torchtitan.option)
+
 
 # ---- loading -----------------------------------------------------------------------------
 
@@ -264,7 +272,7 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     if tp is type(None):
         if value is None:
             return None
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, dict):
             return _build(tp, value, where, key)
     elif origin is list:
@@ -283,9 +291,8 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
+    elif tp is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
     raise ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
 
 
@@ -307,25 +314,6 @@ def _build(cls: type, data: dict[str, Any], where: str, prefix: str) -> Any:
     if missing:
         raise ConfigError(where, f"{prefix}.{missing[0]}" if prefix else missing[0], "is required")
     return cls(**kwargs)
-
-
-def time_limit_minutes(text: str) -> int:
-    """Slurm's time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) in whole minutes, rounded up."""
-    match = _TIME.match(text.strip())
-    if not match:
-        raise ValueError(f"bad time {text!r}: use minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
-    days, *clock = match.groups()
-    numbers = [int(part) for part in clock if part is not None]
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        hours, minutes, seconds = (numbers + [0, 0])[:3]
-    else:  # M, M:S, H:M:S
-        hours, minutes, seconds = ([0, 0] + numbers)[-3:] if len(numbers) == 3 else (0, *(numbers + [0])[:2])
-    if (len(numbers) > 1 and minutes >= 60 and (days is not None or len(numbers) == 3)) or seconds >= 60:
-        raise ValueError(f"bad time {text!r}: minutes and seconds must be below 60")
-    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    if total <= 0:
-        raise ValueError(f"bad time {text!r}: must be positive")
-    return math.ceil(total / 60)
 
 
 def _validate(config: JobConfig) -> None:
@@ -352,7 +340,8 @@ def _validate(config: JobConfig) -> None:
                           f"must be >= 1, got {config.preemption.max_failures_without_progress}")
     min_nodes = config.preemption.min_nodes
     if min_nodes is not None and not 1 <= min_nodes <= slurm.nodes:
-        raise ConfigError(where, "preemption.min_nodes", f"must be within 1..slurm.nodes={slurm.nodes}, got {min_nodes}")
+        raise ConfigError(where, "preemption.min_nodes",
+                          f"must be within 1..slurm.nodes={slurm.nodes}, got {min_nodes}")
     if slurm.spare_nodes < 0:
         raise ConfigError(where, "slurm.spare_nodes", f"must be >= 0, got {slurm.spare_nodes}")
     if config.preemption.signal_seconds >= time_limit_minutes(slurm.time) * 60:
@@ -384,7 +373,7 @@ def _validate(config: JobConfig) -> None:
         if config.torchtitan.option(option) is not None:
             raise ConfigError(where, f"torchtitan.args.{option}", "comes from the timeouts section; set it there")
     if config.environment.device == "npu":
-        check_npu(config)
+        check_npu(config.environment.npu, config.npu_job())
         _check_npu_torchtitan(config)
     _check_watchdog(config)
     for key in ("module", "config"):
@@ -406,8 +395,9 @@ def _check_remote(where: str, remote: str) -> None:
         if not sep:
             continue
         if protocol.lower() not in available_protocols():
-            raise ConfigError(where, "checkpoint.remote", f"{remote!r}: unknown protocol {protocol + '://'!r} "
-                                                          "(fsspec knows s3://, gs://, file://, ...; or give a shared path)")
+            raise ConfigError(where, "checkpoint.remote",
+                              f"{remote!r}: unknown protocol {protocol + '://'!r} "
+                              "(fsspec knows s3://, gs://, file://, ...; or give a shared path)")
         if protocol.lower() in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0]:
             raise ConfigError(where, "checkpoint.remote", f"{remote!r} names no bucket: write {protocol}://BUCKET/prefix")
 
@@ -491,7 +481,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(raw) if raw else ""
 
 
-def load_config(path: str | Path, overrides: list[tuple[str, Any]] = ()) -> JobConfig:
+def load_config(path: str | Path, overrides: Sequence[tuple[str, Any]] = ()) -> JobConfig:
     """Read, override (`--set`, `--nodes`, ...) and validate a job config; ConfigError on any problem."""
     where = str(path)
     try:

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_titan.records import history
 from slurm_titan.rank.progress import read_trained_step, trained_step_path
+from slurm_titan.records import history
 
 
 @dataclass(frozen=True)
@@ -86,17 +86,19 @@ TrainedFiles = dict[int, tuple[int, float]]
 
 
 def _trained(attempt: history.Attempt, files: TrainedFiles) -> int | None:
-    return attempt.trained_step or attempt.stopped_at_step or attempt.last_step or files.get(attempt.attempt, (None,))[0]
+    return (attempt.trained_step or attempt.stopped_at_step or attempt.last_step
+            or files.get(attempt.attempt, (None,))[0])
 
 
-def compute(attempts: list[history.Attempt], submitted: float, now: float, files: TrainedFiles | None = None) -> Goodput:
+def compute(attempts: list[history.Attempt], submitted: float, now: float,
+            files: TrainedFiles | None = None) -> Goodput:
     """The numbers of the module docstring."""
     files = files or {}
     rows, prev_end, best = [], submitted, 0
     for i, attempt in enumerate(attempts):
         following = attempts[i + 1] if i + 1 < len(attempts) else None
         started = attempt.started or prev_end
-        end = max(attempt.ended or attempt.stopped_time or (following.started if following else now), started)
+        end = max(attempt.ended or attempt.stopped_time or (following.started if following else None) or now, started)
         trained, first = _trained(attempt, files), attempt.first_step
         if attempt.first_step_time is None or trained is None or first is None:
             rows.append(AttemptTime(attempt.attempt, started - prev_end, end - started, 0.0, 0.0, 0.0, 0, 0))

@@ -13,10 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_titan.records import jobs
-
 from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
+from slurm_titan.records import jobs
 
 FOLLOW_POLL_S = 1.0
 PROGRESS_RANK = 0
@@ -122,7 +121,8 @@ def show(job_id: str, rank: int | None = None, follow: bool = False) -> int:
     record = jobs.load(job_id)
     follower = Follower(record.folder, job_id, rank, PROGRESS_RANK if follow and rank is None else None)
     if not follow and not follower.files():
-        raise SlurmTitanError(f"no logs yet for job {job_id} in {record.job_dir}" + (f" for rank {rank}" if rank is not None else ""))
+        raise SlurmTitanError(f"no logs yet for job {job_id} in {record.job_dir}"
+                              + (f" for rank {rank}" if rank is not None else ""))
     while True:
         done = not follow or _finished(job_id)
         text = follower.poll()

@@ -47,16 +47,13 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from slurm_titan.cpulist import parse_cpu_list
-from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.errors import ConfigError, ExitCode
 from slurm_titan.launch.templating import render
-
-if TYPE_CHECKING:
-    from slurm_titan.launch.config import JobConfig
 
 LINUX_EPHEMERAL = (32768, 60999)
 """The kernel's default net.ipv4.ip_local_port_range, assumed at plan time."""
@@ -122,6 +119,27 @@ class NpuSpec:
     hccl_buffsize_mb: int | None = None
     temp_warn_c: int = 75
     temp_fail_c: int = 85
+
+
+@dataclass(frozen=True)
+class NpuJob:
+    """What the NPU environment depends on outside `environment.npu`; this module never sees the whole job
+    config (`launch.config.JobConfig.npu_job` fills it in).
+
+    `where` names the config in errors; `port_window` is `slurm.port_window`; `startup_s` and `collective_s`
+    are the `timeouts`; `env` is `environment.env`; `upload_cpus` is `checkpoint.upload_cpus`;
+    `titan_option(dotted, default)` reads a torchtitan option (`TorchtitanSpec.option`).
+    """
+
+    where: str
+    nodes: int
+    devices_per_node: int
+    port_window: tuple[int, int]
+    startup_s: int
+    collective_s: int
+    env: Mapping[str, str]
+    upload_cpus: str | None
+    titan_option: Callable[[str, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -204,10 +222,9 @@ def hccl_port_ranges(spec: NpuSpec, devices_per_node: int, port_window: tuple[in
                     "ephemeral range; lower ports_per_device")
 
 
-def hccl_timeouts(config: JobConfig) -> tuple[int, int]:
+def hccl_timeouts(startup_s: int, collective_s: int) -> tuple[int, int]:
     """(HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT) derived from `timeouts` (see config.TimeoutSpec for the order)."""
-    budget = config.timeouts
-    return budget.startup_s, max(budget.startup_s, budget.collective_s) + DUMP_MARGIN_S
+    return startup_s, max(startup_s, collective_s) + DUMP_MARGIN_S
 
 
 def _is_float_in_open_unit(value: str) -> bool:
@@ -322,12 +339,12 @@ def _check_network(where: str, spec: NpuSpec, nodes: int) -> None:
         raise ConfigError(where, key, "set either if_ip or socket_ifname, not both")
 
 
-def _check_timeouts(config: JobConfig) -> tuple[int, int]:
-    where = config.source
-    connect, execute = hccl_timeouts(config)
+def _check_timeouts(job: NpuJob) -> tuple[int, int]:
+    where = job.where
+    connect, execute = hccl_timeouts(job.startup_s, job.collective_s)
     _check_range(where, "timeouts.startup_s", connect, CONNECT_TIMEOUT_RANGE, "HCCL_CONNECT_TIMEOUT")
     _check_range(where, "timeouts.collective_s", execute, EXEC_TIMEOUT_RANGE, "HCCL_EXEC_TIMEOUT")
-    if config.environment.env.get("HCCL_OP_EXPANSION_MODE") == "AIV" and execute > AIV_EXEC_TIMEOUT_MAX:
+    if job.env.get("HCCL_OP_EXPANSION_MODE") == "AIV" and execute > AIV_EXEC_TIMEOUT_MAX:
         raise ConfigError(where, "timeouts.collective_s",
                           f"HCCL_OP_EXPANSION_MODE=AIV caps HCCL_EXEC_TIMEOUT at {AIV_EXEC_TIMEOUT_MAX} s (CANN), "
                           f"below the {execute} s torch's watchdog needs first; keep timeouts at most "
@@ -335,8 +352,8 @@ def _check_timeouts(config: JobConfig) -> tuple[int, int]:
     return connect, execute
 
 
-def _check_performance(config: JobConfig) -> None:
-    where, spec = config.source, config.environment.npu
+def _check_performance(spec: NpuSpec, job: NpuJob) -> None:
+    where = job.where
     if spec.task_queue not in TASK_QUEUE_LEVELS:
         raise ConfigError(where, "environment.npu.task_queue",
                           f"TASK_QUEUE_ENABLE must be 0, 1 or 2 (torch_npu), got {spec.task_queue}")
@@ -355,15 +372,14 @@ def _check_performance(config: JobConfig) -> None:
         affinity = parse_affinity(spec.cpu_affinity)
     except ValueError as error:
         raise ConfigError(where, "environment.npu.cpu_affinity", f"CPU_AFFINITY_CONF: {error}") from None
-    upload = config.checkpoint.upload_cpus
-    if upload is not None and (why := affinity_problem(affinity, parse_cpu_list(upload),
-                                                       config.slurm.devices_per_node)):
+    upload = job.upload_cpus
+    if upload is not None and (why := affinity_problem(affinity, parse_cpu_list(upload), job.devices_per_node)):
         raise ConfigError(where, "checkpoint.upload_cpus", why)
 
 
-def _flight_recorder(config: JobConfig, dump_folder: str) -> dict[str, str]:
-    """torchtitan's flight-recorder and async-error settings under ProcessGroupHCCL's names."""
-    option = config.torchtitan.option
+def _flight_recorder(option: Callable[[str, Any], Any], dump_folder: str) -> dict[str, str]:
+    """torchtitan's flight-recorder and async-error settings (`option`: NpuJob.titan_option) under
+    ProcessGroupHCCL's names."""
     size = option("comm.trace_buf_size", TITAN_COMM_DEFAULTS["comm.trace_buf_size"])
     variables = {"HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_TRACE_BUFFER_SIZE": str(size)}
     if int(size) > 0:  # torchtitan creates <dump_folder>/<save_traces_folder> before the process group
@@ -374,38 +390,37 @@ def _flight_recorder(config: JobConfig, dump_folder: str) -> dict[str, str]:
     return variables
 
 
-def check_npu(config: JobConfig) -> tuple[PortRange, PortRange, PortRange]:
+def check_npu(spec: NpuSpec, job: NpuJob) -> tuple[PortRange, PortRange, PortRange]:
     """Validate `environment.npu` and the HCCL side of `timeouts` (ConfigError naming the key); the ports."""
-    where, spec, slurm = config.source, config.environment.npu, config.slurm
-    _check_devices(where, spec, slurm.devices_per_node)
-    _check_network(where, spec, slurm.nodes)
-    _check_timeouts(config)
+    where = job.where
+    _check_devices(where, spec, job.devices_per_node)
+    _check_network(where, spec, job.nodes)
+    _check_timeouts(job)
     if spec.ports_per_device < 1:
         raise ConfigError(where, "environment.npu.ports_per_device", f"must be >= 1, got {spec.ports_per_device}")
     try:
-        ports = hccl_port_ranges(spec, slurm.devices_per_node, (slurm.port_window[0], slurm.port_window[1]))
+        ports = hccl_port_ranges(spec, job.devices_per_node, job.port_window)
     except PortError as error:
         raise ConfigError(where, error.key, str(error)) from None
     if spec.alloc_conf is not None and (why := alloc_conf_problem(spec.alloc_conf)):
         raise ConfigError(where, "environment.npu.alloc_conf", f"PYTORCH_NPU_ALLOC_CONF: {why}")
-    _check_performance(config)
+    _check_performance(spec, job)
     if not 0 < spec.temp_warn_c < spec.temp_fail_c:
         raise ConfigError(where, "environment.npu.temp_warn_c",
                           f"must be above 0 and below temp_fail_c={spec.temp_fail_c}, got {spec.temp_warn_c}")
     for name in _MANAGED:
-        if name in config.environment.env:
+        if name in job.env:
             raise ConfigError(where, f"environment.env.{name}", "comes from environment.npu in NPU jobs; set it there")
     return ports
 
 
-def npu_variables(config: JobConfig, dump_folder: str) -> dict[str, str]:
+def npu_variables(spec: NpuSpec, job: NpuJob, dump_folder: str) -> dict[str, str]:
     """The environment every NPU rank gets (flight-recorder dumps under torchtitan's `dump_folder`);
     validates first (`check_npu`)."""
-    spec, slurm = config.environment.npu, config.slurm
-    host, npu, root = check_npu(config)
-    connect, execute = hccl_timeouts(config)
+    host, npu, root = check_npu(spec, job)
+    connect, execute = hccl_timeouts(job.startup_s, job.collective_s)
     variables = {
-        "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, visible_devices(spec, slurm.devices_per_node))),
+        "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, visible_devices(spec, job.devices_per_node))),
         "HCCL_CONNECT_TIMEOUT": str(connect),
         "HCCL_EXEC_TIMEOUT": str(execute),
         "HCCL_HOST_SOCKET_PORT_RANGE": str(host),
@@ -413,7 +428,7 @@ def npu_variables(config: JobConfig, dump_folder: str) -> dict[str, str]:
         "HCCL_IF_BASE_PORT": str(root.low),
         "TASK_QUEUE_ENABLE": str(spec.task_queue),
         "STREAMS_PER_DEVICE": str(spec.streams_per_device),
-    } | _flight_recorder(config, dump_folder)
+    } | _flight_recorder(job.titan_option, dump_folder)
     optional = {"HCCL_IF_IP": spec.if_ip, "PYTORCH_NPU_ALLOC_CONF": spec.alloc_conf,
                 "CPU_AFFINITY_CONF": spec.cpu_affinity, "MULTI_STREAM_MEMORY_RESERVE": spec.multi_stream_memory_reserve,
                 "HCCL_BUFFSIZE": spec.hccl_buffsize_mb}
@@ -421,7 +436,7 @@ def npu_variables(config: JobConfig, dump_folder: str) -> dict[str, str]:
     if spec.socket_ifname:
         variables |= {"HCCL_SOCKET_IFNAME": "=" + ",".join(spec.socket_ifname),
                       "GLOO_SOCKET_IFNAME": ",".join(spec.socket_ifname)}
-    if config.torchtitan.option("debug.deterministic", False):
+    if job.titan_option("debug.deterministic", False):
         variables["HCCL_DETERMINISTIC"] = "true"
     return variables
 
@@ -436,8 +451,6 @@ def cann_launcher(spec: NpuSpec) -> str:
     return f"bash -c {shlex.quote(script.rstrip(chr(10)))} slurm-titan-cann"
 
 
-def node_setup(config: JobConfig, dump_folder: str) -> tuple[str, dict[str, str]]:
-    """What an NPU job adds to every node: the launcher prefix (CANN) and the variables; nothing otherwise."""
-    if config.environment.device != "npu":
-        return "", {}
-    return cann_launcher(config.environment.npu) + " ", npu_variables(config, dump_folder)
+def node_setup(spec: NpuSpec, job: NpuJob, dump_folder: str) -> tuple[str, dict[str, str]]:
+    """What an NPU job adds to every node: the launcher prefix (CANN) and the variables."""
+    return cann_launcher(spec) + " ", npu_variables(spec, job, dump_folder)

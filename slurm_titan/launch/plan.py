@@ -19,16 +19,17 @@ from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurm_titan.launch import npu_env
-
 from slurm_titan import titan_configs
-from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig, time_limit_minutes
 from slurm_titan.doctor import DoctorExpectations
 from slurm_titan.errors import ConfigError
-from slurm_titan.node.budgets import Budgets
-from slurm_titan.signals import STOP_SIGNALS
-from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.launch import npu_env
+from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
+from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
+from slurm_titan.node.budgets import Budgets
+from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.signals import STOP_SIGNALS
+from slurm_titan.slurm import time_limit_minutes
 
 JOB_ID = "{job_id}"
 JOB_DIR = "{job_dir}"
@@ -205,7 +206,8 @@ def _titan_options(config: JobConfig, override_imports: list[str]) -> list[str]:
                                         "train_timeout_seconds": config.timeouts.collective_s}}
     if titan.debug_assets:
         assets = Path(titan.debug_assets).absolute()
-        options |= {"hf_assets_path": str(assets / "tokenizer"), "dataloader": {"dataset_path": str(assets / "dataset")}}
+        options |= {"hf_assets_path": str(assets / "tokenizer"),
+                    "dataloader": {"dataset_path": str(assets / "dataset")}}
     argv = ["--module", titan.module, "--config", titan.config, *flatten_options(options), *flatten_options(titan.args)]
     if config.environment.device == "npu":
         argv += _flags({key: value for key, value in NPU_DEFAULTS.items() if titan.option(key) is None})
@@ -372,7 +374,8 @@ def plan_job(config: JobConfig) -> JobPlan:
     job_dir = str(Path(config.runs_dir).absolute() / config.name / JOB_ID)
     overrides = default_overrides(config) + config.torchtitan.override_imports
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
-    node_prefix, npu_vars = npu_env.node_setup(config, DUMP_FOLDER.replace(JOB_DIR, job_dir))
+    node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), DUMP_FOLDER.replace(JOB_DIR, job_dir))
+                             if env.device == "npu" else ("", {}))
     node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | config.notify.node_env() | env.env
     _warn_notify(config)
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
@@ -386,7 +389,7 @@ def plan_job(config: JobConfig) -> JobPlan:
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
         port_window=(config.slurm.port_window[0], config.slurm.port_window[1]), job_dir=job_dir,
         rank_argv=rank_argv, checkpoint=checkpoint,
-        preflight=DoctorExpectations.from_config(config, checkpoint.local if checkpoint else None),
+        preflight=preflight_expectations(config, checkpoint.local if checkpoint else None),
         watchdog=_watchdog_budgets(config),
     )
     folder = str(Path(config.runs_dir).absolute() / config.name / "%j")

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.launch import goodput, status
-
-from slurm_titan.records import history, jobs
 from slurm_titan.launch.logs import rank_log
+from slurm_titan.records import history, jobs
 
 _COMMITTED = re.compile(rb"checkpoint step (\d+) committed")
 TAIL_BLOCK = 1 << 18

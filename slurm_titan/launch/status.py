@@ -7,13 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_titan.launch import goodput
-
-from slurm_titan.records import history, jobs
-
 from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
+from slurm_titan.launch import goodput
 from slurm_titan.launch.logs import stacks_folder
+from slurm_titan.records import history, jobs
 
 
 def _state_from_history(attempts: list[history.Attempt]) -> str:
@@ -60,7 +58,8 @@ def goodput_text(numbers: dict[str, Any] | None) -> str:
 
 def _time_text(times: dict[str, Any]) -> str:
     steps = f" ({times['retrained_steps']} steps)" if times["retrained_steps"] else ""
-    return (f"    time: lost {times['lost_s']:.0f}s = queue {times['queue_s']:.0f}s + start-up {times['startup_s']:.0f}s"
+    return (f"    time: lost {times['lost_s']:.0f}s = queue {times['queue_s']:.0f}s"
+            f" + start-up {times['startup_s']:.0f}s"
             f" + retrained {times['retrained_s']:.0f}s{steps} + stopping {times['stopping_s']:.0f}s;"
             f" training {times['training_s']:.0f}s, {times['new_steps']} new steps")
 

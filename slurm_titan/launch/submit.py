@@ -8,12 +8,11 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError
 
-from slurm_titan.records import ledger, jobs
-
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
-from slurm_titan.node.supervisor import NodeSupervisor
 from slurm_titan.launch.plan import JobPlan
+from slurm_titan.node.supervisor import NodeSupervisor
+from slurm_titan.records import jobs, ledger
 
 
 def preflight(plan: JobPlan) -> JobPlan:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurm_titan.doctor.facts import EPHEMERAL_RANGE_FILE
 from slurm_titan.hostlist import expand_hostlist
 
 DEFAULT_PORT_WINDOW = (20000, 29999)
 NODES_ENV = "SLURM_TITAN_NODES"
 """The attempt's training nodes, in node-rank order (set by the batch shell: `slurm_titan.node.allocation`)."""
-EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 class RendezvousError(RuntimeError):
@@ -60,12 +60,6 @@ def master_port(job_id: int, window: tuple[int, int] = DEFAULT_PORT_WINDOW) -> i
     """A port that depends on the job id only, so it is the same on every node and after a requeue."""
     low, high = window
     return low + job_id % (high - low + 1)
-
-
-def read_ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
-    with open(path, encoding="ascii") as handle:
-        low, high = handle.read().split()
-    return int(low), int(high)
 
 
 def check_port_outside(port: int, ephemeral: tuple[int, int]) -> None:

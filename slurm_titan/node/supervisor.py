@@ -36,6 +36,7 @@ from slurm_titan.errors import ExitCode, SlurmTitanError
 from slurm_titan.node import batch_host, restore
 from slurm_titan.node.allocation import ATTEMPT_ENV
 from slurm_titan.doctor import PreflightFailed, run_preflight
+from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
 from slurm_titan.rank.preemption import STOP_FILE_ENV
 from slurm_titan.signals import ignore_signals, take_stop_signals
@@ -239,7 +240,7 @@ class NodeSupervisor:
         job_dir, argv = spec.resolve(job_id)
         try:
             rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window,
-                                             rendezvous.read_ephemeral_range())
+                                             read_ephemeral_range())
         except rendezvous.RendezvousError as error:
             say(f"ERROR before training: {error}")
             self._finish(node_report_path(job_dir, attempt, int(env.get("SLURM_NODEID", "0"))), 1, {})

@@ -119,9 +119,9 @@ def npu_target() -> Target:
         if exc.name == "torch_npu":
             raise DeviceUnavailable("torch_npu is not installed") from None
         raise DeviceUnavailable(f"torch_npu does not import: {_first_line(exc)}") from None
-    except Exception as exc:  # a native extension's import (CANN not sourced, ...) can raise anything
+    except Exception as exc:  # noqa: BLE001  a native extension's import (CANN not sourced, ...) can raise anything
         raise DeviceUnavailable(f"torch_npu does not import: {_first_line(exc)}") from None
-    if not torch.npu.is_available() or torch.npu.device_count() == 0:
+    if not torch.npu.is_available() or torch.npu.device_count() == 0:  # type: ignore[attr-defined]  # torch_npu's
         raise DeviceUnavailable("torch_npu sees 0 NPUs")
     return Target("npu_kernel", torch.device("npu"), kernels, refuse_unsupported=False)
 
@@ -248,7 +248,8 @@ def _rope_checks(rec: _Recorder, gen: torch.Generator, target: Target) -> None:
     cache = upstream._reshape_cache(q, positions)
     rec.compare("rope.tables", (tables, []), (torch.stack([cache.real, cache.imag]), []), exact=True)
 
-    def flat(rope: Callable[..., tuple[torch.Tensor, torch.Tensor]], rope_positions: torch.Tensor, **kwargs: object):
+    def flat(rope: Callable[..., tuple[torch.Tensor, torch.Tensor]], rope_positions: torch.Tensor,
+             **kwargs: object) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         return lambda q, k: torch.cat([t.flatten() for t in rope(q, k, rope_positions, **kwargs)])
 
     expected = _fwd_bwd(flat(upstream, positions), (q, k), grad)
@@ -281,8 +282,9 @@ def _flex_attention(positions: torch.Tensor) -> Callable[..., torch.Tensor]:
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         with warnings.catch_warnings():  # eager flex warns that it is unfused; fine for a check
             warnings.simplefilter("ignore")
+            query, key, value = (x.transpose(1, 2) for x in (q, k, v))
             out = flex_attention(
-                *(x.transpose(1, 2) for x in (q, k, v)),
+                query, key, value,
                 block_mask=block_mask,
                 enable_gqa=q.shape[2] != k.shape[2],
             )
@@ -354,7 +356,7 @@ def _run(
             for family, check in families.items():
                 try:
                     check(rec)
-                except Exception as exc:  # a kernel or a refused op: report it, check the rest
+                except Exception as exc:  # noqa: BLE001  a kernel or a refused op: report it, check the rest
                     rec.raised(f"{family}.{target.name} raised", exc)
             results.extend(rec.results)
     return results

@@ -64,7 +64,8 @@ class ContinuousMetricsProcessor(MetricsProcessor):
         if not config.save_for_all_ranks and rank != _get_metrics_rank(parallel_dims=parallel_dims,
                                                                         pp_schedule=pp_schedule):
             return built
-        below = ([f"replica_{ft_replica_id}"] if ft_enable else []) + ([f"rank_{rank}"] if config.save_for_all_ranks else [])
+        below = (([f"replica_{ft_replica_id}"] if ft_enable else [])
+                 + ([f"rank_{rank}"] if config.save_for_all_ranks else []))
         container = built if isinstance(built, LoggerContainer) else LoggerContainer()
         container.add_logger(TensorBoardLogger(os.path.join(dump_folder, config.save_tb_folder, run, *below), tag))
         return container

@@ -65,7 +65,8 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
         if event == "start":
             attempt.started, attempt.hosts = stamp, record.pop("hosts", [])
         elif event == "end":
-            attempt.ended, attempt.exit_code, attempt.reason = stamp, record.pop("exit_code", None), record.pop("reason", None)
+            attempt.ended = stamp
+            attempt.exit_code, attempt.reason = record.pop("exit_code", None), record.pop("reason", None)
             attempt.trained_step, attempt.progressed = record.pop("trained_step", None), record.pop("progressed", None)
             attempt.action, attempt.cause = record.pop("action", None), record.pop("cause", None)
             attempt.culprit, attempt.note = record.pop("culprit", None), record.pop("note", None) or None

@@ -52,7 +52,9 @@ def load(job_id: str) -> JobRecord:
 
 def recent(limit: int = 20) -> list[JobRecord]:
     folder = home() / "jobs"
-    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:limit] if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
     return [JobRecord(**json.loads(p.read_text(encoding="utf-8"))) for p in paths]
 
 

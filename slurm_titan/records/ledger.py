@@ -19,14 +19,14 @@ import os
 import select
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from slurm_titan.records import jobs
 
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.failure_kinds import HARDWARE, USER
+from slurm_titan.records import jobs
 
 PERIOD_S = 24 * 3600.0
 WINDOW_S = 3600.0
@@ -60,7 +60,7 @@ def warn(message: str) -> None:
     print(f"slurm-titan: WARNING: {message}", file=sys.stderr)
 
 
-def cluster_name(env: dict[str, str] | None = None) -> str:
+def cluster_name(env: Mapping[str, str] | None = None) -> str:
     """The Slurm cluster's name: SLURM_CLUSTER_NAME (set in jobs), else scontrol's ClusterName.
     Raises ClusterError when neither answers."""
     env = os.environ if env is None else env

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.launch import goodput
-
-from slurm_titan.records import history
 from slurm_titan.launch.logs import rank_log
+from slurm_titan.records import history
 
 REPORT_RANK = 0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -157,8 +156,8 @@ def read_log(path: Path, starts: list[float]) -> LogFacts:
             except ValueError:
                 continue
             tps = _TPS.search(line)
-            facts.steps.append(StepPoint(int(step.group(1)), loss, float(tps.group(1).replace(",", "")) if tps else None,
-                                         stamp, attempt_at(stamp)))
+            throughput = float(tps.group(1).replace(",", "")) if tps else None
+            facts.steps.append(StepPoint(int(step.group(1)), loss, throughput, stamp, attempt_at(stamp)))
         elif committed := _COMMITTED.search(line):
             facts.checkpoints.append(Checkpoint(int(committed.group(1)), stamp, attempt_at(stamp)))
         elif (finished := _FINISHED.search(line)) and stamp is not None:
@@ -200,7 +199,8 @@ def phases(attempts: list[history.Attempt], result: goodput.Goodput, submitted: 
         marks = [("queued", prev_end), ("starting", started), ("retraining", first_done),
                  ("training", first_done + times.retrained_s), (_end_phase(attempt, i == len(attempts) - 1), last_done),
                  ("", last_done + times.stopping_s)]
-        out += [Phase(attempt.attempt, name, start, end) for (name, start), (_, end) in zip(marks, marks[1:]) if end > start]
+        out += [Phase(attempt.attempt, name, start, end)
+                for (name, start), (_, end) in zip(marks, marks[1:]) if end > start]
         prev_end = marks[-1][1]
     if submitted + result.wall_s > prev_end:  # the run waits for its next attempt (queued, or a restart)
         out.append(Phase(len(attempts), "queued", prev_end, submitted + result.wall_s))

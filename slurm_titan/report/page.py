@@ -9,7 +9,7 @@ import bisect
 import html
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import plotly.graph_objects as go
@@ -36,7 +36,9 @@ th { text-align: left; background: #f5f5f5; } td.n { text-align: right; font-var
 
 
 def _clock(stamp: float | None) -> str:
-    return "" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) + f".{int(stamp % 1 * 1000):03d}"
+    if stamp is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) + f".{int(stamp % 1 * 1000):03d}"
 
 
 def duration(seconds: float) -> str:
@@ -153,7 +155,7 @@ def _phase_bars(name: str, parts: list[Phase]) -> go.Bar:
                                 "<extra></extra>")
 
 
-def _table(head: list[str], rows: list[list[Any]], numeric: set[int] = frozenset()) -> str:
+def _table(head: list[str], rows: list[list[Any]], numeric: Collection[int] = frozenset()) -> str:
     cells = "".join("<tr>" + "".join(f"<td class=n>{html.escape(str(v))}</td>" if i in numeric
                                      else f"<td>{html.escape(str(v))}</td>" for i, v in enumerate(row)) + "</tr>"
                     for row in rows)
