@@ -1,4 +1,4 @@
-"""Render the text templates in ``templates/`` (installed as ``slurm_titan.templates``)."""
+"""Render the text templates of `slurm_titan/launch/templates/`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from string import Template
 
 def render(name: str, **values: str) -> str:
     """Substitute ``${key}`` placeholders of templates/<name>; a missing value is an error."""
-    text = resources.files("slurm_titan.templates").joinpath(name).read_text(encoding="utf-8")
+    text = resources.files("slurm_titan.launch.templates").joinpath(name).read_text(encoding="utf-8")
     return Template(text).substitute(values)
 
 
