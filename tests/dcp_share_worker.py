@@ -54,7 +54,7 @@ def main() -> int:
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (world,))
     if op == "save":
-        from slurm_titan.ckpt.dcp_plan import load_reads, small_items
+        from slurm_titan.rank.dcp_plan import load_reads, small_items
         from slurm_titan.ckpt.store import TransferConfig
         from slurm_titan.ckpt.sync import CheckpointSync
 
@@ -68,7 +68,7 @@ def main() -> int:
         with open(out, "w") as f:
             json.dump({"ok": ok, "reads": reads}, f)
     else:
-        from slurm_titan.ckpt.dcp_plan import check_share
+        from slurm_titan.rank.dcp_plan import check_share
 
         share_dir, whole_dir = local, remote
         loaded = {}

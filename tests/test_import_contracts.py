@@ -31,7 +31,6 @@ PENDING: dict[str, set[str]] = {
     },
     "node-rank": _NODE_RANK,
     "no-torch": {
-        "slurm_titan.ckpt.dcp_plan -> torch",  # the rank-side DCP read plan (only rank.checkpointer uses it)
         # the supervisor reaches rank.preemption (torch inside agreed_stop) until STOP_FILE_ENV is in envvars.py:
         "slurm_titan.node.supervisor -> slurm_titan.rank.preemption",
         "slurm_titan.rank.preemption -> torch",

@@ -249,7 +249,7 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     read_map: list[list[Range]] | None = None
     """Per rank of the saving world size: the byte ranges (file, offset, length) that rank's DCP
-    load reads, worked out by DCP's load planner on the saving rank (:mod:`.dcp_plan`); None in
+    load reads, worked out by DCP's load planner on the saving rank (:mod:`slurm_titan.rank.dcp_plan`); None in
     records without one (every node then fetches the whole checkpoint)."""
 
     @property

@@ -2,7 +2,7 @@
 
 The commit record's read map (:attr:`.manifest.Manifest.read_map`) says, per rank of the saving
 world size, which byte ranges that rank's load reads; DCP's load planner worked them out on the
-saving rank (:mod:`.dcp_plan`). On the same world size a node needs only the union of its ranks'
+saving rank (:mod:`slurm_titan.rank.dcp_plan`). On the same world size a node needs only the union of its ranks'
 ranges, each widened to the blocks that cover it (a block is the unit the record has a checksum
 for). Files that are not DCP data (``.metadata``, anything torchtitan adds) are always fetched
 whole, and so is a data file read in part whose record has no block checksums.

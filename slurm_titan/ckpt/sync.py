@@ -140,7 +140,7 @@ class CheckpointSync:
                spans: dict[str, list[tuple[int, int]]] | None = None) -> None:
         """Queue the upload of this rank's files of ``<local>/step-N`` (returns at once).
 
-        ``reads``: the byte ranges this rank's DCP load of the step reads (:mod:`.dcp_plan`),
+        ``reads``: the byte ranges this rank's DCP load of the step reads (:mod:`slurm_titan.rank.dcp_plan`),
         put in its receipt; when every rank's receipt has them, the commit record gets a read
         map and a restore on the same world size fetches each node's share only. ``spans``: per
         file of this rank (path inside the step folder), the (offset, length) of its small DCP

@@ -7,7 +7,7 @@
 A real ``dcp.save`` on the CPU (one gloo process per rank) of a state shaped like torchtitan's:
 FSDP-sharded parameters and two Adam moments (DTensors, Shard(0)), replicated tensors and train
 state (deduplicated into one rank's file at save), a per-rank data loader position. Each rank's
-read map comes from DCP's load planner (slurm_titan.ckpt.dcp_plan), the checkpoint is committed
+read map comes from DCP's load planner (slurm_titan.rank.dcp_plan), the checkpoint is committed
 to a directory (or, with --s3, a private SeaweedFS on loopback), then every node of N restores
 (1 and 2 ranks per node): its share, and the whole checkpoint as today, alternately. Reported:
 bytes fetched per node / (checkpoint / N) (goal <= 1.1), the seconds of both restores per node,
@@ -40,7 +40,7 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-    from slurm_titan.ckpt.dcp_plan import load_reads, small_items
+    from slurm_titan.rank.dcp_plan import load_reads, small_items
     from slurm_titan.ckpt.store import TransferConfig
     from slurm_titan.ckpt.sync import CheckpointSync
 
