@@ -20,6 +20,7 @@ from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.expectations import GB, DoctorExpectations
 from slurm_titan.doctor.facts import NodeFacts, collect_facts
 from slurm_titan.doctor.report import FAIL, WARN, failures, format_table
+from slurm_titan import envvars
 from slurm_titan.errors import ExitCode, SlurmTitanError
 
 
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def expectations(config_path: str | None) -> DoctorExpectations:
     """The job's own preflight expectations (as `submit` plans them), or the config-free ones."""
     if config_path is None:
-        return DoctorExpectations(device=os.environ.get("SLURM_TITAN_DEVICE", "npu"))
+        return DoctorExpectations(device=os.environ.get(envvars.DEVICE, "npu"))
     from slurm_titan.launch.config import load_config
     from slurm_titan.launch.plan import plan_job
 
