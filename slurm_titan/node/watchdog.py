@@ -31,7 +31,6 @@ from slurm_titan.node import budgets, stacks
 from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.node.budgets import Budgets, Calibration
 from slurm_titan.records.rank_progress import Progress
-from slurm_titan.errors import ExitCode
 
 PEER_WAIT_S = 15.0
 """How long a node that saw a hang waits, before killing its ranks, for every other node's report."""

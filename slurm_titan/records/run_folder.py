@@ -17,6 +17,8 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
       attempts/<A>/                          node.allocation: one per attempt, numbered across restarts and requeues
         node-<N>.json                        node.supervisor: node N's report (exit codes, first failure, hang)
         stop-node-<N>                        node.supervisor: the stop signal node N got, for ranks not yet listening
+        batch-shell-alive                    node.step_watch: touched every second while the batch shell lives
+                                             (node.batch_host: the other nodes' supervisors read its mtime)
         trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it)
         restore/                             node.restore: the nodes' agreement on each checkpoint candidate
                                              (ckpt.agree: step-<S>/node-<N>.json)
@@ -111,6 +113,10 @@ def node_report(job_dir: Path, attempt: int, node: int) -> Path:
 
 def stop_file(job_dir: Path, attempt: int, node: int) -> Path:
     return attempt_folder(job_dir, attempt) / f"stop-node-{node}"
+
+
+def batch_shell_beat(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "batch-shell-alive"
 
 
 def trained_step_file(job_dir: Path, attempt: int) -> Path:
