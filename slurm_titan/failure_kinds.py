@@ -101,12 +101,8 @@ def classify_log(path: Path, limit: int = TAIL_BYTES) -> Verdict:
     return classify_lines(read_tail(path, limit))
 
 
-def rank_log(job_dir: Path, rank: int) -> Path:
-    return job_dir / "logs" / f"rank-{rank}.log"
-
-
-def classify_rank_logs(job_dir: Path, ranks: Iterable[int], limit: int = TAIL_BYTES) -> Verdict:
-    """The most telling verdict over the given ranks' logs (hardware before oom, network, unknown, user)."""
-    verdicts = [classify_log(rank_log(job_dir, rank), limit) for rank in ranks]
+def classify_logs(paths: Iterable[Path], limit: int = TAIL_BYTES) -> Verdict:
+    """The most telling verdict over the given logs (hardware before oom, network, unknown, user)."""
+    verdicts = [classify_log(path, limit) for path in paths]
     found = [verdict for verdict in verdicts if verdict.line is not None]
     return min(found, key=lambda verdict: _RANK[verdict.kind]) if found else NO_EVIDENCE

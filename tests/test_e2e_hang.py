@@ -22,6 +22,7 @@ from conftest import REPO, Cli, wait_for
 from e2e_runs import assert_same_training, job_dir, uninterrupted_losses
 from local_cluster.faults import SignalAtStep, step_reached
 
+from slurm_titan.envvars import PROGRESS_FILE
 from slurm_titan.records import rank_progress
 from slurm_titan.records.rank_progress import Phase
 
@@ -75,7 +76,7 @@ def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers(cli: Cli, referen
 
 def _saving(env: dict[str, str], log: str) -> bool:
     """The rank is inside a checkpoint save (its progress record says so), at step 8 or later."""
-    record = rank_progress.read(Path(env.get(rank_progress.PROGRESS_FILE_ENV, "/nonexistent")))
+    record = rank_progress.read(Path(env.get(PROGRESS_FILE, "/nonexistent")))
     return record is not None and record.phase == Phase.SAVE and record.step >= 8
 
 

@@ -9,6 +9,7 @@ from slurm_titan.node import attribution
 
 from slurm_titan import failure_kinds
 from slurm_titan.failure_kinds import HARDWARE, NETWORK, OOM, UNKNOWN, USER
+from slurm_titan.records import run_folder
 
 DATA = Path(__file__).parent / "data" / "failure_logs"
 
@@ -72,9 +73,9 @@ def test_classify_rank_logs_prefers_the_most_telling_rank(tmp_path: Path) -> Non
     logs.mkdir()
     (logs / "rank-0.log").write_text("KeyError: 'x'\n")
     (logs / "rank-1.log").write_text("RuntimeError: copy failed, UCE ERROR, error code is 507053\n")
-    assert failure_kinds.classify_rank_logs(tmp_path, [0, 1]).kind == HARDWARE
-    assert failure_kinds.classify_rank_logs(tmp_path, [0]).kind == USER
-    assert failure_kinds.classify_rank_logs(tmp_path, [7]) == failure_kinds.NO_EVIDENCE
+    assert failure_kinds.classify_logs([run_folder.rank_log(tmp_path, r) for r in (0, 1)]).kind == HARDWARE
+    assert failure_kinds.classify_logs([run_folder.rank_log(tmp_path, 0)]).kind == USER
+    assert failure_kinds.classify_logs([run_folder.rank_log(tmp_path, 7)]) == failure_kinds.NO_EVIDENCE
 
 
 def _crash_with_log(tmp_path: Path, text: str) -> attribution.NodeFailure:

@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.records import history
+from slurm_titan import envvars
+from slurm_titan.records import history, run_folder
 
 from slurm_titan.node import rendezvous
 from slurm_titan.node import allocation, attribution, finish, step_watch
-from slurm_titan.rank import progress
-from slurm_titan.node.supervisor import node_report_path
 
 
 def _report(job_dir: Path, attempt: int, node: int, host: str, code: int, failure: dict | None) -> None:
-    path = node_report_path(job_dir, attempt, node)
+    path = run_folder.node_report(job_dir, attempt, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host": host, "exit_code": code, "ranks": {}, "first_failure": failure}))
 
@@ -65,14 +64,14 @@ def test_nodes_of_the_next_attempt(tmp_path: Path) -> None:
 def test_excluded_nodes_survive_and_a_corrupt_file_is_one_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     allocation.exclude(tmp_path, "n2", "lost")
     assert allocation.exclude(tmp_path, "n3", "failed again") == {"n2": "lost", "n3": "failed again"}
-    (tmp_path / allocation.EXCLUDED_FILE).write_text("{not json")
+    run_folder.excluded_nodes_file(tmp_path).write_text("{not json")
     assert allocation.read_excluded(tmp_path) == {}
     assert "is unreadable" in capsys.readouterr().err
 
 
 def test_rendezvous_follows_the_attempts_nodes() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "3",
-           rendezvous.NODES_ENV: "n2,n4", "SLURMD_NODENAME": "n4"}
+           envvars.NODES: "n2,n4", "SLURMD_NODENAME": "n4"}
     rdzv = rendezvous.from_slurm_env(env, 2)
     assert (rdzv.master_addr, rdzv.node_rank, rdzv.world_size) == ("n2", 1, 4)
     with pytest.raises(rendezvous.RendezvousError, match="SLURMD_NODENAME=n3 is not one of"):
@@ -104,7 +103,7 @@ first=${{SLURM_TITAN_NODES%%,*}}
 case " {fail} " in *" $a "*) f='{{"rank": 0, "exit_code": -9, "time": 1}}'; c=137;; *) f=null; c=0;; esac
 echo "{{\\"host\\": \\"$first\\", \\"exit_code\\": $c, \\"ranks\\": {{}}, \\"first_failure\\": $f}}" > $d/node-0.json
 echo "{{\\"host\\": \\"x\\", \\"exit_code\\": 0, \\"ranks\\": {{}}, \\"first_failure\\": null}}" > $d/node-1.json
-echo $((a + 20)) > $d/{progress.TRAINED_STEP_FILE}
+echo $((a + 20)) > $d/trained-step
 exit $c
 """)
     (folder / "scontrol").write_text("#!/bin/sh\n[ \"$2\" = node ] && for n in n1 n2 n3; do "
@@ -123,11 +122,11 @@ def _failed_attempt_0(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_atte
                                               "true'\n\n# teardown\nexit_code=$?\n")
     _report(job_dir, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 5.0})
     _report(job_dir, 0, 1, "n2", 1, {"rank": 1, "exit_code": 1, "time": 6.0})
-    progress.trained_step_path(job_dir, 0).write_text("12")
+    run_folder.trained_step_file(job_dir, 0).write_text("12")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("JOB_DIR", str(job_dir))
-    for name, value in {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", allocation.ATTEMPT_ENV: "0",
-                        allocation.NODES_ENV: "n1,n2"}.items():
+    for name, value in {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", envvars.ATTEMPT_INDEX: "0",
+                        envvars.NODES: "n1,n2"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(finish.slurm, "time_left_seconds", lambda job_id: 3600)
     return job_dir

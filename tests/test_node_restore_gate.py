@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.node.restore import RESTORE_FD_ENV, SKIP_DATALOADER_ENV
+from slurm_titan.envvars import RESTORE_FD
 from slurm_titan.node.supervisor import RankGroup
 from slurm_titan.node.rendezvous import Rendezvous
+from slurm_titan.records import run_folder
+from slurm_titan.records.restore_verdict import RestoreVerdict
 
 RANK = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
-        "from slurm_titan.node.restore import wait_for_restore; "
-        f"print('waiting', flush=True); wait_for_restore(); print('skip', os.environ.get({SKIP_DATALOADER_ENV!r}), "
-        f"{RESTORE_FD_ENV!r} in os.environ)")
+        "from slurm_titan.rank.restore_gate import wait_for_restore; "
+        "print('waiting', flush=True); verdict = wait_for_restore(); "
+        f"print('resharded', verdict and verdict.world_size_changed, {RESTORE_FD!r} in os.environ)")
 
 
 def _group(tmp_path: Path, gated: bool = True) -> RankGroup:
@@ -26,15 +28,15 @@ def _group(tmp_path: Path, gated: bool = True) -> RankGroup:
 
 
 def _logs(tmp_path: Path) -> list[str]:
-    return [(tmp_path / f"rank-{r}.log").read_text() for r in (2, 3)]
+    return [run_folder.rank_log(tmp_path, r).read_text() for r in (2, 3)]
 
 
 def test_ranks_wait_for_the_restore_and_take_its_verdict(tmp_path):
     ranks = _group(tmp_path)
     assert all(p.poll() is None for p in ranks.processes.values())  # held at the gate
-    ranks.release({SKIP_DATALOADER_ENV: "1"})
+    ranks.release(RestoreVerdict(world_size_changed=True))
     assert ranks.wait() == {2: 0, 3: 0}
-    assert all(log.endswith("skip 1 False\n") for log in _logs(tmp_path))
+    assert all(log.endswith("resharded True False\n") for log in _logs(tmp_path))
 
 
 def test_a_failed_restore_stops_every_rank_with_an_error(tmp_path):
@@ -46,7 +48,7 @@ def test_a_failed_restore_stops_every_rank_with_an_error(tmp_path):
 
 def test_ungated_ranks_do_not_wait(tmp_path):
     assert _group(tmp_path, gated=False).wait() == {2: 0, 3: 0}
-    assert all(log.endswith("skip None False\n") for log in _logs(tmp_path))
+    assert all(log.endswith("resharded None False\n") for log in _logs(tmp_path))
 
 
 def test_kill_reaps_ranks_held_at_the_gate(tmp_path):
@@ -62,17 +64,17 @@ def test_a_rank_that_fails_during_the_restore_ends_the_wait_for_it(tmp_path):
     ranks = RankGroup([sys.executable, "-c", failing_rank], dict(os.environ), rdzv, tmp_path, gated=True)
     restore_done = threading.Event()
     started = time.monotonic()
-    ranks.release_after(lambda: restore_done.wait(60) and {})  # a restore that would take a minute
+    ranks.release_after(lambda: restore_done.wait(60) and RestoreVerdict())  # a restore that would take a minute
     assert time.monotonic() - started < 30
     assert ranks.wait()[3] == 3
-    assert "checkpoint restore failed" in (tmp_path / "rank-2.log").read_text()
+    assert "checkpoint restore failed" in run_folder.rank_log(tmp_path, 2).read_text()
     restore_done.set()
 
 
 def test_a_restore_error_kills_the_ranks_and_is_raised(tmp_path):
     ranks = _group(tmp_path)
 
-    def restore() -> dict[str, str]:
+    def restore() -> RestoreVerdict:
         raise OSError("store unreachable")
 
     with pytest.raises(OSError, match="store unreachable"):

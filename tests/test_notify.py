@@ -13,7 +13,8 @@ import pytest
 
 from slurm_titan.node import notify
 from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome
-from slurm_titan.node.notify_config import EVENTS, NOTIFY_ENV, NotifySpec, WebhookSpec
+from slurm_titan.envvars import NOTIFY as NOTIFY_ENV
+from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
 
 JOB = notify.JobRef("4242", "llama-70b")
 SECRET = "T000-SECRET-TOKEN"

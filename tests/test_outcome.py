@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.records import history
+from slurm_titan.records import history, run_folder
 from slurm_titan.node.finish import attempt_exit_code
 from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, RetryPolicy, RunSoFar, decide
-from slurm_titan.node.supervisor import node_exit_code, node_report_path
+from slurm_titan.node.supervisor import node_exit_code
 from slurm_titan.errors import ExitCode
 
 POLICY = RetryPolicy(max_requeues=3, max_failures=5, max_failures_without_progress=3)
@@ -60,7 +60,7 @@ def test_node_verdict(ranks: dict[int, int], node: int) -> None:
 
 
 def _report(job_dir: Path, node: int, code: int, failure: dict | None = None) -> None:
-    path = node_report_path(job_dir, 0, node)
+    path = run_folder.node_report(job_dir, 0, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host": f"n{node}", "exit_code": code, "ranks": {}, "first_failure": failure}))
 
@@ -81,7 +81,7 @@ def test_history_records_attempts_and_time_lost(tmp_path: Path) -> None:
     history.append_event(tmp_path, "end", 0, exit_code=75, reason="preempted")
     history.append_event(tmp_path, "start", 1, hosts=["n3", "n4"])
     history.append_event(tmp_path, "first-step", 1, step=10)
-    with (tmp_path / history.HISTORY_FILE).open("a") as out:
+    with run_folder.history_file(tmp_path).open("a") as out:
         out.write("{half a line\n")
     history.append_event(tmp_path, "last-step", 1, step=20)
     first, second = history.as_dicts(history.read_attempts(tmp_path))

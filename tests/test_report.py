@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_goodput import recorded
 
-from slurm_titan.records import history
+from slurm_titan.records import history, run_folder
 from slurm_titan.report import data
 
 SUBMITTED = 1735725600.0  # 2025-01-01 10:00:00 UTC, every recorded run's submit
@@ -101,7 +101,7 @@ def test_a_hang_counts_as_hangs(tmp_path):
               {"event": "first-step", "attempt": 0, "time": t + 60, "step": 1},
               {"event": "end", "attempt": 0, "time": t + 400, "exit_code": 1, "reason": "failed", "trained_step": 21,
                "action": "restart", "cause": "hung on n2 rank 3 in step 22 (collective)", "progressed": True}]
-    (tmp_path / history.HISTORY_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+    run_folder.history_file(tmp_path).write_text("".join(json.dumps(e) + "\n" for e in events))
     trained = tmp_path / "attempts" / "0" / "trained-step"
     trained.parent.mkdir(parents=True)
     trained.write_text("21")
@@ -130,7 +130,7 @@ def test_log_lines_validation_untimed_and_nan(tmp_path):
 def test_a_run_waiting_for_its_next_attempt_has_it_queued(tmp_path):
     folder, submitted, now = recorded("preempted-requeued", tmp_path)
     attempts = history.read_attempts(folder)
-    (folder / history.HISTORY_FILE).write_text("".join(line for line in (folder / history.HISTORY_FILE).open()
+    run_folder.history_file(folder).write_text("".join(line for line in run_folder.history_file(folder).open()
                                                        if '"attempt": 0' in line))  # requeued, not started again
     report = data.collect(folder, submitted, now)
     assert [(p.attempt, p.name, p.end - p.start) for p in report.phases][-1] == (1, "queued", now - attempts[0].ended)

@@ -16,8 +16,9 @@ import pytest
 from slurm_titan.launch import config as config_module
 from slurm_titan.launch.config import load_config
 from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.envvars import PROGRESS_FILE
 from slurm_titan.node import attribution, budgets, stacks, watchdog
-from slurm_titan.records import rank_progress
+from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.node.budgets import Budgets, Calibration
 from slurm_titan.records.rank_progress import Phase, Progress
 from slurm_titan.launch.plan import plan_job
@@ -42,13 +43,13 @@ def test_calibration_survives_to_the_next_attempt(tmp_path: Path) -> None:
     assert budgets.read_calibration(tmp_path) == Calibration()  # none yet
     budgets.write_calibration(tmp_path, Calibration(41.5))
     assert budgets.read_calibration(tmp_path) == Calibration(41.5)
-    budgets.calibration_path(tmp_path).write_text("{broken")
+    run_folder.calibration_file(tmp_path).write_text("{broken")
     assert budgets.read_calibration(tmp_path) == Calibration()
 
 
 def test_the_watchdog_learns_and_the_next_attempt_starts_calibrated(tmp_path: Path) -> None:
     first = watchdog.Watchdog(LIMITS, [0], tmp_path, 0, learns=True, say=lambda _: None)
-    writer = rank_progress.ProgressWriter(first.rank_env(0)[rank_progress.PROGRESS_FILE_ENV])
+    writer = rank_progress.ProgressWriter(first.rank_env(0)[PROGRESS_FILE])
     writer.enter(Phase.STEP, 1)
     writer.step_done(1)
     first.arm()
@@ -111,7 +112,7 @@ def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook() -> None:
 RANK = textwrap.dedent("""
     import sys, time
     from slurm_titan.records import rank_progress
-    from slurm_titan.node import stacks
+    from slurm_titan.rank import stacks
     from slurm_titan.records.rank_progress import Phase
     stacks.register_in_rank()
     rank_progress.enter(Phase.STEP, 1)
@@ -224,7 +225,7 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
     dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
-                      tmp_path / "logs", watchdog=dog)
+                      tmp_path, watchdog=dog)
     seen: list[watchdog.Hang] = []
     try:
         codes = group.wait(on_hang=seen.append)
@@ -239,7 +240,7 @@ def test_logs_stacks_prints_the_newest_attempt_that_has_them(tmp_path: Path, cap
     from slurm_titan.launch import logs
 
     for attempt, text in ((0, "old"), (1, "new")):
-        folder = logs.stacks_folder(tmp_path, attempt)
+        folder = run_folder.stacks_folder(tmp_path, attempt)
         folder.mkdir(parents=True)
         for rank in (1, 0):
             (folder / f"rank-{rank}.txt").write_text(f"{text} stack of rank {rank}\n")

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from slurm_titan import envvars
 from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
@@ -54,7 +55,7 @@ _EXPIRES = 6 * 3600
 
 
 def enabled(store: Store) -> bool:
-    if not store.is_s3 or os.environ.get("SLURM_TITAN_CKPT_FAST_S3", "1") == "0":
+    if not store.is_s3 or os.environ.get(envvars.CKPT_FAST_S3, "1") == "0":
         return False
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
         return False

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from slurm_titan import envvars
 from slurm_titan.errors import StorageError
 
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -80,14 +81,14 @@ class TransferConfig:
     @classmethod
     def from_env(cls) -> TransferConfig:
         c = cls()
-        if os.environ.get("SLURM_TITAN_CKPT_PART_MB"):
-            c.part_size = max(5, int(os.environ["SLURM_TITAN_CKPT_PART_MB"])) << 20
-        if os.environ.get("SLURM_TITAN_CKPT_CONCURRENCY"):
-            c.concurrency = max(1, int(os.environ["SLURM_TITAN_CKPT_CONCURRENCY"]))
-        if os.environ.get("SLURM_TITAN_CKPT_BLOCK_KB"):
-            c.block_size = max(4, int(os.environ["SLURM_TITAN_CKPT_BLOCK_KB"]) // 4 * 4) << 10
-        if os.environ.get("SLURM_TITAN_CKPT_DIRECT_IO"):
-            c.direct_io = os.environ["SLURM_TITAN_CKPT_DIRECT_IO"] != "0"
+        if os.environ.get(envvars.CKPT_PART_MB):
+            c.part_size = max(5, int(os.environ[envvars.CKPT_PART_MB])) << 20
+        if os.environ.get(envvars.CKPT_CONCURRENCY):
+            c.concurrency = max(1, int(os.environ[envvars.CKPT_CONCURRENCY]))
+        if os.environ.get(envvars.CKPT_BLOCK_KB):
+            c.block_size = max(4, int(os.environ[envvars.CKPT_BLOCK_KB]) // 4 * 4) << 10
+        if os.environ.get(envvars.CKPT_DIRECT_IO):
+            c.direct_io = os.environ[envvars.CKPT_DIRECT_IO] != "0"
         return c
 
 
@@ -588,7 +589,7 @@ def s3_storage_options(endpoint_url: str | None = None, extra: dict[str, Any] | 
         "retries": {"max_attempts": 2, "mode": "standard"},
         "signature_version": "s3v4",
     }
-    if os.environ.get("SLURM_TITAN_CKPT_S3_CHECKSUMS", "0") != "1":
+    if os.environ.get(envvars.CKPT_S3_CHECKSUMS, "0") != "1":
         # Every file is checksummed end to end (xxh3, in the commit record, verified on each
         # restore): botocore's own per-request CRC32 and SHA-256 payload signing would double
         # the client's CPU per byte (measured 4.7 -> 2.4 CPU s/GiB uploading on SeaweedFS).

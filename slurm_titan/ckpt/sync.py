@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from slurm_titan import envvars
 from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt import layout
@@ -45,14 +46,15 @@ log = logging.getLogger("slurm_titan.ckpt.sync")
 def default_attempt() -> str:
     """An id shared by all ranks of one run attempt and different for the next attempt.
 
-    SLURM_TITAN_ATTEMPT if set; else the Slurm job id + restart count (+ torchelastic restart
-    count); else torchelastic's run id; else '' (receipts of any attempt are accepted).
+    envvars.ATTEMPT if set (the node supervisor's); else the Slurm job id + restart count (+ torchelastic
+    restart count); else torchelastic's run id; else '' (receipts of any attempt are accepted).
     """
-    if os.environ.get("SLURM_TITAN_ATTEMPT"):
-        return os.environ["SLURM_TITAN_ATTEMPT"]
+    if os.environ.get(envvars.ATTEMPT):
+        return os.environ[envvars.ATTEMPT]
     parts = []
     if os.environ.get("SLURM_JOB_ID"):
-        parts.append(f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_RESTART_COUNT', '0')}")
+        parts.append("slurm-" + envvars.attempt_id(os.environ["SLURM_JOB_ID"],
+                                                   int(os.environ.get("SLURM_RESTART_COUNT", "0"))))
     elif os.environ.get("TORCHELASTIC_RUN_ID"):
         parts.append(f"elastic-{os.environ['TORCHELASTIC_RUN_ID']}")
     if parts and os.environ.get("TORCHELASTIC_RESTART_COUNT"):
@@ -90,7 +92,7 @@ class CheckpointSync:
         remote: the run's remote location (URL or path) or an open :class:`Store`.
         local_folder: torchtitan's checkpoint folder on this node (holds ``step-N/``).
         rank, world_size: global rank and world size of the training job.
-        config_digest: recorded in the commit record (SLURM_TITAN_CONFIG_DIGEST).
+        config_digest: recorded in the commit record (envvars.CONFIG_DIGEST).
         attempt: id of this run attempt (default :func:`default_attempt`); receipts of other
             attempts are ignored by the committer.
         keep_local: keep this many newest step folders on local disk (0: keep all); a step's

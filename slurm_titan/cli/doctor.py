@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import asdict
 
+from slurm_titan import envvars
 from slurm_titan.cli.base import SubCommand
 from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.expectations import GB, DoctorExpectations
@@ -25,7 +26,7 @@ from slurm_titan.errors import ExitCode
 def expectations(config_path: str | None) -> DoctorExpectations:
     """The job's own preflight expectations (as `submit` plans them), or the config-free ones."""
     if config_path is None:
-        return DoctorExpectations(device=os.environ.get("SLURM_TITAN_DEVICE", "npu"))
+        return DoctorExpectations(device=os.environ.get(envvars.DEVICE, "npu"))
     from slurm_titan.launch.config import load_config
     from slurm_titan.launch.plan import plan_job
 

@@ -23,6 +23,7 @@ from slurm_titan.doctor.checks import compare_nodes, node_findings, ping_pair, r
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.facts import FactError, NodeFacts, collect_facts, ping_device
 from slurm_titan.doctor.report import Finding, PreflightFailed, failures
+from slurm_titan.records.run_folder import doctor_folder
 
 DEFAULT_TIMEOUT_S = 600.0
 VERDICT_GRACE_S = 120.0
@@ -31,10 +32,6 @@ VERDICT = "verdict.json"
 Collector = Callable[[DoctorExpectations, int], NodeFacts]
 Pinger = Callable[[str, str, str], tuple[int, int]]
 """(ascend home, own hccn_tool device id, peer device IP) -> (packets sent, received); FactError if it cannot run."""
-
-
-def attempt_dir(job_dir: Path, attempt: int) -> Path:
-    return job_dir / "doctor" / f"attempt-{attempt}"
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -116,7 +113,7 @@ def run_preflight(job_dir: Path, attempt: int, node_rank: int, num_nodes: int, e
     """Run this node's part of the job's preflight and return the job's warnings; PreflightFailed (the same
     table on every node) if any node failed a check, the nodes differ, or a node or the verdict stayed silent
     past the timeout."""
-    folder = attempt_dir(job_dir, attempt)
+    folder = doctor_folder(job_dir, attempt)
     folder.mkdir(parents=True, exist_ok=True)
     facts = collect(expect, node_rank)
     _write_json(folder / f"node-{node_rank}.json", {"facts": facts.to_json(), "findings": [

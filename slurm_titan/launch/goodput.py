@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_titan.rank.progress import read_trained_step, trained_step_path
-from slurm_titan.records import history
+from slurm_titan.records import history, run_folder
 
 
 @dataclass(frozen=True)
@@ -121,10 +120,9 @@ def compute(attempts: list[history.Attempt], submitted: float, now: float,
 def trained_files(job_dir: Path, attempts: list[history.Attempt]) -> TrainedFiles:
     files = {}
     for attempt in attempts:
-        path = trained_step_path(job_dir, attempt.attempt)
-        step = read_trained_step(job_dir, attempt.attempt)
+        step = history.read_trained_step(job_dir, attempt.attempt)
         if step is not None:
-            files[attempt.attempt] = (step, path.stat().st_mtime)
+            files[attempt.attempt] = (step, run_folder.trained_step_file(job_dir, attempt.attempt).stat().st_mtime)
     return files
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
-from slurm_titan.records import jobs
+from slurm_titan.records import jobs, run_folder
 
 FOLLOW_POLL_S = 1.0
 PROGRESS_RANK = 0
@@ -23,14 +23,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP_LINE = re.compile(r"\bstep:\s*\d+\s+loss:")
 
 
-def rank_log(job_dir: Path, rank: int) -> Path:
-    return job_dir / "logs" / f"rank-{rank}.log"
-
-
 def log_files(job_dir: Path, job_id: str, rank: int | None) -> list[Path]:
     if rank is not None:
-        return [rank_log(job_dir, rank)]
-    return sorted(job_dir.glob(f"{job_id}_*_log.out"), key=lambda p: int(p.name.split("_")[1]))
+        return [run_folder.rank_log(job_dir, rank)]
+    return run_folder.node_logs(job_dir, job_id)
 
 
 def progress_lines(text: str, rank: int) -> str:
@@ -68,7 +64,8 @@ class Follower:
     def __init__(self, job_dir: Path, job_id: str, rank: int | None, progress_rank: int | None) -> None:
         self.job_dir, self.job_id, self.rank = job_dir, job_id, rank
         self.tails: dict[Path, Tail] = {}
-        self.progress = None if progress_rank is None else (progress_rank, Tail(rank_log(job_dir, progress_rank), True))
+        self.progress = None if progress_rank is None else (progress_rank,
+                                                            Tail(run_folder.rank_log(job_dir, progress_rank), True))
 
     def files(self) -> list[Path]:
         return log_files(self.job_dir, self.job_id, self.rank)
@@ -87,16 +84,10 @@ class Follower:
         return "".join(out)
 
 
-def stacks_folder(job_dir: Path, attempt: int) -> Path:
-    """Where the watchdog leaves the stacks of attempt `attempt` (node.watchdog)."""
-    return job_dir / "attempts" / str(attempt) / "stacks"
-
-
 def newest_stacks(job_dir: Path) -> list[Path]:
     """The stack files of the newest attempt that has any, by rank."""
-    folders = [folder for folder in (job_dir / "attempts").glob("*/stacks") if folder.parent.name.isdigit()]
-    for folder in sorted(folders, key=lambda f: int(f.parent.name), reverse=True):
-        if files := sorted(folder.glob("rank-*.txt"), key=lambda p: int(p.stem.partition("-")[2] or 0)):
+    for attempt in reversed(run_folder.attempt_numbers(job_dir)):
+        if files := run_folder.stack_files(job_dir, attempt):
             return files
     return []
 

@@ -19,8 +19,7 @@ from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurm_titan import titan_configs
-from slurm_titan.doctor import DoctorExpectations
+from slurm_titan import envvars, titan_configs
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch import npu_env
 from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
@@ -28,70 +27,20 @@ from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.notify_config import submit_warnings
+from slurm_titan.node.spec import CheckpointPlan, NodeSpec
+from slurm_titan.records import run_folder
+from slurm_titan.records.run_folder import JOB_DIR, JOB_ID, SLURM_JOB_ID
 from slurm_titan.signals import STOP_SIGNALS
 from slurm_titan.slurm import time_limit_minutes
 
-JOB_ID = "{job_id}"
-JOB_DIR = "{job_dir}"
 RANK_ENTRY = "slurm_titan.rank.entry"
 HOLD_SIGNALS_VAR = "hold_stop_signals"  # set by the node set-up template, used on the srun line
-STEP_NODES = "--nodes=$SLURM_TITAN_NUM_NODES --ntasks=$SLURM_TITAN_NUM_NODES --nodelist=$SLURM_TITAN_NODES --overlap"
+STEP_NODES = f"--nodes=${envvars.NUM_NODES} --ntasks=${envvars.NUM_NODES} --nodelist=${envvars.NODES} --overlap"
 """srun options on the srun line: each attempt runs on the nodes the batch shell chose (spares left out);
 `--overlap` because the step of a lost node never completes (the node cannot confirm it) and would keep
 the surviving nodes' CPUs from the next attempt ("Requested nodes are busy")."""
 _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """Where a job's checkpoints live; `{job_id}` is filled in on the node."""
-
-    local: str
-    remote: str | None
-    endpoint_url: str | None
-    keep_local: int
-    keep_remote: int
-    keep_every: int
-    config_digest: str
-    upload_cpus: str | None = None
-    reshards_data: bool = False  # the resharding data loader is on (checkpoint.on_world_size_change: reshard)
-
-    def rank_env(self, job_id: str) -> dict[str, str]:
-        """What the checkpoint hook in every rank reads (no credentials: those come from the environment)."""
-        if not self.remote:
-            return {}
-        env = {"SLURM_TITAN_CKPT_REMOTE": self.remote.replace(JOB_ID, job_id),
-               "SLURM_TITAN_CONFIG_DIGEST": self.config_digest,
-               "SLURM_TITAN_CKPT_KEEP_LOCAL": str(self.keep_local),
-               "SLURM_TITAN_CKPT_KEEP_REMOTE": str(self.keep_remote),
-               "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY": str(self.keep_every)}
-        if self.upload_cpus:
-            env["SLURM_TITAN_CKPT_UPLOAD_CPUS"] = self.upload_cpus
-        return env | ({"AWS_ENDPOINT_URL": self.endpoint_url} if self.endpoint_url else {})
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """Everything the node supervisor needs; pickled into the job by submitit."""
-
-    name: str
-    device: str
-    procs_per_node: int
-    port_window: tuple[int, int]
-    job_dir: str
-    rank_argv: tuple[str, ...]
-    checkpoint: CheckpointPlan | None = None
-    preflight: DoctorExpectations | None = None
-    watchdog: Budgets | None = None
-
-    def fill(self, text: str, job_id: str) -> str:
-        """`text` with this job's id and folder filled in."""
-        return text.replace(JOB_DIR, self.job_dir).replace(JOB_ID, job_id)
-
-    def resolve(self, job_id: str) -> tuple[Path, list[str]]:
-        """This job's folder and the rank command with the job's id and folder filled in."""
-        return Path(self.fill(self.job_dir, job_id)), [self.fill(arg, job_id) for arg in self.rank_argv]
 
 
 @dataclass(frozen=True)
@@ -137,9 +86,10 @@ class JobPlan:
 
     def __str__(self) -> str:
         return (
-            f"# ---- sbatch script ({self.folder}/%j_submission.sh) ----\n{self.script()}\n"
+            f"# ---- sbatch script ({run_folder.submission_script(Path(self.folder), SLURM_JOB_ID)}) ----\n"
+            f"{self.script()}\n"
             f"# ---- on each of {self.config.slurm.nodes} node(s): {self.node.procs_per_node} process(es), "
-            f"RANK = node's place in SLURM_TITAN_NODES * {self.node.procs_per_node} + LOCAL_RANK ----\n"
+            f"RANK = node's place in {envvars.NODES} * {self.node.procs_per_node} + LOCAL_RANK ----\n"
             f"{self.node_command()}\n"
         )
 
@@ -179,7 +129,7 @@ def _check_torchtitan(config: JobConfig) -> None:
             raise ConfigError(config.source, f"torchtitan.args.{option}", f"{value}: no such file or directory")
 
 
-DUMP_FOLDER = f"{JOB_DIR}/dump"
+DUMP_FOLDER = str(run_folder.dump_folder(Path(JOB_DIR)))
 NPU_DEFAULTS = {"training.disable_cuda_graphs": True, "compile.enable": False}
 """What NPU jobs pass unless `torchtitan.args` says otherwise. disable_cuda_graphs: torchtitan's
 `zero_grad(set_to_none=training.disable_cuda_graphs)` otherwise keeps the fp32 gradients allocated through
@@ -252,12 +202,12 @@ def default_overrides(config: JobConfig) -> list[str]:
 
 
 def _fill(template: str, config: JobConfig) -> str:
-    return template.replace("{name}", config.name).replace("%j", JOB_ID)
+    return template.replace("{name}", config.name).replace(SLURM_JOB_ID, JOB_ID)
 
 
 def _checkpoint_local(config: JobConfig) -> str:
     local = config.checkpoint.local
-    return _fill(local, config) if local else f"{JOB_DIR}/dump/checkpoint"
+    return _fill(local, config) if local else str(run_folder.default_checkpoint_folder(Path(JOB_DIR)))
 
 
 def config_digest(config: JobConfig) -> str:
@@ -371,12 +321,12 @@ def plan_job(config: JobConfig) -> JobPlan:
     env = config.environment
     python = env.python or sys.executable
     workdir = str(Path(env.workdir or ".").absolute())
-    job_dir = str(Path(config.runs_dir).absolute() / config.name / JOB_ID)
+    job_dir = str(run_folder.job_folder(Path(config.runs_dir).absolute(), config.name))
     overrides = default_overrides(config) + config.torchtitan.override_imports
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
-    node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), DUMP_FOLDER.replace(JOB_DIR, job_dir))
+    node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), str(run_folder.dump_folder(Path(job_dir))))
                              if env.device == "npu" else ("", {}))
-    node_env = _BASE_ENV | {"SLURM_TITAN_DEVICE": env.device} | npu_vars | config.notify.node_env() | env.env
+    node_env = _BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env() | env.env
     _warn_notify(config)
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
                    env_exports=_exports(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
@@ -392,6 +342,6 @@ def plan_job(config: JobConfig) -> JobPlan:
         preflight=preflight_expectations(config, checkpoint.local if checkpoint else None),
         watchdog=_watchdog_budgets(config),
     )
-    folder = str(Path(config.runs_dir).absolute() / config.name / "%j")
+    folder = str(run_folder.job_folder(Path(config.runs_dir).absolute(), config.name, SLURM_JOB_ID))
     return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node,
                    node_prefix)

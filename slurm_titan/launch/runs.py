@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.launch import goodput, status
-from slurm_titan.launch.logs import rank_log
-from slurm_titan.records import history, jobs
+from slurm_titan.records import history, jobs, run_folder
 
 _COMMITTED = re.compile(rb"checkpoint step (\d+) committed")
 TAIL_BLOCK = 1 << 18
@@ -44,7 +43,7 @@ def last_checkpoint(job_dir: Path, attempts: list[history.Attempt]) -> int | Non
     """The newest checkpoint step known to be committed (None: none known)."""
     known = [a.stopped_at_step for a in attempts if a.stopped_at_step and a.extra.get("committed")]
     known += [a.first_step - 1 for a in attempts[1:] if a.first_step and a.first_step > 1]
-    logged = _committed_in_log(rank_log(job_dir, 0))
+    logged = _committed_in_log(run_folder.rank_log(job_dir, 0))
     known += [logged] if logged is not None else []
     return max(known) if known else None
 

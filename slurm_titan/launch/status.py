@@ -10,8 +10,7 @@ from typing import Any
 from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
 from slurm_titan.launch import goodput
-from slurm_titan.launch.logs import stacks_folder
-from slurm_titan.records import history, jobs
+from slurm_titan.records import history, jobs, run_folder
 
 
 def _state_from_history(attempts: list[history.Attempt]) -> str:
@@ -91,7 +90,7 @@ def _print(info: dict[str, Any]) -> None:
             print(_time_text(times[attempt["attempt"]]))
         if (attempt["cause"] or "").startswith("hung on ") and info["job_dir"]:
             print(f"    stacks: slurm-titan logs {info['job_id']} --stacks "
-                  f"({stacks_folder(Path(info['job_dir']), attempt['attempt'])})")
+                  f"({run_folder.stacks_folder(Path(info['job_dir']), attempt['attempt'])})")
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:

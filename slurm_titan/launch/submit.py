@@ -13,6 +13,7 @@ from slurm_titan.errors import ClusterError
 from slurm_titan.launch.plan import JobPlan
 from slurm_titan.node.supervisor import NodeSupervisor
 from slurm_titan.records import jobs, ledger
+from slurm_titan.records.run_folder import JOB_ID
 
 
 def preflight(plan: JobPlan) -> JobPlan:
@@ -36,7 +37,7 @@ def preflight(plan: JobPlan) -> JobPlan:
     if checkpoint and checkpoint.remote:
         from slurm_titan.ckpt.store import open_store
 
-        root = checkpoint.remote.split("{job_id}")[0].rstrip("/")
+        root = checkpoint.remote.split(JOB_ID)[0].rstrip("/")
         open_store(root, endpoint_url=checkpoint.endpoint_url, check=True, create=True)
     return plan
 

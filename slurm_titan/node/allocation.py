@@ -5,8 +5,7 @@ allocation outlives a dead node. Each attempt is one srun step on `slurm.nodes` 
 healthy ones (Slurm answers for them) that this run has not excluded. The batch set-up runs
 `python -m slurm_titan.node.allocation` and evals what it prints; `finish` calls `next_attempt`
 again before a restart inside the allocation. The srun line reads the choice from
-SLURM_TITAN_NODES / SLURM_TITAN_NUM_NODES; the node supervisors from SLURM_TITAN_NODES and
-SLURM_TITAN_ATTEMPT_INDEX.
+envvars.NODES / envvars.NUM_NODES; the node supervisors from envvars.NODES and envvars.ATTEMPT_INDEX.
 
 Attempts are numbered across restarts inside the allocation and requeues alike: the next number is
 one past the highest `attempts/<A>/` folder of the job, which this module creates.
@@ -24,14 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan import slurm
+from slurm_titan import envvars, slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node.rendezvous import NODES_ENV
+from slurm_titan.records import run_folder
 
-NUM_NODES_ENV = "SLURM_TITAN_NUM_NODES"
-ATTEMPT_ENV = "SLURM_TITAN_ATTEMPT_INDEX"
-EXCLUDED_FILE = "excluded-nodes.json"
 _UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT")
 PROBE_TIMEOUT_S = 30.0
 
@@ -44,12 +40,13 @@ class AttemptPlan:
     nodes: tuple[str, ...]
 
     def env(self) -> dict[str, str]:
-        return {ATTEMPT_ENV: str(self.attempt), NODES_ENV: ",".join(self.nodes), NUM_NODES_ENV: str(len(self.nodes))}
+        return {envvars.ATTEMPT_INDEX: str(self.attempt), envvars.NODES: ",".join(self.nodes),
+                envvars.NUM_NODES: str(len(self.nodes))}
 
 
 def read_excluded(job_dir: Path) -> dict[str, str]:
     """Nodes this run left out, with why; an unreadable file is one warning and counts as empty."""
-    path = job_dir / EXCLUDED_FILE
+    path = run_folder.excluded_nodes_file(job_dir)
     if not path.is_file():
         return {}
     try:
@@ -63,7 +60,7 @@ def read_excluded(job_dir: Path) -> dict[str, str]:
 def exclude(job_dir: Path, host: str, why: str) -> dict[str, str]:
     """Add `host` to the run's excluded nodes (written whole, atomically); returns them all."""
     excluded = read_excluded(job_dir) | {host: why}
-    path = job_dir / EXCLUDED_FILE
+    path = run_folder.excluded_nodes_file(job_dir)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(excluded, indent=1, sort_keys=True))
     tmp.replace(path)
@@ -108,11 +105,8 @@ def choose_nodes(allocated: list[str], wanted: int, unhealthy: set[str], exclude
 
 def next_attempt_number(job_dir: Path) -> int:
     """Create and return the next free `attempts/<A>` number."""
-    root = job_dir / "attempts"
-    root.mkdir(parents=True, exist_ok=True)
-    taken = [int(entry.name) for entry in root.iterdir() if entry.name.isdigit()]
-    number = max(taken, default=-1) + 1
-    (root / str(number)).mkdir()
+    number = max(run_folder.attempt_numbers(job_dir), default=-1) + 1
+    run_folder.attempt_folder(job_dir, number).mkdir(parents=True)
     return number
 
 
@@ -137,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--nodes", type=int, required=True)
     args = parser.parse_args(argv)
-    job_dir = Path(args.job_dir.replace("{job_id}", os.environ["SLURM_JOB_ID"]))
+    job_dir = Path(run_folder.fill(args.job_dir, os.environ["SLURM_JOB_ID"]))
     job_dir.mkdir(parents=True, exist_ok=True)
     plan = next_attempt(job_dir, args.nodes)
     if plan is None:  # a requeue landed on excluded nodes: train on them rather than not at all

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from slurm_titan import failure_kinds
 from slurm_titan.node.watchdog import culprit_key
+from slurm_titan.records import run_folder
 
 LOST = "lost"
 CRASHED = "crashed"
@@ -66,9 +67,8 @@ def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
     """The node reports of an attempt that exist and parse, by node rank."""
     reports = {}
     for node in range(nodes):
-        path = job_dir / "attempts" / str(attempt) / f"node-{node}.json"
         try:
-            reports[node] = json.loads(path.read_text())
+            reports[node] = json.loads(run_folder.node_report(job_dir, attempt, node).read_text())
         except (OSError, ValueError):
             continue
     return reports
@@ -104,7 +104,7 @@ def classified(failure: NodeFailure, job_dir: Path) -> NodeFailure:
     """`failure` with the kind its rank's log shows (`failure_kinds`); a lost node has no log: unknown."""
     if failure.kind == LOST or failure.rank is None:
         return dataclasses.replace(failure, fault=failure_kinds.UNKNOWN)
-    verdict = failure_kinds.classify_rank_logs(job_dir, [failure.rank])
+    verdict = failure_kinds.classify_logs([run_folder.rank_log(job_dir, failure.rank)])
     return dataclasses.replace(failure, fault=verdict.kind, evidence=verdict.line)
 
 

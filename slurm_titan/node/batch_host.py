@@ -28,19 +28,15 @@ from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node import allocation
+from slurm_titan.records.run_folder import batch_shell_beat
 
-BEAT_FILE = "batch-shell-alive"
 BEAT_STALE_S = 10.0  # the watcher touches every second; ten missed beats on a loaded node mean gone
 POLL_S = 0.5
 
 
-def beat_path(job_dir: Path, attempt: int) -> Path:
-    return job_dir / "attempts" / str(attempt) / BEAT_FILE
-
-
 def beat(job_dir: Path, attempt: int) -> None:
     """The batch shell is alive (touched by its step watcher while the attempt's step runs)."""
-    path = beat_path(job_dir, attempt)
+    path = batch_shell_beat(job_dir, attempt)
     try:
         path.touch()
     except FileNotFoundError:
@@ -90,7 +86,7 @@ def requeue_if_batch_shell_gone(job_dir: Path, attempt: int, job_id: str, failed
     host = fields.get("BatchHost")
     if not host or host == this_host or fields.get("JobState") != "RUNNING":
         return None
-    path = beat_path(job_dir, attempt)
+    path = batch_shell_beat(job_dir, attempt)
     deadline = failed_at + stale_s
     while True:
         try:

@@ -15,13 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_titan.records.rank_progress import Phase, Progress
-
-CALIBRATION_FILE = "watchdog.json"
+from slurm_titan.records.run_folder import calibration_file
 
 
 @dataclass(frozen=True)
 class Budgets:
-    """`watchdog` and `timeouts` as the node needs them (plan.NodeSpec carries one; picklable)."""
+    """`watchdog` and `timeouts` as the node needs them (node.spec.NodeSpec carries one; picklable)."""
 
     startup_s: int
     restore_s: int
@@ -45,10 +44,6 @@ class Budgets:
                 Phase.UPLOAD: self.upload_s}.get(progress.phase)
 
 
-def calibration_path(job_dir: Path) -> Path:
-    return job_dir / CALIBRATION_FILE
-
-
 @dataclass(frozen=True)
 class Calibration:
     """What the run learned: its slowest step (not the first of an attempt), in seconds."""
@@ -59,7 +54,7 @@ class Calibration:
 def read_calibration(job_dir: Path) -> Calibration:
     """The run's calibration; an empty one when there is none yet or it does not parse."""
     try:
-        data = json.loads(calibration_path(job_dir).read_text())
+        data = json.loads(calibration_file(job_dir).read_text())
         return Calibration(float(data["slowest_step_s"]))
     except (OSError, ValueError, KeyError, TypeError):
         return Calibration()
@@ -67,7 +62,7 @@ def read_calibration(job_dir: Path) -> Calibration:
 
 def write_calibration(job_dir: Path, calibration: Calibration) -> None:
     """Replace the run's calibration at once (tmp + rename: a reader sees the old or the new)."""
-    path = calibration_path(job_dir)
+    path = calibration_file(job_dir)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(asdict(calibration)) + "\n")
     tmp.replace(path)

@@ -27,16 +27,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan.records import history, ledger
+from slurm_titan.records import history, ledger, run_folder
 
-from slurm_titan import slurm
+from slurm_titan import envvars, slurm
 from slurm_titan.errors import ExitCode, ClusterError
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node import allocation, attribution, notify, step_watch
 from slurm_titan import failure_kinds
-from slurm_titan.rank import progress
 from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
-from slurm_titan.node.supervisor import node_report_path, say
+from slurm_titan.node.supervisor import say
 
 REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
 TIME_LIMIT_MARGIN_S = 90  # slurmctld sends the --signal up to ~60 s earlier than asked
@@ -49,7 +48,7 @@ def attempt_exit_code(job_dir: Path, attempt: int, nodes: int, srun_exit_code: i
     """
     codes = []
     for node in range(nodes):
-        path = node_report_path(job_dir, attempt, node)
+        path = run_folder.node_report(job_dir, attempt, node)
         if not path.is_file():
             return srun_exit_code or 1
         codes.append(json.loads(path.read_text())["exit_code"])
@@ -112,7 +111,7 @@ class Attempt:
 def srun_command(job_dir: Path, job_id: str) -> str:
     """submitit's srun command, from the job's own submission script (run again for a restart): from its
     `srun ` line to submitit's `# teardown` marker (an NPU job's command spans several lines)."""
-    script = job_dir / f"{job_id}_submission.sh"
+    script = run_folder.submission_script(job_dir, job_id)
     text = script.read_text()
     start = text.find("\nsrun ")
     end = text.find("\n# teardown", start)
@@ -125,7 +124,7 @@ def run_so_far(job_dir: Path, attempt: int, requeues: int) -> RunSoFar:
     """The earlier attempts' failures and best step, and whether `attempt` trained beyond it."""
     earlier = [a for a in history.read_attempts(job_dir) if a.attempt < attempt]
     best = max((a.trained_step or 0 for a in earlier), default=0)
-    trained = progress.read_trained_step(job_dir, attempt) or 0
+    trained = history.read_trained_step(job_dir, attempt) or 0
     return RunSoFar(requeues=requeues, failures=sum(1 for a in earlier if a.reason in ("failed", "restart loop")),
                     stalled_failures=history.stalled_failures(earlier), progressed=trained > best)
 
@@ -145,7 +144,7 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
                          action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
                          culprit=failure and failure.host, excluded=excluded,
-                         trained_step=progress.read_trained_step(job_dir, attempt.number), progressed=run.progressed)
+                         trained_step=history.read_trained_step(job_dir, attempt.number), progressed=run.progressed)
     summary = (f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
                + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else ""))
     say(summary + {STOP: "", RESTART: "; restarting", REQUEUE: "; requeueing"}[outcome.action])
@@ -224,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     env = dict(os.environ)
     job_id = env["SLURM_JOB_ID"]
-    job_dir = Path(args.job_dir.replace("{job_id}", job_id))
-    number = int(env.get(allocation.ATTEMPT_ENV) or env.get("SLURM_RESTART_COUNT", "0"))
-    hosts = (env.get(allocation.NODES_ENV) or "").split(",") if env.get(allocation.NODES_ENV) else \
+    job_dir = Path(run_folder.fill(args.job_dir, job_id))
+    number = int(env.get(envvars.ATTEMPT_INDEX) or env.get("SLURM_RESTART_COUNT", "0"))
+    hosts = env[envvars.NODES].split(",") if env.get(envvars.NODES) else \
         expand_hostlist(env.get("SLURM_JOB_NODELIST", "localhost"))[:args.nodes]
     attempt, srun_exit_code = Attempt(number, hosts), args.srun_exit_code
     while True:

@@ -40,7 +40,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_titan.node.outcome import REQUEUE, Outcome
-from slurm_titan.node.notify_config import EVENTS, NOTIFY_ENV, NotifySpec, WebhookSpec
+from slurm_titan.envvars import NOTIFY
+from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
 
 RETRY_PAUSE_S = 1.0
 _REPLY_LIMIT = 65536
@@ -60,14 +61,14 @@ class JobRef:
 
 
 def spec_from_env(env: Mapping[str, str]) -> NotifySpec | None:
-    """The webhooks the plan exported (`notify_config.NOTIFY_ENV`), None without any."""
-    text = env.get(NOTIFY_ENV)
+    """The webhooks the plan exported (`envvars.NOTIFY`), None without any."""
+    text = env.get(NOTIFY)
     if not text:
         return None
     try:
         return NotifySpec.from_node_env(text)
     except (ValueError, TypeError, KeyError) as error:
-        _warn(f"${NOTIFY_ENV} is malformed ({type(error).__name__}); no alerts are sent")
+        _warn(f"${NOTIFY} is malformed ({type(error).__name__}); no alerts are sent")
         return None
 
 

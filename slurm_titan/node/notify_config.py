@@ -27,13 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from slurm_titan import envvars
 from slurm_titan.errors import ConfigError
 
 EVENTS = ("requeued", "failed", "hang detected", "node excluded", "restart loop", "completed")
 MAIL_TYPES = {"requeued": "REQUEUE", "failed": "FAIL", "completed": "END"}
 """The events Slurm itself knows, with the `--mail-type` value that mails them."""
-NOTIFY_ENV = "SLURM_TITAN_NOTIFY"
-"""The batch shell's variable with the webhooks (formats, variable names, events: never a URL), as JSON."""
 WebhookFormat = Literal["json", "slack", "feishu", "dingtalk"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MAIL_USER = re.compile(r"^[A-Za-z0-9._%+@-]+(?:,[A-Za-z0-9._%+@-]+)*$")
@@ -78,7 +77,7 @@ class NotifySpec:
         if not self.webhooks:
             return {}
         data = {"webhooks": [dataclasses.asdict(hook) for hook in self.webhooks], "timeout_s": self.timeout_s}
-        return {NOTIFY_ENV: json.dumps(data, separators=(",", ":"))}
+        return {envvars.NOTIFY: json.dumps(data, separators=(",", ":"))}
 
     @classmethod
     def from_node_env(cls, text: str) -> NotifySpec:

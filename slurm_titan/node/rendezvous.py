@@ -14,11 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurm_titan.doctor.facts import EPHEMERAL_RANGE_FILE
+from slurm_titan.envvars import NODES
 from slurm_titan.hostlist import expand_hostlist
 
 DEFAULT_PORT_WINDOW = (20000, 29999)
-NODES_ENV = "SLURM_TITAN_NODES"
-"""The attempt's training nodes, in node-rank order (set by the batch shell: `slurm_titan.node.allocation`)."""
 
 
 class RendezvousError(RuntimeError):
@@ -89,15 +88,15 @@ def from_slurm_env(
 ) -> Rendezvous:
     """Build this node's rendezvous from Slurm's variables and the attempt's node list.
 
-    With SLURM_TITAN_NODES (the batch shell's choice of nodes for this attempt, spares left out) the
+    With envvars.NODES (the batch shell's choice of nodes for this attempt, spares left out) the
     node rank is this node's position in it (SLURMD_NODENAME); without it, SLURM_JOB_NODELIST /
     SLURM_NODEID / SLURM_JOB_NUM_NODES as Slurm gives them. The port comes from SLURM_JOB_ID.
     """
-    if env.get(NODES_ENV):
-        hosts = tuple(env[NODES_ENV].split(","))
+    if env.get(NODES):
+        hosts = tuple(env[NODES].split(","))
         name = env.get("SLURMD_NODENAME")
         if name not in hosts:
-            raise RendezvousError(f"SLURMD_NODENAME={name} is not one of {NODES_ENV}={env[NODES_ENV]}")
+            raise RendezvousError(f"SLURMD_NODENAME={name} is not one of {NODES}={env[NODES]}")
         node_rank, num_nodes = hosts.index(name), len(hosts)
     else:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")

@@ -4,14 +4,13 @@ py-spy first (`py-spy dump --nonblocking --pid P`: it reads the rank's memory wi
 works on a rank that is itself stopped; the project installs py-spy with its `train`/`npu` extras). When
 py-spy is missing or refused (ptrace rules: kernel.yama.ptrace_scope, a container without CAP_SYS_PTRACE),
 faulthandler: every rank registered `faulthandler.register(DUMP_SIGNAL, all_threads=True)` at start-up
-(:func:`register_in_rank`) into its own node-local file; the supervisor sends DUMP_SIGNAL (and SIGCONT to a
+(rank.stacks.register_in_rank) into its own node-local file; the supervisor sends DUMP_SIGNAL (and SIGCONT to a
 stopped rank, which cannot run a handler otherwise) and copies the file. The node log says once which way
 was used, and why.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import shutil
 import signal
@@ -21,20 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_titan.records import run_folder
 from slurm_titan.signals import DUMP_SIGNAL
 
-STACK_FILE_ENV = "SLURM_TITAN_STACK_FILE"
 PY_SPY_TIMEOUT_S = 20.0
 FAULTHANDLER_WAIT_S = 5.0
 COLLECTIVE_FRAMES = ("distributed_c10d.py", "_functional_collectives.py", "_fsdp_collectives.py")
 """Files whose frames show a rank waiting in a collective: a peer of the stuck rank, not the stuck one."""
-
-
-def register_in_rank() -> None:
-    """In the rank, before torch is imported: dump every thread's stack into the file the supervisor
-    named when DUMP_SIGNAL comes (the fallback for nodes without a working py-spy)."""
-    if path := os.environ.get(STACK_FILE_ENV):
-        faulthandler.register(DUMP_SIGNAL, file=open(path, "w"), all_threads=True, chain=False)  # noqa: SIM115
 
 
 def process_state(pid: int) -> str:
@@ -78,9 +70,9 @@ class StackDumper:
     method: str = ""
     why: str = ""
 
-    def dump(self, ranks: dict[int, int], folder: Path) -> dict[int, str]:
-        """Write `folder/rank-R.txt` for every rank (rank -> pid); returns each rank's stack text."""
-        folder.mkdir(parents=True, exist_ok=True)
+    def dump(self, ranks: dict[int, int], job_dir: Path, attempt: int) -> dict[int, str]:
+        """Write every rank's stacks (rank -> pid) into the attempt's stacks folder; returns each rank's text."""
+        run_folder.stacks_folder(job_dir, attempt).mkdir(parents=True, exist_ok=True)
         stacks: dict[int, str] = {}
         spy = py_spy()
         if spy is None:
@@ -105,7 +97,7 @@ class StackDumper:
         if missing and stacks.keys() - missing.keys() and spy:
             self.method = "py-spy, faulthandler for some ranks"
         for rank, text in stacks.items():
-            (folder / f"rank-{rank}.txt").write_text(text)
+            run_folder.stack_file(job_dir, attempt, rank).write_text(text)
         return stacks
 
     def _faulthandler(self, ranks: dict[int, int]) -> dict[int, str]:

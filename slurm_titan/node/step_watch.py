@@ -22,7 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_titan import envvars
 from slurm_titan.node import allocation, attribution, batch_host
+from slurm_titan.records import run_folder
 
 GRACE_S = 10.0
 POLL_S = 1.0
@@ -82,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shell-pid", type=int, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is for the ranks
-    job_dir = Path(args.job_dir.replace("{job_id}", os.environ["SLURM_JOB_ID"]))
+    job_dir = Path(run_folder.fill(args.job_dir, os.environ["SLURM_JOB_ID"]))
     srun = find_srun(args.shell_pid)
     if srun is not None:
-        watch(job_dir, int(os.environ[allocation.ATTEMPT_ENV]), os.environ[allocation.NODES_ENV].split(","), srun)
+        watch(job_dir, int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(","), srun)
     return 0
 
 

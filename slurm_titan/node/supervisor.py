@@ -29,19 +29,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_titan.records import history
+from slurm_titan import envvars
+from slurm_titan.records import history, run_folder
+from slurm_titan.records.restore_verdict import RestoreVerdict
 
 from slurm_titan.node import rendezvous
 from slurm_titan.errors import ExitCode, SlurmTitanError
 from slurm_titan.node import batch_host, restore
-from slurm_titan.node.allocation import ATTEMPT_ENV
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
-from slurm_titan.rank.preemption import STOP_FILE_ENV
 from slurm_titan.signals import ignore_signals, take_stop_signals
 from slurm_titan.node.watchdog import Hang, Watchdog
-from slurm_titan.launch.plan import NodeSpec
+from slurm_titan.node.spec import NodeSpec
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
@@ -54,10 +54,6 @@ def say(message: str) -> None:
     print(f"[slurm-titan {socket.gethostname()} {stamp}] {message}", flush=True)
 
 
-def node_report_path(job_dir: Path, attempt: int, node_rank: int) -> Path:
-    return job_dir / "attempts" / str(attempt) / f"node-{node_rank}.json"
-
-
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
     """(rank, exit code) of the lowest rank that failed (neither running, finished nor checkpointed to stop)."""
     failed = sorted((rank, code) for rank, code in codes.items() if code not in (None, 0, ExitCode.PREEMPTED))
@@ -66,12 +62,12 @@ def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
 
 class RankGroup:
     """The training processes of this node. With `gated`, each rank's checkpoint hook waits on a
-    pipe (restore.wait_for_restore) until :meth:`release` says how the node's restore went. With a
+    pipe (rank.restore_gate) until :meth:`release` says how the node's restore went. With a
     `watchdog`, :meth:`wait` also ends on a hang (from the release on, or from the start ungated)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, log_dir: Path,
+    def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, job_dir: Path,
                  gated: bool = False, watchdog: Watchdog | None = None) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        run_folder.rank_logs_folder(job_dir).mkdir(parents=True, exist_ok=True)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
         self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
@@ -84,9 +80,9 @@ class RankGroup:
                 rank_env |= watchdog.rank_env(rank)
             gate = os.pipe() if gated else None
             if gate:
-                rank_env[restore.RESTORE_FD_ENV] = str(gate[0])
+                rank_env[envvars.RESTORE_FD] = str(gate[0])
                 self.gates.append(gate[1])
-            with (log_dir / f"rank-{rank}.log").open("ab") as log:
+            with run_folder.rank_log(job_dir, rank).open("ab") as log:
                 self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
                                                         preexec_fn=ignore_signals, pass_fds=gate[:1] if gate else ())
             if gate:
@@ -101,10 +97,10 @@ class RankGroup:
         self.processes[rank].wait()
         self.exit_times[rank] = time.time()
 
-    def release(self, verdict: dict[str, str] | None) -> None:
-        """Let the ranks go on: with the restore's verdict (what to add to their environment), or
-        with None when it failed (each rank then stops with an error at its gate)."""
-        data = json.dumps(verdict).encode() if verdict is not None else b""
+    def release(self, verdict: RestoreVerdict | None) -> None:
+        """Let the ranks go on: with the restore's verdict, or with None when it failed (each rank
+        then stops with an error at its gate)."""
+        data = verdict.to_bytes() if verdict is not None else b""
         for fd in self.gates:
             with contextlib.suppress(BrokenPipeError):  # that rank has exited already
                 os.write(fd, data)
@@ -113,7 +109,7 @@ class RankGroup:
         if self.watchdog:
             self.watchdog.arm()
 
-    def release_after(self, restore: Callable[[], dict[str, str]]) -> None:
+    def release_after(self, restore: Callable[[], RestoreVerdict]) -> None:
         """Run `restore` (in a thread) while the ranks start, then :meth:`release` them with its
         verdict. If a rank fails first, the restore is abandoned and the ranks are released with
         None (:meth:`wait` then reports that rank). If `restore` raises, the ranks are released
@@ -236,16 +232,16 @@ class NodeSupervisor:
     def __call__(self) -> None:
         spec, env = self.spec, dict(os.environ)
         job_id = env["SLURM_JOB_ID"]
-        attempt = int(env.get(ATTEMPT_ENV) or env.get("SLURM_RESTART_COUNT", "0"))
+        attempt = int(env.get(envvars.ATTEMPT_INDEX) or env.get("SLURM_RESTART_COUNT", "0"))
         job_dir, argv = spec.resolve(job_id)
         try:
             rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window,
                                              read_ephemeral_range())
         except rendezvous.RendezvousError as error:
             say(f"ERROR before training: {error}")
-            self._finish(node_report_path(job_dir, attempt, int(env.get("SLURM_NODEID", "0"))), 1, {})
-        report = node_report_path(job_dir, attempt, rdzv.node_rank)
-        self.stop_file = job_dir / "attempts" / str(attempt) / f"stop-node-{rdzv.node_rank}"
+            self._finish(run_folder.node_report(job_dir, attempt, int(env.get("SLURM_NODEID", "0"))), 1, {})
+        report = run_folder.node_report(job_dir, attempt, rdzv.node_rank)
+        self.stop_file = run_folder.stop_file(job_dir, attempt, rdzv.node_rank)
         take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
         first = rdzv.node_rank * rdzv.procs_per_node
         say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
@@ -253,8 +249,7 @@ class NodeSupervisor:
             f"ranks {first}..{first + rdzv.procs_per_node - 1}, device {spec.device}")
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
-        env |= {"SLURM_TITAN_JOB_DIR": str(job_dir), "SLURM_TITAN_ATTEMPT": f"{job_id}.{attempt}",
-                STOP_FILE_ENV: str(self.stop_file)}
+        env |= envvars.RankAttemptEnv(job_dir, envvars.attempt_id(job_id, attempt), self.stop_file).to_env()
         if spec.preflight:
             try:
                 doctor_warnings = run_preflight(job_dir, attempt, rdzv.node_rank, rdzv.num_nodes,
@@ -269,9 +264,9 @@ class NodeSupervisor:
             env |= spec.checkpoint.rank_env(job_id)
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
                             learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes) if spec.watchdog else None
-        self.ranks = RankGroup(argv, env, rdzv, job_dir / "logs", gated=restoring, watchdog=watchdog)
+        self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
-            self._restore(job_id, rdzv, job_dir / "attempts" / str(attempt) / "restore", report)
+            self._restore(job_id, rdzv, run_folder.restore_verdicts(job_dir, attempt), report)
         try:
             rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, ExitCode.HANG, {}, None, hang))
         finally:

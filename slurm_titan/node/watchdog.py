@@ -1,6 +1,6 @@
 """The node supervisor's progress watchdog: a rank that makes no progress within its phase's budget is a hang.
 
-Every rank rewrites its progress record (node.progress_record) in a node-local folder this watchdog makes;
+Every rank rewrites its progress record (records.rank_progress) in a node-local folder this watchdog makes;
 each poll of the supervisor reads them and compares the time since each rank's last progress with its
 phase's budget (node.budgets). On a hang it dumps the stacks of every rank of the node (node.stacks) into
 `<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm_titan import envvars
 from slurm_titan.node import budgets, stacks
 
-from slurm_titan.records import rank_progress
+from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.node.budgets import Budgets, Calibration
 from slurm_titan.records.rank_progress import Progress
-from slurm_titan.errors import ExitCode
 
 PEER_WAIT_S = 15.0
 """How long a node that saw a hang waits, before killing its ranks, for every other node's report."""
@@ -68,10 +68,9 @@ class Watchdog:
 
     def __init__(self, limits: Budgets, ranks: list[int], job_dir: Path, attempt: int, learns: bool,
                  say: Callable[[str], None], nodes: int = 1) -> None:
-        self.limits, self.job_dir, self.say, self.learns = limits, job_dir, say, learns
-        self.reports = [job_dir / "attempts" / str(attempt) / f"node-{node}.json" for node in range(nodes)]
+        self.limits, self.job_dir, self.attempt, self.say, self.learns = limits, job_dir, attempt, say, learns
+        self.reports = [run_folder.node_report(job_dir, attempt, node) for node in range(nodes)]
         self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
-        self.stacks_dir = job_dir / "attempts" / str(attempt) / "stacks"
         self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
         self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
         self.learned = budgets.read_calibration(job_dir).slowest_step_s
@@ -84,8 +83,7 @@ class Watchdog:
                 f"{limits.step_budget(self.learned):.0f} s")
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        return {rank_progress.PROGRESS_FILE_ENV: str(self.records[rank]),
-                stacks.STACK_FILE_ENV: str(self.dumper.local_files[rank])}
+        return {envvars.PROGRESS_FILE: str(self.records[rank]), envvars.STACK_FILE: str(self.dumper.local_files[rank])}
 
     def arm(self) -> None:
         """Start watching (after the node's restore: until then the ranks wait at its gate on purpose)."""
@@ -122,8 +120,9 @@ class Watchdog:
         """Dump every rank's stacks, then name the culprit with them (and with the records and process
         states from before the dump: the faulthandler fallback wakes a stopped rank, which then runs on)."""
         progress, states = self.read(), {rank: stacks.process_state(pid) for rank, pid in pids.items()}
-        taken = self.dumper.dump(pids, self.stacks_dir)
-        self.say(f"watchdog: stacks of ranks {','.join(map(str, sorted(taken)))} in {self.stacks_dir} "
+        taken = self.dumper.dump(pids, self.job_dir, self.attempt)
+        self.say(f"watchdog: stacks of ranks {','.join(map(str, sorted(taken)))} in "
+                 f"{run_folder.stacks_folder(self.job_dir, self.attempt)} "
                  f"(by {self.dumper.method}{': ' + self.dumper.why if self.dumper.why else ''})")
         return self._culprit(progress, states, now, taken)
 

@@ -8,20 +8,11 @@ rank (node-local ``checkpoint.folder``) hands step N to the rank's uploader proc
 while the files upload, and rank 0's uploader commits the checkpoint once every rank's files
 are up.
 
-Settings come from the environment (the node launcher sets them):
-
-- ``SLURM_TITAN_CKPT_REMOTE``: the remote location (URL or path); unset: no upload at all
-  (torchtitan behaves exactly as without the hook).
-- ``SLURM_TITAN_CONFIG_DIGEST``: recorded in every commit record.
-- ``SLURM_TITAN_CKPT_KEEP_LOCAL``: newest step folders kept on local disk (default:
-  ``checkpoint.keep_latest_k``; 0 keeps all). Local files go only once uploaded.
-- ``SLURM_TITAN_CKPT_KEEP_REMOTE`` / ``SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY``: remote
-  retention applied by rank 0 after each commit (0: keep all).
-- ``SLURM_TITAN_CKPT_UPLOAD_CPUS``: CPU list the uploader process runs on
-  (``checkpoint.upload_cpus``; unset: training's CPUs, at a lower priority).
-- ``SLURM_TITAN_CKPT_CLOSE_TIMEOUT``: seconds ``close()`` waits for pending uploads
-  (default: until done).
-- S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
+Settings come from the environment: what the node supervisor sets
+(:class:`slurm_titan.envvars.RankCheckpointEnv`; without a remote location nothing is uploaded and
+torchtitan behaves exactly as without the hook; local files go only once uploaded),
+``envvars.CKPT_CLOSE_TIMEOUT`` (seconds ``close()`` waits for pending uploads; default: until done),
+and the S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
 
 This is the only module of ``slurm_titan.ckpt`` that imports torch/torchtitan.
 """
@@ -41,47 +32,27 @@ from torchtitan.components.checkpointer import DATALOADER, AsyncMode, Checkpoint
 from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
 
-from slurm_titan.errors import ConfigError
-from slurm_titan.rank import preemption, progress
-from slurm_titan.records import rank_progress
-from slurm_titan.records.rank_progress import Phase
-from slurm_titan.node.restore import SKIP_DATALOADER_ENV, wait_for_restore
-
-from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
-from slurm_titan.rank.dcp_plan import check_share, load_reads, small_items
+from slurm_titan import envvars
 from slurm_titan.ckpt.store import TransferConfig
 from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings
+from slurm_titan.cpulist import format_cpu_list
+from slurm_titan.errors import ConfigError
+from slurm_titan.rank import preemption, progress
+from slurm_titan.rank.dcp_plan import check_share, load_reads, small_items
+from slurm_titan.rank.restore_gate import wait_for_restore
+from slurm_titan.records import rank_progress
+from slurm_titan.records.rank_progress import Phase
 
 log = logging.getLogger("slurm_titan.rank.checkpointer")
 
-ENV_REMOTE = "SLURM_TITAN_CKPT_REMOTE"
-ENV_DIGEST = "SLURM_TITAN_CONFIG_DIGEST"
-ENV_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
-ENV_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
-ENV_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
-ENV_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
-ENV_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
+def _close_timeout() -> float | None:
+    """envvars.CKPT_CLOSE_TIMEOUT in seconds; None (wait until done) when unset."""
+    raw = os.environ.get(envvars.CKPT_CLOSE_TIMEOUT, "").strip()
     try:
-        value = int(raw)
+        return float(raw) if raw else None
     except ValueError:
-        raise ConfigError("environment", name, f"not an integer: {raw!r}") from None
-    if value < 0:
-        raise ConfigError("environment", name, f"must be >= 0, got {value}")
-    return value
-
-
-def _env_cpus(name: str) -> frozenset[int] | None:
-    raw = os.environ.get(name, "").strip()
-    try:
-        return parse_cpu_list(raw) if raw else None
-    except ValueError as e:
-        raise ConfigError("environment", name, str(e)) from None
+        raise ConfigError("environment", envvars.CKPT_CLOSE_TIMEOUT, f"not a number: {raw!r}") from None
 
 
 def _rank_world() -> tuple[int, int]:
@@ -98,7 +69,7 @@ class SyncedCheckpointManager(CheckpointManager):
         pass
 
     def __init__(self, config: Config, **kwargs) -> None:
-        wait_for_restore()  # the node restores the checkpoint folder while the model is built
+        verdict = wait_for_restore()  # the node restores the checkpoint folder while the model is built
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
         self.sync: UploaderProcess | None = None
         self._sync_closed = False
@@ -106,33 +77,33 @@ class SyncedCheckpointManager(CheckpointManager):
         self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
         super().__init__(config, **kwargs)
         resharding = getattr(self.states.get(DATALOADER), "reshards", False)  # overrides.resharding_loader
-        if os.environ.get(SKIP_DATALOADER_ENV) and not resharding and DATALOADER not in self.exclude_from_loading:
+        if verdict and verdict.world_size_changed and not resharding and DATALOADER not in self.exclude_from_loading:
             self.exclude_from_loading = [*self.exclude_from_loading, DATALOADER]
             logger.warning("slurm-titan: the world size changed since the checkpoint was saved: model and optimizer "
                            "are resharded; the data loader state is NOT loaded (data restarts from the beginning)")
         if not self.enable or self.load_only:
             return
-        remote = os.environ.get(ENV_REMOTE, "").strip()
-        if not remote:
-            log.info("%s is not set: checkpoints stay in %s only", ENV_REMOTE, self.folder)
+        settings = envvars.RankCheckpointEnv.from_env()
+        if settings is None:
+            log.info("%s is not set: checkpoints stay in %s only", envvars.CKPT_REMOTE, self.folder)
             return
         rank, world = _rank_world()
-        keep_local = _env_int(ENV_KEEP_LOCAL, config.keep_latest_k)
-        cpus = _env_cpus(ENV_UPLOAD_CPUS)
+        keep_local = config.keep_latest_k if settings.keep_local is None else settings.keep_local
+        cpus = settings.upload_cpus
         self.sync = UploaderProcess(UploadSettings(
-            remote,
+            settings.remote,
             os.path.abspath(self.folder),
             rank=rank,
             world_size=world,
-            config_digest=os.environ.get(ENV_DIGEST, ""),
+            config_digest=settings.config_digest,
             keep_local=keep_local,
-            keep_remote=_env_int(ENV_KEEP_REMOTE, 0),
-            keep_remote_every=_env_int(ENV_KEEP_REMOTE_EVERY, 0),
+            keep_remote=settings.keep_remote,
+            keep_remote_every=settings.keep_remote_every,
             cpus=tuple(sorted(cpus or ())),
         ))
         log.info("checkpoints of %s are uploaded to %s in the background by process %d (keep %s local, %s remote; "
                  "on %s)", self.folder, self.sync.location, self.sync.pid, keep_local or "all",
-                 _env_int(ENV_KEEP_REMOTE, 0) or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
+                 settings.keep_remote or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
 
     # -- preemption: every step boundary -------------------------------------------------
     def save(self, curr_step: int, last_step: bool = False) -> bool:
@@ -278,9 +249,7 @@ class SyncedCheckpointManager(CheckpointManager):
                         self.save_future.result()
                     except Exception as e:  # noqa: BLE001
                         log.error("the last checkpoint save failed: %s", e)
-                raw = os.environ.get(ENV_CLOSE_TIMEOUT, "").strip()
-                timeout = float(raw) if raw else None
-                if not self.sync.close(timeout):
+                if not self.sync.close(_close_timeout()):
                     log.error("some checkpoint uploads did not finish: %s",
                               {s: self.sync.status(s) for s in sorted(self.sync.in_flight())} or "see above")
         finally:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from slurm_titan.rank import preemption
-
+from slurm_titan import envvars
+from slurm_titan.rank import preemption, stacks
 from slurm_titan.records import rank_progress
-
-from slurm_titan.node import stacks
 
 
 def prepare_device(device: str) -> None:
@@ -34,7 +32,7 @@ def main() -> None:
     preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing
     stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
     rank_progress.enter(rank_progress.Phase.STARTUP)
-    prepare_device(os.environ.get("SLURM_TITAN_DEVICE", "npu"))
+    prepare_device(os.environ.get(envvars.DEVICE, "npu"))
     from torchtitan.train import main as torchtitan_main
 
     sys.argv = ["torchtitan", *sys.argv[1:]]

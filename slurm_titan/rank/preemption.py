@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import NoReturn
 
+from slurm_titan import envvars
 from slurm_titan.errors import ExitCode
 from slurm_titan.signals import ignore_signals, take_stop_signals
-
-STOP_FILE_ENV = "SLURM_TITAN_STOP_FILE"
 
 
 @dataclass
@@ -52,7 +51,7 @@ def install_handlers() -> None:
     reaches the handler itself.
     """
     take_stop_signals(_on_signal)
-    stop_file = os.environ.get(STOP_FILE_ENV)
+    stop_file = os.environ.get(envvars.STOP_FILE)
     if stop_file and os.path.exists(stop_file):
         _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")
 

@@ -2,6 +2,8 @@
 
 Node 0 appends one `start` and one `end` event per attempt; `slurm-titan status` reads them, so
 the outcome is known even on clusters without accounting (slurmdbd) or after Slurm forgot the job.
+Beside it, each attempt's trained-step file: the last step it trained, which rank 0 replaces after
+every step (an attempt killed before its `end` event still tells its progress).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-HISTORY_FILE = "history.jsonl"
+from slurm_titan.records.run_folder import history_file, trained_step_file
 
 
 @dataclass
@@ -44,14 +46,31 @@ class Attempt:
 def append_event(job_dir: Path, event: str, attempt: int, **fields: Any) -> None:
     """Append one event; one `write` of one line, so concurrent readers never see half a record."""
     record = {"event": event, "attempt": attempt, "time": time.time(), **fields}
-    with (job_dir / HISTORY_FILE).open("a", encoding="utf-8") as out:
+    with history_file(job_dir).open("a", encoding="utf-8") as out:
         out.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def write_trained_step(job_dir: Path, attempt: int, step: int) -> None:
+    """Replace the attempt's trained step at once (tmp + rename: a reader sees the old or the new)."""
+    path = trained_step_file(job_dir, attempt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(step))
+    tmp.replace(path)
+
+
+def read_trained_step(job_dir: Path, attempt: int) -> int | None:
+    """The last step attempt `attempt` trained, None if it trained none."""
+    try:
+        return int(trained_step_file(job_dir, attempt).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def read_attempts(job_dir: Path) -> list[Attempt]:
     """The attempts recorded so far, oldest first; unreadable lines are skipped."""
     attempts: dict[int, Attempt] = {}
-    path = job_dir / HISTORY_FILE
+    path = history_file(job_dir)
     if not path.is_file():
         return []
     for line in path.read_text(encoding="utf-8").splitlines():

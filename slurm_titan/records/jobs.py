@@ -12,11 +12,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm_titan import envvars
 from slurm_titan.errors import SlurmTitanError
 
 
 def home() -> Path:
-    return Path(os.environ.get("SLURM_TITAN_HOME", Path.home() / ".slurm-titan"))
+    return Path(os.environ.get(envvars.HOME, Path.home() / ".slurm-titan"))
 
 
 @dataclass(frozen=True)

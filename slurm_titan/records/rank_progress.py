@@ -1,7 +1,7 @@
 """Each rank's progress, told to its node supervisor: one fixed-size record per rank, rewritten in place.
 
 The supervisor creates `<dir>/rank-R.progress` (node-local tmpfs: /dev/shm when there is one) before it
-starts the rank, and names it in SLURM_TITAN_PROGRESS_FILE. The rank rewrites the record with one
+starts the rank, and names it in envvars.PROGRESS_FILE. The rank rewrites the record with one
 `os.pwrite` at every phase change and at the end of every step (a few microseconds: see
 tools/bench/progress_hook.py); the supervisor's watchdog reads it every poll. A sequence number at both
 ends of the record tells a reader a torn read (pwrite and read are not atomic on every file system), and
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
-PROGRESS_FILE_ENV = "SLURM_TITAN_PROGRESS_FILE"
+from slurm_titan import envvars
+
 _RECORD = struct.Struct("<QqiiddqQ")  # seq, step, phase, pad, since, slowest_step_s, steps_done, seq
 
 
@@ -107,7 +108,7 @@ _writer: ProgressWriter | None = None
 def writer() -> ProgressWriter | None:
     """This rank's writer, opened on first use; None when the supervisor asked for no record."""
     global _writer
-    if _writer is None and (path := os.environ.get(PROGRESS_FILE_ENV)):
+    if _writer is None and (path := os.environ.get(envvars.PROGRESS_FILE)):
         _writer = ProgressWriter(path)
     return _writer
 

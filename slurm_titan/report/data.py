@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.launch import goodput
-from slurm_titan.launch.logs import rank_log
 from slurm_titan.records import history
+from slurm_titan.records.run_folder import rank_log
 
 REPORT_RANK = 0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -1,0 +1,173 @@
+"""Every `SLURM_TITAN_*` variable: the contract between the login node, the batch shell, the node
+supervisors and the ranks, one name each with who writes it and who reads it.
+
+Four hops carry them. The login node writes the sbatch script (`launch.plan`: its `export` lines run in
+the batch shell); the batch shell picks each attempt's nodes (`node.allocation`: eval'd `export` lines,
+inherited through srun by the supervisors); each supervisor starts its ranks with a few more
+(`node.supervisor`); a rank's uploader process inherits the rank's. The tuning knobs at the end are the
+user's (`environment.env` in the job config, or the submitting shell): nothing of slurm-titan writes them.
+Values never hold a credential (S3 keys come from the standard AWS variables).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
+from slurm_titan.errors import ConfigError
+
+# ---- the login node -----------------------------------------------------------------------------------
+HOME = "SLURM_TITAN_HOME"
+"""The submitting user's: the login node's state folder (default ~/.slurm-titan); read by records.jobs (and
+through it records.ledger, also in the batch shell)."""
+
+# ---- written by the login node into the batch script ----------------------------------------------------
+DEVICE = "SLURM_TITAN_DEVICE"
+"""launch.plan writes the job's device kind (npu, cpu); rank.entry reads it before torchtitan is imported,
+cli.doctor_cmd when run on a node without a config."""
+NOTIFY = "SLURM_TITAN_NOTIFY"
+"""node.notify_config writes the job's webhooks as JSON (formats, URL variable names, events: never a URL);
+node.notify reads it in the batch shell."""
+
+# ---- written by the batch shell for each attempt (node.allocation.AttemptPlan) --------------------------
+ATTEMPT_INDEX = "SLURM_TITAN_ATTEMPT_INDEX"
+"""node.allocation writes the attempt's number (attempts/<A>/); node.supervisor, node.step_watch and
+node.finish read it."""
+NODES = "SLURM_TITAN_NODES"
+"""node.allocation writes the attempt's training nodes in node-rank order (spares left out); the srun line
+(launch.plan.STEP_NODES), node.rendezvous, node.step_watch and node.finish read it."""
+NUM_NODES = "SLURM_TITAN_NUM_NODES"
+"""node.allocation writes how many NODES there are; the srun line reads it."""
+
+# ---- written by the node supervisor into each rank ---------------------------------------------------
+JOB_DIR = "SLURM_TITAN_JOB_DIR"
+"""node.supervisor writes the job folder (records.run_folder); rank.progress reads it (RankAttemptEnv)."""
+ATTEMPT = "SLURM_TITAN_ATTEMPT"
+"""node.supervisor writes the attempt id (:func:`attempt_id`); rank.progress reads its number, ckpt.sync
+tags the rank's upload receipts with it (RankAttemptEnv)."""
+STOP_FILE = "SLURM_TITAN_STOP_FILE"
+"""node.supervisor writes where it leaves a stop signal that came before the rank could take it;
+rank.preemption reads it (RankAttemptEnv)."""
+PROGRESS_FILE = "SLURM_TITAN_PROGRESS_FILE"
+"""node.watchdog writes the path of the rank's progress record (node-local); records.rank_progress writes
+the record there from the rank."""
+STACK_FILE = "SLURM_TITAN_STACK_FILE"
+"""node.watchdog writes the node-local file of the rank's faulthandler; rank.stacks registers it."""
+RESTORE_FD = "SLURM_TITAN_RESTORE_FD"
+"""node.supervisor writes the pipe the rank waits at for the node's restore; rank.restore_gate reads it."""
+
+# ---- the checkpoint hook's settings: node.spec.CheckpointPlan writes them (through the supervisor),
+# ---- rank.checkpointer reads them (RankCheckpointEnv)
+CKPT_REMOTE = "SLURM_TITAN_CKPT_REMOTE"
+"""The remote location (URL or path) of this job's checkpoints; unset: no upload at all."""
+CONFIG_DIGEST = "SLURM_TITAN_CONFIG_DIGEST"
+"""The digest of the torchtitan section (launch.plan.config_digest), recorded in every commit record."""
+CKPT_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
+"""Newest step folders kept on local disk (default: checkpoint.keep_latest_k; 0 keeps all)."""
+CKPT_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
+"""Remote retention applied by rank 0 after each commit: newest checkpoints kept (0: keep all)."""
+CKPT_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
+"""Remote retention: every checkpoint whose step is a multiple of this is kept too (0: none)."""
+CKPT_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
+"""CPU list the uploader process runs on (checkpoint.upload_cpus; unset: training's CPUs, at a lower priority)."""
+
+# ---- the user's tuning knobs (environment.env); read in the rank and its uploader ---------------------
+CKPT_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
+"""Seconds the checkpoint hook's close() waits for pending uploads (default: until done); rank.checkpointer."""
+CKPT_PART_MB = "SLURM_TITAN_CKPT_PART_MB"
+"""Multipart part size in MiB (at least 5); ckpt.store.TransferConfig."""
+CKPT_CONCURRENCY = "SLURM_TITAN_CKPT_CONCURRENCY"
+"""Parallel transfers per process; ckpt.store.TransferConfig."""
+CKPT_BLOCK_KB = "SLURM_TITAN_CKPT_BLOCK_KB"
+"""Read/write block size in KiB (a multiple of 4); ckpt.store.TransferConfig."""
+CKPT_DIRECT_IO = "SLURM_TITAN_CKPT_DIRECT_IO"
+"""0 turns O_DIRECT writes of a restore off (through the page cache); ckpt.store.TransferConfig."""
+CKPT_FAST_S3 = "SLURM_TITAN_CKPT_FAST_S3"
+"""0 uses the aiobotocore S3 path instead of ckpt.s3http's own HTTP client."""
+CKPT_S3_CHECKSUMS = "SLURM_TITAN_CKPT_S3_CHECKSUMS"
+"""1 lets botocore compute and send its own request checksums (off by default: ckpt.store)."""
+
+
+def attempt_id(job_id: str, attempt: int) -> str:
+    """`<job id>.<attempt>`: the same on every rank of one attempt, different for the next."""
+    return f"{job_id}.{attempt}"
+
+
+def attempt_number(attempt_id: str) -> int:
+    """The attempt of an :func:`attempt_id` (0 for an empty one)."""
+    return int(attempt_id.rpartition(".")[2] or 0)
+
+
+@dataclass(frozen=True)
+class RankAttemptEnv:
+    """What the supervisor tells each rank of the attempt it belongs to."""
+
+    job_dir: Path
+    attempt_id: str
+    stop_file: Path
+
+    def to_env(self) -> dict[str, str]:
+        return {JOB_DIR: str(self.job_dir), ATTEMPT: self.attempt_id, STOP_FILE: str(self.stop_file)}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RankAttemptEnv | None:
+        """None when the rank was not started by a supervisor (no JOB_DIR)."""
+        if not env.get(JOB_DIR):
+            return None
+        return cls(Path(env[JOB_DIR]), env.get(ATTEMPT, ""), Path(env.get(STOP_FILE, "")))
+
+    @property
+    def attempt(self) -> int:
+        return attempt_number(self.attempt_id)
+
+
+@dataclass(frozen=True)
+class RankCheckpointEnv:
+    """The checkpoint hook's settings, as the supervisor passes them to every rank."""
+
+    remote: str
+    config_digest: str = ""
+    keep_local: int | None = None  # None: checkpoint.keep_latest_k
+    keep_remote: int = 0
+    keep_remote_every: int = 0
+    upload_cpus: frozenset[int] | None = None  # None: training's CPUs
+
+    def to_env(self) -> dict[str, str]:
+        env = {CKPT_REMOTE: self.remote, CONFIG_DIGEST: self.config_digest,
+               CKPT_KEEP_REMOTE: str(self.keep_remote), CKPT_KEEP_REMOTE_EVERY: str(self.keep_remote_every)}
+        if self.keep_local is not None:
+            env[CKPT_KEEP_LOCAL] = str(self.keep_local)
+        if self.upload_cpus:
+            env[CKPT_UPLOAD_CPUS] = format_cpu_list(self.upload_cpus)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RankCheckpointEnv | None:
+        """None without a remote location (no upload). ConfigError (one line) for a malformed value."""
+        remote = env.get(CKPT_REMOTE, "").strip()
+        if not remote:
+            return None
+        cpus = env.get(CKPT_UPLOAD_CPUS, "").strip()
+        try:
+            upload_cpus = parse_cpu_list(cpus) if cpus else None
+        except ValueError as error:
+            raise ConfigError("environment", CKPT_UPLOAD_CPUS, str(error)) from None
+        return cls(remote, env.get(CONFIG_DIGEST, ""), _count(env, CKPT_KEEP_LOCAL), _count(env, CKPT_KEEP_REMOTE) or 0,
+                   _count(env, CKPT_KEEP_REMOTE_EVERY) or 0, upload_cpus)
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """A non-negative integer variable; None when unset or blank."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError("environment", name, f"not an integer: {raw!r}") from None
+    if value < 0:
+        raise ConfigError("environment", name, f"must be >= 0, got {value}")
+    return value

@@ -1,0 +1,140 @@
+"""The map of a job's folder on the shared filesystem: every path the login node, the batch shell, the
+node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint location).
+
+    <runs_dir>/<name>/<job id>/              job_folder; the plan names it before the id is known: {job_id}
+      <job id>_submission.sh                 submitit: the sbatch script (node.finish reruns its srun line)
+      <job id>_submitted.pkl                 submitit: the pickled node supervisor
+      <job id>_<task>_log.out                submitit: one node log per node (task)
+      <job id>_<task>_result.pkl             submitit: each node supervisor's return
+      history.jsonl                          records.history: the run's start/end/step events, node 0 appends
+      watchdog.json                          node.budgets: the slowest step learned, for the next attempt
+      excluded-nodes.json                    node.allocation: nodes this run left out, with why
+      logs/rank-<R>.log                      node.supervisor: each rank's output, over every attempt
+      dump/                                  torchtitan's dump_folder (traces, structured logs, flight recorder)
+        checkpoint/                          torchtitan's checkpoint folder when checkpoint.local is unset
+      doctor/attempt-<A>/                    doctor.exchange: the preflight's reports (node-<N>.json,
+                                             reach-<N>.json) and node 0's verdict.json
+      attempts/<A>/                          node.allocation: one per attempt, numbered across restarts and requeues
+        node-<N>.json                        node.supervisor: node N's report (exit codes, first failure, hang)
+        stop-node-<N>                        node.supervisor: the stop signal node N got, for ranks not yet listening
+        batch-shell-alive                    node.step_watch: touched every second while the batch shell lives
+                                             (node.batch_host: the other nodes' supervisors read its mtime)
+        trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it)
+        restore/                             node.restore: the nodes' agreement on each checkpoint candidate
+                                             (ckpt.agree: step-<S>/node-<N>.json)
+        stacks/rank-<R>.txt                  node.stacks: each rank's Python stacks, dumped on a hang
+
+Only names live here; what a file holds belongs to the module that writes it. The names are on disk in
+old runs and read by tests: they never change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+JOB_ID = "{job_id}"
+"""Where a planned path or value takes the job's id (filled in on the node: :func:`fill`)."""
+JOB_DIR = "{job_dir}"
+"""Where a planned value takes the job's folder (filled in on the node: :func:`fill`)."""
+SLURM_JOB_ID = "%j"
+"""Slurm's and submitit's own placeholder for the job id (in names submitit makes)."""
+
+
+def fill(text: str, job_id: str, job_dir: str | None = None) -> str:
+    """`text` with the job's folder (when given) and id in place of :data:`JOB_DIR` and :data:`JOB_ID`."""
+    return (text if job_dir is None else text.replace(JOB_DIR, job_dir)).replace(JOB_ID, job_id)
+
+
+def job_folder(runs_dir: Path, name: str, job_id: str = JOB_ID) -> Path:
+    return runs_dir / name / job_id
+
+
+# ---- submitit's files -----------------------------------------------------------------------------------
+def submission_script(job_dir: Path, job_id: str) -> Path:
+    return job_dir / f"{job_id}_submission.sh"
+
+
+def node_logs(job_dir: Path, job_id: str) -> list[Path]:
+    """submitit's node logs of the job, by task (node)."""
+    return sorted(job_dir.glob(f"{job_id}_*_log.out"), key=lambda path: int(path.name.split("_")[1]))
+
+
+# ---- the run's own records ------------------------------------------------------------------------------
+def history_file(job_dir: Path) -> Path:
+    return job_dir / "history.jsonl"
+
+
+def calibration_file(job_dir: Path) -> Path:
+    return job_dir / "watchdog.json"
+
+
+def excluded_nodes_file(job_dir: Path) -> Path:
+    return job_dir / "excluded-nodes.json"
+
+
+def rank_logs_folder(job_dir: Path) -> Path:
+    return job_dir / "logs"
+
+
+def rank_log(job_dir: Path, rank: int) -> Path:
+    return rank_logs_folder(job_dir) / f"rank-{rank}.log"
+
+
+def dump_folder(job_dir: Path) -> Path:
+    return job_dir / "dump"
+
+
+def default_checkpoint_folder(job_dir: Path) -> Path:
+    return dump_folder(job_dir) / "checkpoint"
+
+
+def doctor_folder(job_dir: Path, attempt: int) -> Path:
+    return job_dir / "doctor" / f"attempt-{attempt}"
+
+
+# ---- one attempt ----------------------------------------------------------------------------------------
+def attempts_folder(job_dir: Path) -> Path:
+    return job_dir / "attempts"
+
+
+def attempt_folder(job_dir: Path, attempt: int) -> Path:
+    return attempts_folder(job_dir) / str(attempt)
+
+
+def attempt_numbers(job_dir: Path) -> list[int]:
+    """The attempts whose folder exists, in order."""
+    root = attempts_folder(job_dir)
+    return sorted(int(entry.name) for entry in root.iterdir() if entry.name.isdigit()) if root.is_dir() else []
+
+
+def node_report(job_dir: Path, attempt: int, node: int) -> Path:
+    return attempt_folder(job_dir, attempt) / f"node-{node}.json"
+
+
+def stop_file(job_dir: Path, attempt: int, node: int) -> Path:
+    return attempt_folder(job_dir, attempt) / f"stop-node-{node}"
+
+
+def batch_shell_beat(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "batch-shell-alive"
+
+
+def trained_step_file(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "trained-step"
+
+
+def restore_verdicts(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "restore"
+
+
+def stacks_folder(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "stacks"
+
+
+def stack_file(job_dir: Path, attempt: int, rank: int) -> Path:
+    return stacks_folder(job_dir, attempt) / f"rank-{rank}.txt"
+
+
+def stack_files(job_dir: Path, attempt: int) -> list[Path]:
+    """The stack files of an attempt, by rank."""
+    return sorted(stacks_folder(job_dir, attempt).glob("rank-*.txt"), key=lambda p: int(p.stem.partition("-")[2] or 0))
