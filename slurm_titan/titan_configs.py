@@ -31,10 +31,3 @@ def config_functions(module: str) -> set[str] | None:
             tree = ast.parse(path.read_text(encoding="utf-8"))
             return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
     return None
-
-
-def known_modules() -> list[str]:
-    root = _torchtitan_root()
-    if root is None:
-        return []
-    return sorted(p.parent.name for p in (root / "models").glob("*/config_registry.py"))

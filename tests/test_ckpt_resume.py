@@ -6,8 +6,8 @@ import os
 
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
-from slurm_titan.ckpt.resume import hide_uncommitted, prepare_resume
-from slurm_titan.ckpt.sync import CheckpointSync
+from slurm_titan.ckpt.restore import hide_uncommitted, prepare_resume
+from slurm_titan.ckpt.upload import CheckpointSync
 
 
 def test_prepare_resume_restores_and_hides_uncommitted(location, tmp_path):

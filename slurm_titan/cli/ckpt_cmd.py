@@ -37,13 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("list", help="checkpoints of a location, oldest first")
     common(sp)
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sp.set_defaults(handler=cmd_list, func=cmd_list)
+    sp.set_defaults(handler=cmd_list)
 
     sp = sub.add_parser("show", help="the commit record of one checkpoint")
     common(sp)
     sp.add_argument("step", metavar="STEP", type=int)
     sp.add_argument("--json", action="store_true", help="print the commit record as JSON")
-    sp.set_defaults(handler=cmd_show, func=cmd_show)
+    sp.set_defaults(handler=cmd_show)
 
     sp = sub.add_parser("restore", help="download a complete checkpoint, verifying checksums")
     common(sp)
@@ -54,14 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--node", type=int, metavar="K", help="with --nodes: the share of node K's ranks")
     sp.add_argument("--nodes", type=int, metavar="N", help="the node count the checkpoint's ranks split over")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
-    sp.set_defaults(handler=cmd_restore, func=cmd_restore)
+    sp.set_defaults(handler=cmd_restore)
 
     sp = sub.add_parser("verify", help="recompute every checksum of a checkpoint")
     common(sp)
     sp.add_argument("--step", type=int, help="the step (default: the newest complete)")
     sp.add_argument("--all", action="store_true", help="verify every complete checkpoint")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
-    sp.set_defaults(handler=cmd_verify, func=cmd_verify)
+    sp.set_defaults(handler=cmd_verify)
 
     sp = sub.add_parser("prune", help="delete old checkpoints (keeps the newest complete one always)")
     common(sp)
@@ -71,11 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--grace", type=float, default=900.0, metavar="SECONDS",
                     help="leave incomplete checkpoints written less than this long ago (default 900)")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
-    sp.set_defaults(handler=cmd_prune, func=cmd_prune)
+    sp.set_defaults(handler=cmd_prune)
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from slurm_titan.ckpt.store import open_store
+    from slurm_titan.ckpt import open_store
 
     return open_store(args.location, endpoint_url=getattr(args, "endpoint_url", None), check=True)
 
@@ -135,7 +135,7 @@ class ProgressBar:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from slurm_titan.ckpt.catalog import list_checkpoints
+    from slurm_titan.ckpt import list_checkpoints
 
     store = _open(args)
     infos = list_checkpoints(store)
@@ -157,8 +157,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from slurm_titan.ckpt import layout
-    from slurm_titan.ckpt.catalog import read_manifest
+    from slurm_titan.ckpt import layout, read_manifest
 
     store = _open(args)
     m = read_manifest(store, args.step)
@@ -201,7 +200,7 @@ def _restore_ranks(args: argparse.Namespace) -> Any:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from slurm_titan.ckpt.catalog import restore
+    from slurm_titan.ckpt import restore
 
     ranks = _restore_ranks(args)
     store = _open(args)
@@ -225,7 +224,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from slurm_titan.ckpt.catalog import list_checkpoints, verify
+    from slurm_titan.ckpt import list_checkpoints, verify
 
     store = _open(args)
     if args.all:
@@ -252,7 +251,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from slurm_titan.ckpt.retention import prune
+    from slurm_titan.ckpt import prune
 
     if args.keep < 1:
         raise StorageError("--keep must be at least 1")

@@ -38,7 +38,7 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     if not plan.remote:
         return {}
     from slurm_titan.ckpt.agree import NodeAgreement
-    from slurm_titan.ckpt.resume import prepare_resume
+    from slurm_titan.ckpt import prepare_resume
 
     remote = plan.rank_env(job_id)["SLURM_TITAN_CKPT_REMOTE"]
     Path(local).mkdir(parents=True, exist_ok=True)
