@@ -30,6 +30,9 @@ The package, top to bottom:
 
 The ``slurm-titan ckpt ...`` CLI is :mod:`slurm_titan.cli.ckpt_cmd`; the torchtitan hook that
 feeds the uploader is :mod:`slurm_titan.rank.checkpointer`.
+
+``slurm_titan.ckpt.restore`` below is the function (it hides the module of that name as an
+attribute); import other names from the module: ``from slurm_titan.ckpt.restore import ...``.
 """
 
 from slurm_titan.ckpt.catalog import (CheckpointInfo, VerifyReport, list_checkpoints, newest_complete, read_manifest,

@@ -40,13 +40,16 @@ What a crash leaves behind, and why that is safe:
   record went, an incomplete one. Never a "complete" checkpoint with holes.
 - two committers of one step (the rank 0 of an earlier attempt still running): the first
   record stays; the second committer finds it there and keeps it ("already-committed").
+- a later attempt saving a step that is already complete: each rank finds the record
+  (:func:`is_committed`) and uploads nothing, so a complete checkpoint is never overwritten.
 
 Collective contracts (who calls what):
 
 - every rank, once per saved step, after torchtitan's save of the step returned on that rank:
   ``CheckpointSync.submit(N)`` (:mod:`.upload`), which uploads and then calls
-  :func:`write_receipt`. Ranks never wait for each other: the receipts in the store are the
-  only rendezvous, so a rank that never uploads leaves the step incomplete and blocks no one.
+  :func:`write_receipt`. No collective: the receipts in the store are the only rendezvous, so
+  a rank that never uploads leaves the step incomplete, and rank 0's committer waits for it in
+  its own thread (until ``close`` gives up), never inside a torch.distributed call.
 - rank 0 only, for each step in the order submitted: :func:`commit` (CheckpointSync's
   committer thread), then remote retention (:func:`.retention.prune`, deleting with
   :func:`delete_checkpoint`). ``slurm-titan ckpt prune`` deletes the same way.
