@@ -46,7 +46,7 @@ NUM_NODES = "SLURM_TITAN_NUM_NODES"
 JOB_DIR = "SLURM_TITAN_JOB_DIR"
 """node.supervisor writes the job folder (records.run_folder); rank.progress reads it (RankAttemptEnv)."""
 ATTEMPT = "SLURM_TITAN_ATTEMPT"
-"""node.supervisor writes the attempt id (:func:`attempt_id`); rank.progress reads its number, ckpt.sync
+"""node.supervisor writes the attempt id (:func:`attempt_id`); rank.progress reads its number, ckpt.upload
 tags the rank's upload receipts with it (RankAttemptEnv)."""
 STOP_FILE = "SLURM_TITAN_STOP_FILE"
 """node.supervisor writes where it leaves a stop signal that came before the rank could take it;

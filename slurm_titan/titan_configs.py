@@ -32,10 +32,3 @@ def config_functions(module: str) -> set[str] | None:
             return {node.name for node in tree.body
                     if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
     return None
-
-
-def known_modules() -> list[str]:
-    root = _torchtitan_root()
-    if root is None:
-        return []
-    return sorted(p.parent.name for p in (root / "models").glob("*/config_registry.py"))

@@ -56,7 +56,7 @@ def main() -> int:
     if op == "save":
         from slurm_titan.rank.dcp_plan import load_reads, small_items
         from slurm_titan.ckpt.store import TransferConfig
-        from slurm_titan.ckpt.sync import CheckpointSync
+        from slurm_titan.ckpt.upload import CheckpointSync
 
         sd = state(world, rank, mesh, filled=True)
         md = dcp.save(sd, checkpoint_id=os.path.join(local, "step-1"))

@@ -9,17 +9,13 @@ import pytest
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.catalog import (
-    CorruptCheckpoint,
-    list_checkpoints,
-    restore,
-    verify,
-)
+from slurm_titan.ckpt.catalog import list_checkpoints, verify
+from slurm_titan.ckpt.restore import CorruptCheckpoint, restore
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
 from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.store import open_store
-from slurm_titan.ckpt.sync import CheckpointSync
+from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.errors import StorageError
 
 

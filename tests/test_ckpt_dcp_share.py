@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.catalog import read_manifest, restore
+from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.share import node_ranks, node_share
 from slurm_titan.ckpt.store import TransferConfig, open_store
 
@@ -91,7 +92,7 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
     for k in range(nodes):
         ranks = node_ranks(k, nodes, world)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="slurm_titan.ckpt.catalog"):
+        with caplog.at_level(logging.INFO, logger="slurm_titan.ckpt.restore"):
             res = restore(store, str(tmp / f"n{nodes}-node{k}"), ranks=ranks, world_size=world)
         node_dirs[k] = Path(res.path)
         line = next(r.getMessage() for r in caplog.records if "fetched" in r.getMessage())

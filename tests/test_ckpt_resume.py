@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
-from slurm_titan.ckpt.resume import hide_uncommitted, prepare_resume
-from slurm_titan.ckpt.sync import CheckpointSync
+from slurm_titan.ckpt.restore import hide_uncommitted, prepare_resume
+from slurm_titan.ckpt.upload import CheckpointSync
 
 
 def test_prepare_resume_restores_and_hides_uncommitted(location, tmp_path):
@@ -33,6 +34,20 @@ def test_prepare_resume_restores_and_hides_uncommitted(location, tmp_path):
     # a second call finds the intact copy and downloads nothing
     again = prepare_resume(location, str(node))
     assert (again.step, again.world_size, again.reused) == (10, 1, True)
+
+
+def test_prepare_resume_lists_the_location_once(tmp_path, monkeypatch):
+    saver = tmp_path / "saver"
+    s = CheckpointSync(str(tmp_path / "remote"), str(saver), attempt="a", poll_interval=0.05)
+    write_fake_step(saver, 10, 1)
+    s.submit(10)
+    assert s.wait(timeout=30) and s.close(timeout=30)
+    listings = []
+    restore = importlib.import_module("slurm_titan.ckpt.restore")  # the module: ckpt.restore is the function
+    real = restore.list_checkpoints
+    monkeypatch.setattr(restore, "list_checkpoints", lambda store: listings.append(store.location) or real(store))
+    assert prepare_resume(str(tmp_path / "remote"), str(tmp_path / "node")).step == 10
+    assert len(listings) == 1
 
 
 def test_fresh_start_hides_every_uncommitted_step(tmp_path):

@@ -12,13 +12,14 @@ from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.agree import NodeAgreement
-from slurm_titan.ckpt.catalog import read_manifest, restore
+from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
 from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
 from slurm_titan.ckpt.share import node_ranks
 from slurm_titan.ckpt.store import open_store
-from slurm_titan.ckpt.sync import CheckpointSync
+from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.errors import StorageError
 
 BLOCK = 8192

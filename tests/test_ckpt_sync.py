@@ -14,10 +14,11 @@ import pytest
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, restore, verify
+from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
+from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.manifest import Receipt
 from slurm_titan.ckpt.store import open_store
-from slurm_titan.ckpt.sync import CheckpointSync
+from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.errors import StorageError
 
 
@@ -36,6 +37,7 @@ def _close(syncs):
 def test_upload_and_commit_multi_rank(location, tmp_path):
     local = tmp_path / "local"
     syncs = _ranks(location, local, world_size=3)
+    assert all(isinstance(s, Uploader) for s in syncs)
     written = {}
     for step in (10, 20):
         written[step] = write_fake_step(local, step, world_size=3)

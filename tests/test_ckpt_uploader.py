@@ -16,7 +16,8 @@ from s3server import clean_env, location, s3_env, s3_server, write_fake_step  # 
 
 from slurm_titan.ckpt.catalog import list_checkpoints
 from slurm_titan.ckpt.store import open_store
-from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings
+from slurm_titan.ckpt.upload import Uploader
+from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 from slurm_titan.errors import StorageError
 
 
@@ -29,6 +30,7 @@ def test_ranks_upload_and_commit_through_their_processes(location, tmp_path):
     local = tmp_path / "local"
     ups = _uploaders(location, local, world_size=2)
     assert all(u.pid != os.getpid() for u in ups) and ups[0].pid != ups[1].pid
+    assert all(isinstance(u, Uploader) for u in ups)
     for step in (4, 8):
         write_fake_step(local, step, world_size=2)
         for u in ups:
@@ -84,7 +86,7 @@ def test_a_dead_uploader_fails_the_waits_instead_of_hanging(tmp_path):
 
 def test_the_child_dies_with_its_parent(tmp_path):
     script = (f"import sys; sys.path.insert(0, {os.getcwd()!r})\n"
-              "from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings\n"
+              "from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings\n"
               f"u = UploaderProcess(UploadSettings({str(tmp_path / 'remote')!r}, {str(tmp_path)!r}))\n"
               "print(u.pid, flush=True)\n"
               "import os; os._exit(0)\n")

@@ -116,7 +116,7 @@ def test_log_lines_validation_untimed_and_nan(tmp_path):
     log.write_text("[titan] 2025-01-01 10:01:00,250 - root - INFO - \x1b[33mvalidate step: 10  \x1b[32mloss:  3.1\n"
                    "[titan] 2025-01-01 10:01:00,500 - root - INFO - step: 10  loss:     nan  tps: 12  mfu: 1%\n"
                    "[rank0]: step: 11  loss: 2.5\n"
-                   "[titan] 2025-01-01 10:02:00,000 - slurm_titan.ckpt.sync - INFO - checkpoint step 10 committed: x\n"
+                   "[titan] 2025-01-01 10:02:00,000 - slurm_titan.ckpt.commit - INFO - checkpoint step 10 committed: x\n"
                    "[titan] 2025-01-01 10:02:00,000 - root - INFO - Finished loading the checkpoint in 1.50 seconds.\n")
     facts = data.read_log(log, [SUBMITTED, SUBMITTED + 90])
     assert [(p.step, p.tps, p.time, p.attempt) for p in facts.steps] == [(10, 12.0, SUBMITTED + 60.5, 0),

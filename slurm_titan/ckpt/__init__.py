@@ -1,27 +1,70 @@
-"""Checkpoint storage for slurm-titan: upload, commit, catalog, verify, restore, retention.
+"""Checkpoint storage for slurm-titan: upload, commit, list, verify, restore, retention.
 
 torchtitan writes each checkpoint as DCP shards into ``<local>/step-N/`` on fast node-local
-disk; :mod:`slurm_titan.ckpt.sync` uploads every rank's own files to the run's remote
-location in the background and rank 0 writes the commit record last, atomically.
-A checkpoint is *complete* only when its commit record exists.
+disk; every rank uploads its own files to the run's remote location in the background and
+rank 0 writes the commit record last, create-only. A checkpoint is *complete* only when its
+commit record exists (:mod:`.commit` states the protocol and what a crash leaves behind).
 
-Modules (each with one job):
+The package, top to bottom:
 
 - :mod:`.layout`     names of things inside a checkpoint location
 - :mod:`.checksum`   file checksums (xxh3_128, or sha256 without xxhash)
 - :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
+- :mod:`.share`      a node's share of a checkpoint (the blocks its ranks' load reads)
+- :mod:`.dcp_plan`   that read map from DCP's load planner (used in the ranks; the one module
+                     here that imports torch, so nothing else imports it)
 - :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
 - :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
 - :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
 - :mod:`.ranged`     a restored file filled by ranges: O_DIRECT writes, hashed in order
-- :mod:`.sync`       per-rank background uploader and rank-0 committer
-- :mod:`.uploader`   a rank's CheckpointSync in a child process (outside training's GIL)
-- :mod:`.background` the uploader's priority and CPUs
-- :mod:`.catalog`    list / show / verify / restore
+- :mod:`.catalog`    list / show / verify
+- :mod:`.commit`     THE COMMIT PROTOCOL: receipts -> sizes -> commit record -> catalog entry;
+                     the delete order
 - :mod:`.retention`  which checkpoints to keep, and pruning
-- :mod:`.resume`     before a (re)start: newest complete checkpoint onto a node's local disk
-- :mod:`.commands`   the ``slurm-titan ckpt ...`` CLI
-- :mod:`.titan_hook` the torchtitan ``@override`` (the only module importing torch)
+- :mod:`.priority`   the upload threads' CPU priority and CPUs
+- :mod:`.upload`     per-rank background upload + rank 0's committer thread; the Uploader Protocol
+- :mod:`.upload_process`  a rank's CheckpointSync in a child process (outside training's GIL);
+                     import it from there (it is also the child's ``python -m`` entry)
+- :mod:`.agree`      one verdict on a restored checkpoint for all nodes of a job
+- :mod:`.restore`    restore a complete checkpoint; before a (re)start, onto a node's local disk
 
-Nothing here but ``titan_hook`` imports torch or torchtitan, so the CLI stays light.
+The ``slurm-titan ckpt ...`` CLI is :mod:`slurm_titan.cli.ckpt_cmd`; the torchtitan hook that
+feeds the uploader is :mod:`slurm_titan.rank.checkpointer`.
+
+``slurm_titan.ckpt.restore`` below is the function (it hides the module of that name as an
+attribute); import other names from the module: ``from slurm_titan.ckpt.restore import ...``.
 """
+
+from slurm_titan.ckpt.catalog import (CheckpointInfo, VerifyReport, list_checkpoints, newest_complete, read_manifest,
+                                      verify)
+from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, Receipt
+from slurm_titan.ckpt.restore import CorruptCheckpoint, RestoreResult, prepare_resume, restore
+from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
+from slurm_titan.ckpt.store import Store, open_store
+from slurm_titan.ckpt.upload import CheckpointSync, Uploader
+
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointSync",
+    "CorruptCheckpoint",
+    "FileEntry",
+    "Manifest",
+    "PrunePlan",
+    "Receipt",
+    "RestoreResult",
+    "Store",
+    "Uploader",
+    "VerifyReport",
+    "delete_checkpoint",
+    "is_committed",
+    "list_checkpoints",
+    "newest_complete",
+    "open_store",
+    "plan_retention",
+    "prepare_resume",
+    "prune",
+    "read_manifest",
+    "restore",
+    "verify",
+]

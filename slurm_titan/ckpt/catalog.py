@@ -1,4 +1,4 @@
-"""What a checkpoint location holds: list, show, verify, restore.
+"""What a checkpoint location holds: list, show, verify (:mod:`.restore` restores).
 
 ``list_checkpoints`` takes a constant number of LIST requests however many checkpoints the
 location holds: one listing of the root (the ``step-N/`` folders) and one of the catalog
@@ -7,44 +7,31 @@ Only a step folder without a catalog entry (an upload in progress or interrupted
 torchtitan folder, or one made by ``restore``) costs one more listing of that folder, and one
 read of its commit record if it has one.
 
-A checkpoint is complete only if its commit record exists. ``restore`` never restores an
-incomplete one, verifies every checksum while downloading, and -- asked for the newest --
-falls back to the previous complete checkpoint when the newest turns out corrupt, saying so.
+A checkpoint is complete only if its commit record exists (:mod:`.commit`): a catalog entry is
+written after the record and deleted before it, so an entry stands for a record.
 """
 
 from __future__ import annotations
 
 import calendar
 import logging
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.checksum import hash_bytes, hash_file
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
-from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
+from slurm_titan.ckpt.manifest import Manifest
 from slurm_titan.ckpt.store import Store
-from slurm_titan.ckpt.transfer import checksum_many, download_many, download_pieces
+from slurm_titan.ckpt.transfer import checksum_many
 
 log = logging.getLogger("slurm_titan.ckpt.catalog")
 
 ByteProgress = Callable[[int, int], None]
 """progress(done_bytes, total_bytes)."""
-
-
-class CorruptCheckpoint(StorageError):
-    """A committed checkpoint whose files are missing, truncated or fail their checksum."""
-
-    def __init__(self, message: str, bad: list[tuple[str, str]]) -> None:
-        super().__init__(message)
-        self.bad = bad
 
 
 @dataclass
@@ -185,7 +172,7 @@ def _pick_step(store: Store, step: int | None, infos: list[CheckpointInfo] | Non
     return newest.step
 
 
-def _check_listing(store: Store, m: Manifest) -> list[tuple[str, str]]:
+def check_listing(store: Store, m: Manifest) -> list[tuple[str, str]]:
     """Missing or wrongly sized files of a checkpoint, from one listing of its folder."""
     prefix = layout.step_dir(m.step) + "/"
     sizes = {e.path[len(prefix):]: e.size for e in store.find(layout.step_dir(m.step))}
@@ -219,11 +206,11 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
     The report names each bad file: missing, truncated, or a checksum mismatch."""
     step = _pick_step(store, step)
     m = read_manifest(store, step)
-    bad = _check_listing(store, m)
+    bad = check_listing(store, m)
     names_bad = {p for p, _ in bad}
     todo = [f for f in m.files if f.path not in names_bad]
     total = sum(f.size for f in todo)
-    counter = _Counter(total, progress)
+    counter = ByteCounter(total, progress)
     results = checksum_many(store, [(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
                             counter.add)
     for f, r in zip(todo, results):
@@ -236,7 +223,9 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
     return VerifyReport(step, len(m.files), m.total_bytes, sorted(bad), store.url(layout.step_dir(step)))
 
 
-class _Counter:
+class ByteCounter:
+    """Adds up the bytes of concurrent transfers for one ``progress`` callback."""
+
     def __init__(self, total: int, progress: ByteProgress | None) -> None:
         self.total, self.done, self.progress = total, 0, progress
         self.lock = threading.Lock()
@@ -249,333 +238,3 @@ class _Counter:
             done = self.done
         if self.progress:
             self.progress(done, self.total)
-
-
-@dataclass
-class RestoreResult:
-    step: int
-    path: str
-    """The restored step folder (``<dest>/step-N``)."""
-    bytes: int
-    world_size: int
-    """How many ranks saved it (from its commit record)."""
-    skipped: list[tuple[int, str]] = field(default_factory=list)
-    """Newer complete checkpoints that were corrupt (here or on another node), with why."""
-    reused: bool = False
-    """The destination already held an intact copy; nothing was downloaded."""
-    fetched: int = 0
-    """Bytes moved out of the store (0 when reused)."""
-    share: Share | None = None
-    """What of the checkpoint the folder holds when it is one node's share (None: all of it)."""
-
-
-Ranks = list[int] | Callable[[int], list[int]]
-"""Global ranks, or a function of the saving world size giving them (``ckpt restore --node K --nodes N``)."""
-
-
-class Agreement(Protocol):
-    """The nodes' verdict on each candidate checkpoint (:class:`.agree.NodeAgreement`)."""
-
-    def __call__(self, step: int, why: str) -> str:
-        """This node's verdict (why it rejects ``step``, or "") out; why some node rejects it, or ""
-        when every node accepts it, back. Raises StorageError when the nodes cannot agree."""
-
-    def abort(self, step: int, why: str) -> None:
-        """This node cannot restore at all: tell the others now."""
-
-
-def restore(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
-            notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
-            world_size: int | None = None, agree: Agreement | None = None) -> RestoreResult:
-    """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
-
-    ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete
-    one, and so on (each fallback is logged and passed to ``notify``). An explicit step that
-    is incomplete or corrupt is refused. The folder appears under its final name only once
-    every file is verified, together with its commit record (so ``dest`` is itself a
-    location that ``list``/``verify`` understand).
-
-    ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
-    size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
-    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint. ``agree``: each candidate is published only once every node
-    accepts it (:mod:`.agree`); a rejection anywhere is a fallback everywhere.
-    """
-    infos = list_checkpoints(store)
-    by_step = {i.step: i for i in infos}
-    if step is not None:
-        info = by_step.get(step)
-        if info is None:
-            raise StorageError(f"{store.location}: no checkpoint step {step}")
-        if not info.complete:
-            raise StorageError(f"{info.where}: checkpoint step {step} is incomplete ({info.detail}); refusing to "
-                               f"restore it")
-        candidates = [step]
-    else:
-        candidates = sorted((i.step for i in infos if i.complete), reverse=True)
-        if not candidates:
-            raise StorageError(f"{store.location}: no complete checkpoint to restore")
-    skipped: list[tuple[int, str]] = []
-    for n, s in enumerate(candidates):
-        fetched: _Fetched | None = None
-        try:
-            fetched = _fetch(store, s, dest, progress, ranks, world_size)
-            why = ""
-        except (CorruptCheckpoint, ManifestError) as e:
-            why = str(e)
-        except BaseException as e:
-            if agree is not None:
-                agree.abort(s, str(e) or type(e).__name__)
-            raise
-        if agree is not None:
-            other = agree(s, why)
-            if other and not why:
-                why = other
-        if not why and fetched is not None:
-            result = fetched.publish()
-            result.skipped = skipped
-            return result
-        if fetched is not None:
-            fetched.discard()
-        _set_aside(dest, s)
-        if step is not None:
-            raise CorruptCheckpoint(why, [])
-        skipped.append((s, why))
-        if n + 1 < len(candidates):
-            msg = f"checkpoint step {s} is corrupt ({why}); falling back to step {candidates[n + 1]}"
-        else:
-            msg = f"checkpoint step {s} is corrupt ({why}); no older complete checkpoint left"
-        log.warning(msg)
-        if notify:
-            notify(msg)
-    raise StorageError(f"{store.location}: every complete checkpoint is corrupt: "
-                       + "; ".join(f"step {s}: {why}" for s, why in skipped))
-
-
-def _describe_bad(store: Store, step: int, bad: list[tuple[str, str]]) -> str:
-    head = ", ".join(f"{p}: {why}" for p, why in bad[:5])
-    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    return f"{store.url(layout.step_dir(step))}: {len(bad)} bad file(s): {head}{more}"
-
-
-def _inside(base: str, rel: str) -> str:
-    path = os.path.normpath(os.path.join(base, rel))
-    if os.path.commonpath([base, path]) != base:
-        raise StorageError(f"refusing to write {rel!r} outside {base}")
-    return path
-
-
-def _read_share(folder: str) -> Share | None:
-    path = os.path.join(folder, layout.META_DIR, SHARE_FILE)
-    try:
-        with open(path, "rb") as f:
-            return Share.from_json(f.read(), path)
-    except FileNotFoundError:
-        return None
-
-
-def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
-    """Whether ``folder`` holds an intact copy of at least ``share`` (None: the whole checkpoint)."""
-    try:
-        with open(os.path.join(folder, layout.META_DIR, "commit.json"), "rb") as f:
-            local = Manifest.from_json(f.read(), step=m.step)
-        held = _read_share(folder)
-    except (OSError, StorageError):
-        return False
-    if {(f.path, f.size, f.checksum) for f in local.files} != {(f.path, f.size, f.checksum) for f in m.files}:
-        return False
-    for f in m.files:
-        whole = share is None or f.path in share.whole
-        wanted = [] if whole else share.pieces(f)
-        if not whole and not wanted:
-            continue  # not part of the share
-        p = _inside(folder, f.path)
-        try:
-            if os.path.getsize(p) != f.size:
-                return False
-            if whole:
-                ok = (held is None or f.path in held.whole) and hash_file(p, m.algorithm) == (f.size, f.checksum)
-            else:
-                ok = (held is None or f.path in held.whole or set(wanted) <= set(held.pieces(f))) and _pieces_ok(
-                    p, wanted, m.algorithm)
-        except OSError:
-            return False
-        if not ok:
-            return False
-    return True
-
-
-def _pieces_ok(path: str, pieces: list[tuple[int, int, str]], algorithm: str) -> bool:
-    with open(path, "rb", buffering=0) as fin:
-        return all(hash_bytes(os.pread(fin.fileno(), n, off), algorithm) == c for off, n, c in pieces)
-
-
-def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
-    """Which byte ranges of a downloaded file that failed its checksum are bad (from its block
-    checksums; only the whole file's in records without them)."""
-    if not f.block_size:
-        return "checksum mismatch"
-    with open(path, "rb", buffering=0) as fin:
-        bad = [b for b in range(len(f.blocks))
-               if hash_bytes(os.pread(fin.fileno(), f.block_span(b)[1], f.block_span(b)[0]), algorithm) != f.blocks[b]]
-    if not bad:
-        return "checksum mismatch (though every block matches its own: the record disagrees with itself)"
-    return _describe_ranges(f, [f.block_span(b) for b in bad])
-
-
-def _describe_ranges(f: FileEntry, bad: list[tuple[int, int]]) -> str:
-    """'bytes A-B (block K), ... fail their checksum' for the bad pieces of a file."""
-    def one(off: int, n: int) -> str:
-        block = f" (block {off // f.block_size})" if f.block_size and off % f.block_size == 0 and (
-            n == f.block_size or off + n == f.size) else ""
-        return f"bytes {off}-{off + n}{block}"
-
-    more = f" and {len(bad) - 3} more range(s)" if len(bad) > 3 else ""
-    return ", ".join(one(o, n) for o, n in bad[:3]) + more + " fail their checksum"
-
-
-def _clean_leftovers(dest: str) -> None:
-    """Remove temporary folders of restores that were killed (their process is gone)."""
-    for name in os.listdir(dest):
-        if not name.startswith((".restoring-", ".replaced-")):
-            continue
-        try:
-            pid = int(name.rsplit("-", 1)[1])
-            os.kill(pid, 0)
-            continue  # still running
-        except (ValueError, IndexError):
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(os.path.join(dest, name), ignore_errors=True)
-
-
-def _set_aside(dest: str, step: int) -> None:
-    """A local copy of a step that some node rejected must not be what torchtitan resumes from
-    (it picks the highest ``step-N``): rename it to ``.rejected-N-<time>``."""
-    final = os.path.join(os.path.abspath(dest), layout.step_dir(step))
-    if os.path.isdir(final):
-        target = os.path.join(os.path.abspath(dest), f".rejected-{step}-{int(time.time())}")
-        os.rename(final, target)
-        log.warning("local checkpoint step %d was rejected; moved aside to %s", step, target)
-
-
-@dataclass
-class _Fetched:
-    """A verified copy waiting for the nodes' verdict under a name torchtitan does not pick up."""
-
-    result: RestoreResult
-    tmp: str | None
-    """The temporary folder (None: the final folder already held an intact copy)."""
-
-    def publish(self) -> RestoreResult:
-        if self.tmp is not None:
-            final = self.result.path
-            old = None
-            if os.path.lexists(final):
-                old = os.path.join(os.path.dirname(final), f".replaced-{self.result.step}-{os.getpid()}")
-                os.rename(final, old)
-            os.rename(self.tmp, final)
-            if old:
-                shutil.rmtree(old, ignore_errors=True)
-        # No fsync: it would flush the whole checkpoint (0.1-0.6 s per GiB measured); after a
-        # crash the local copy is re-verified against its commit record before being reused.
-        return self.result
-
-    def discard(self) -> None:
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _wanted_share(store: Store, m: Manifest, ranks: Ranks | None, world_size: int | None) -> Share | None:
-    if ranks is None:
-        return None
-    where = store.url(layout.commit_path(m.step))
-    if world_size is not None and world_size != m.world_size:
-        log.info("checkpoint step %d was saved by %d ranks, loaded by %d: fetching all of it", m.step,
-                 m.world_size, world_size)
-        return None
-    if callable(ranks):
-        try:
-            ranks = ranks(m.world_size)
-        except ValueError as e:  # not a fault of the checkpoint: no fallback
-            raise StorageError(f"{where}: {e}") from None
-    share = node_share(m, ranks, where)
-    if share is None:
-        log.info("checkpoint step %d has no read map (saved before read maps, or without the checkpointer's "
-                 "plan): fetching all of it", m.step)
-    return share
-
-
-def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: Ranks | None,
-           world_size: int | None) -> _Fetched:
-    m = read_manifest(store, step)
-    share = _wanted_share(store, m, ranks, world_size)
-    dest = os.path.abspath(dest)
-    final = os.path.join(dest, layout.step_dir(step))
-    held = _read_share(final) if share is not None and os.path.isdir(final) else None
-    if held is not None and not set(share.ranks) <= set(held.ranks):
-        # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
-        # ranks may be loading from it: the new copy holds both shares
-        share = node_share(m, sorted(set(share.ranks) | set(held.ranks)), store.url(layout.commit_path(step)))
-    need = m.total_bytes if share is None else share.nbytes(m)
-    if os.path.isdir(final) and _local_copy_ok(final, m, share):
-        log.info("checkpoint step %d is already intact in %s", step, final)
-        if progress:
-            progress(need, need)
-        return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, reused=True,
-                                      share=_read_share(final)), None)
-    bad = _check_listing(store, m)
-    if bad:
-        raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
-    os.makedirs(dest, exist_ok=True)
-    _clean_leftovers(dest)
-    free = shutil.disk_usage(dest).free
-    if free < need:
-        raise StorageError(f"{dest}: not enough free space to restore step {step}: "
-                           f"{need / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB free")
-    # temporary names must not contain "step-N": torchtitan picks up any folder matching it
-    tmp = os.path.join(dest, f".restoring-{step}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        counter = _Counter(need, progress)
-        whole = [f for f in m.files if share is None or f.path in share.whole]
-        items = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
-        results = download_many(store, items, counter.add, m.algorithm)
-        bad = []
-        for f, (size, digest) in zip(whole, results):
-            if size != f.size:
-                bad.append((f.path, f"truncated: read {size} bytes, expected {f.size}"))
-            elif digest != f.checksum:
-                bad.append((f.path, _bad_blocks(_inside(tmp, f.path), f, m.algorithm)))
-        if share is not None:
-            partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
-            parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size, share.pieces(f))
-                     for f in partial]
-            for f, failed in zip(partial, download_pieces(store, parts, m.algorithm, counter.add)):
-                if failed:
-                    bad.append((f.path, _describe_ranges(f, failed)))
-        if bad:
-            raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
-        meta = os.path.join(tmp, layout.META_DIR)
-        os.makedirs(meta, exist_ok=True)
-        with open(os.path.join(meta, "commit.json"), "wb") as f:
-            f.write(m.to_json())
-        if share is not None:
-            with open(os.path.join(meta, SHARE_FILE), "wb") as f:
-                f.write(share.to_json())
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    parts_txt = "" if share is None else (f" for ranks {_ranks_text(share.ranks)}: {len(share.whole)} file(s) whole, "
-                                          f"{len(share.blocks)} in part")
-    log.info("checkpoint step %d: fetched %d of %d bytes%s", step, need, m.total_bytes, parts_txt)
-    return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, fetched=need, share=share), tmp)
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(map(str, ranks))

@@ -19,6 +19,9 @@ META_DIR = ".slurm-titan"
 
 CATALOG_DIR = f"{META_DIR}/catalog"
 
+COMMIT_RECORD = f"{META_DIR}/commit.json"
+"""The commit record's path inside a step folder (remote, or a restored local copy)."""
+
 _STEP_DIR_RE = re.compile(r"^step-(\d+)$")
 _CATALOG_RE = re.compile(r"^step-(\d+)\.w(\d+)\.f(\d+)\.b(\d+)$")
 _RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -37,7 +40,7 @@ def parse_step_dir(name: str) -> int | None:
 
 
 def commit_path(step: int) -> str:
-    return f"{step_dir(step)}/{META_DIR}/commit.json"
+    return f"{step_dir(step)}/{COMMIT_RECORD}"
 
 
 def receipt_dir(step: int) -> str:

@@ -9,7 +9,6 @@ location and no credentials.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -54,12 +53,6 @@ def check_relpath(path: object, where: str = "record") -> str:
 
 def utc_iso(ts: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
-
-
-def config_digest(config: Any) -> str:
-    """A stable digest of a training config (any JSON-serialisable object)."""
-    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
 @dataclass(frozen=True)

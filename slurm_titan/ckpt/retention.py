@@ -11,8 +11,8 @@ Rules (:func:`plan_retention`):
 - never delete a ``protected`` step (one an upload in this process is working on), nor an
   incomplete checkpoint touched less than ``grace`` seconds ago.
 
-A checkpoint is deleted catalog entry first, then commit record, then its files: an
-interrupted deletion leaves an incomplete checkpoint, never a "complete" one with holes.
+Each checkpoint goes by :func:`.commit.delete_checkpoint` (catalog entry, commit record, files:
+an interrupted deletion leaves an incomplete checkpoint, never a "complete" one with holes).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo, list_checkpoints
+from slurm_titan.ckpt.commit import delete_checkpoint
 from slurm_titan.ckpt.store import Store
 
 log = logging.getLogger("slurm_titan.ckpt.retention")
@@ -70,13 +70,6 @@ def plan_retention(infos: list[CheckpointInfo], keep_last: int, keep_every: int 
         (plan.keep if keep else plan.delete).append(s)
         plan.reasons[s] = why
     return plan
-
-
-def delete_checkpoint(store: Store, info: CheckpointInfo) -> None:
-    """Delete one checkpoint: catalog entries, then the commit record, then the folder."""
-    store.rm_files(list(info.catalog_entries))
-    store.rm_files([layout.commit_path(info.step)])
-    store.rm_tree(layout.step_dir(info.step))
 
 
 def prune(store: Store, keep_last: int, keep_every: int = 0, *, dry_run: bool = False,

@@ -25,7 +25,7 @@ def _add_location(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from slurm_titan.ckpt.store import open_store
+    from slurm_titan.ckpt import open_store
 
     return open_store(args.location, endpoint_url=args.endpoint_url, check=True)
 
@@ -93,7 +93,7 @@ class ListCheckpoints(SubCommand):
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt.catalog import list_checkpoints
+        from slurm_titan.ckpt import list_checkpoints
 
         store = _open(args)
         infos = list_checkpoints(store)
@@ -125,7 +125,7 @@ class Show(SubCommand):
 
     def run(self, args: argparse.Namespace) -> int:
         from slurm_titan.ckpt import layout
-        from slurm_titan.ckpt.catalog import read_manifest
+        from slurm_titan.ckpt import read_manifest
 
         store = _open(args)
         m = read_manifest(store, args.step)
@@ -182,7 +182,7 @@ class Restore(SubCommand):
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt.catalog import restore
+        from slurm_titan.ckpt import restore
 
         ranks = _restore_ranks(args)
         store = _open(args)
@@ -216,7 +216,7 @@ class Verify(SubCommand):
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt.catalog import list_checkpoints, verify
+        from slurm_titan.ckpt import list_checkpoints, verify
 
         store = _open(args)
         if args.all:
@@ -256,7 +256,7 @@ class Prune(SubCommand):
         parser.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt.retention import prune
+        from slurm_titan.ckpt import prune
 
         if args.keep < 1:
             raise StorageError("--keep must be at least 1")

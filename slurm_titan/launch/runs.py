@@ -1,7 +1,7 @@
 """`slurm-titan runs`: the recent runs submitted from here, one line each (from the registry).
 
 The last checkpoint is the newest `checkpoint step N committed` line near the end of rank 0's log
-(rank 0's uploader commits every checkpoint, slurm_titan.ckpt.sync), else what the history shows
+(rank 0's uploader commits every checkpoint, slurm_titan.ckpt.commit), else what the history shows
 (a checkpoint committed on a stop signal, or the step a later attempt resumed from); no storage
 is contacted.
 """

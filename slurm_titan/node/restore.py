@@ -36,7 +36,7 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     if not remote:
         return RestoreVerdict()
     from slurm_titan.ckpt.agree import NodeAgreement
-    from slurm_titan.ckpt.resume import prepare_resume
+    from slurm_titan.ckpt import prepare_resume
 
     Path(local).mkdir(parents=True, exist_ok=True)
     agree = NodeAgreement(verdicts, node, nodes) if verdicts is not None and nodes > 1 else None

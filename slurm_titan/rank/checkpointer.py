@@ -4,7 +4,7 @@ Activate with ``--override.imports slurm_titan.rank.checkpointer.synced_checkpoi
 log then says ``Applied 1 override(s)``). It replaces torchtitan's ``CheckpointManager``
 with :class:`SyncedCheckpointManager`, which after torchtitan's own save of step N on this
 rank (node-local ``checkpoint.folder``) hands step N to the rank's uploader process
-(:mod:`slurm_titan.ckpt.uploader`, a CheckpointSync outside training's GIL); training goes on
+(:mod:`slurm_titan.ckpt.upload_process`, a CheckpointSync outside training's GIL); training goes on
 while the files upload, and rank 0's uploader commits the checkpoint once every rank's files
 are up.
 
@@ -34,7 +34,8 @@ from torchtitan.tools.logging import logger
 
 from slurm_titan import envvars
 from slurm_titan.ckpt.store import TransferConfig
-from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings
+from slurm_titan.ckpt.upload import Uploader
+from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.rank import preemption, progress
@@ -71,7 +72,7 @@ class SyncedCheckpointManager(CheckpointManager):
     def __init__(self, config: Config, **kwargs) -> None:
         verdict = wait_for_restore()  # the node restores the checkpoint folder while the model is built
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
-        self.sync: UploaderProcess | None = None
+        self.sync: Uploader | None = None
         self._sync_closed = False
         self._force_save = False
         self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
@@ -90,7 +91,7 @@ class SyncedCheckpointManager(CheckpointManager):
         rank, world = _rank_world()
         keep_local = config.keep_latest_k if settings.keep_local is None else settings.keep_local
         cpus = settings.upload_cpus
-        self.sync = UploaderProcess(UploadSettings(
+        uploader = UploaderProcess(UploadSettings(
             settings.remote,
             os.path.abspath(self.folder),
             rank=rank,
@@ -101,8 +102,9 @@ class SyncedCheckpointManager(CheckpointManager):
             keep_remote_every=settings.keep_remote_every,
             cpus=tuple(sorted(cpus or ())),
         ))
+        self.sync = uploader
         log.info("checkpoints of %s are uploaded to %s in the background by process %d (keep %s local, %s remote; "
-                 "on %s)", self.folder, self.sync.location, self.sync.pid, keep_local or "all",
+                 "on %s)", self.folder, uploader.location, uploader.pid, keep_local or "all",
                  settings.keep_remote or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
 
     # -- preemption: every step boundary -------------------------------------------------

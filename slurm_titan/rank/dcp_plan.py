@@ -70,7 +70,7 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
             share = Share.from_json(f.read(), checkpoint_dir)
     except FileNotFoundError:
         return  # the whole checkpoint is here
-    with open(os.path.join(meta, "commit.json"), "rb") as f:
+    with open(os.path.join(checkpoint_dir, layout.COMMIT_RECORD), "rb") as f:
         m = Manifest.from_json(f.read(), where=checkpoint_dir)
     reads = load_reads(state_dict, FileSystemReader(checkpoint_dir).read_metadata())
     for path, off, length in reads:

@@ -4,7 +4,7 @@
   `MetricsProcessor.log` line `step: N  loss: L  ...  tps: T  ...` (colours stripped; validation's
   `validate step:` lines are not training steps);
 - checkpoints: rank 0's uploader logs `checkpoint step N committed` once a checkpoint is committed
-  (slurm_titan.ckpt.sync, as slurm_titan.launch.runs reads it);
+  (slurm_titan.ckpt.commit, as slurm_titan.launch.runs reads it);
 - restores and saves: torchtitan's checkpointer logs `Finished loading|saving|staging the checkpoint
   in S seconds.` (torchtitan/components/checkpointer/dcp.py) when it is done: the S seconds before;
 - each attempt's phases and lost time: slurm_titan.launch.goodput's per-attempt times, laid end to end from

@@ -180,7 +180,7 @@ def opened(location: str, transfer):
 
 
 def our_upload(store, local: Path, step: int) -> None:
-    from slurm_titan.ckpt.sync import CheckpointSync
+    from slurm_titan.ckpt import CheckpointSync
 
     s = CheckpointSync(store, str(local), rank=0, world_size=1, attempt="bench", poll_interval=0.05)
     s.submit(step)
@@ -191,7 +191,7 @@ def our_upload(store, local: Path, step: int) -> None:
 
 
 def our_restore(store, step: int, dest: Path, sync: bool) -> None:
-    from slurm_titan.ckpt.catalog import restore
+    from slurm_titan.ckpt import restore
 
     restore(store, str(dest), step=step)
     if sync:
@@ -320,11 +320,8 @@ def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, result
 
 
 def bench_list(args, srv, results: dict) -> None:
-    from slurm_titan.ckpt import layout
-    from slurm_titan.ckpt.catalog import list_checkpoints
+    from slurm_titan.ckpt import FileEntry, Manifest, layout, list_checkpoints, open_store
     from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
-    from slurm_titan.ckpt.manifest import FileEntry, Manifest
-    from slurm_titan.ckpt.store import open_store
 
     loc = srv.url("bench-list")
     store = open_store(loc)

@@ -36,8 +36,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tools"), str(REPO / "tests")]
 import torch  # noqa: E402
 from s3server import S3Server  # noqa: E402
 
-from slurm_titan.ckpt.sync import CheckpointSync  # noqa: E402
-from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings  # noqa: E402
+from slurm_titan.ckpt import CheckpointSync  # noqa: E402
+from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings  # noqa: E402
 
 TRAIN_CPU, SIDE_CPU = 0, 1
 

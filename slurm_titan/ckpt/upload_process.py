@@ -1,12 +1,13 @@
-"""A rank's :class:`~slurm_titan.ckpt.sync.CheckpointSync`, run in a child process of its own.
+"""A rank's :class:`~slurm_titan.ckpt.upload.CheckpointSync`, run in a child process of its own.
 
 Uploading in a thread of the training process costs training more than the CPU it uses: every
 bit of Python the upload runs (HTTP, retries, receipts) holds the GIL that the training loop
 needs to launch each operator. ``tools/bench/upload_interference.py`` measured a training loop
 on one core 1.52x slower while a thread of its process uploaded from another core without a
 pause, and 1.11x slower while a child process did the same uploads (5 rounds). So each rank
-starts one child (``python -m slurm_titan.ckpt.uploader``) and talks to it over a pipe;
-:class:`UploaderProcess` offers the parent the same calls as CheckpointSync.
+starts one child (``python -m slurm_titan.ckpt.upload_process``) and talks to it over a pipe;
+:class:`UploaderProcess` offers the parent the same calls as CheckpointSync (both are an
+:class:`~slurm_titan.ckpt.upload.Uploader`).
 
 The child runs at a lower priority and, with ``cpus``, on CPUs of its own (the whole process: its
 transfer threads inherit both). It ignores the stop signals (the rank decides when to stop and
@@ -38,9 +39,9 @@ from typing import IO, Any
 from slurm_titan.errors import StorageError
 from slurm_titan.signals import STOP_SIGNALS
 
-from slurm_titan.ckpt.background import background_thread
+from slurm_titan.ckpt.priority import background_thread
 
-log = logging.getLogger("slurm_titan.ckpt.uploader")
+log = logging.getLogger("slurm_titan.ckpt.upload_process")
 
 _STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGINT)
 _LOG_FORMAT = "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"
@@ -64,9 +65,9 @@ class UploadSettings:
 
 
 class UploaderProcess:
-    """CheckpointSync's calls (submit, wait, status, in_flight, submitted, close), served by a
-    child process. Raises StorageError (one line) at construction if the child cannot open the
-    remote location, as CheckpointSync would."""
+    """An :class:`~slurm_titan.ckpt.upload.Uploader`: CheckpointSync's calls (submit, wait, status,
+    in_flight, submitted, close), served by a child process. Raises StorageError (one line) at
+    construction if the child cannot open the remote location, as CheckpointSync would."""
 
     def __init__(self, settings: UploadSettings, start_timeout: float = 300.0) -> None:
         self.location = ""
@@ -228,7 +229,7 @@ def serve(commands: IO[str], events: IO[str]) -> int:
     settings = UploadSettings(**json.loads(commands.readline()))
     # the whole process at once, before the imports: every thread started from here on inherits both
     background_thread(settings.nice, frozenset(settings.cpus) or None)
-    from slurm_titan.ckpt.sync import CheckpointSync
+    from slurm_titan.ckpt.upload import CheckpointSync
 
     lock = threading.Lock()
 

@@ -6,7 +6,7 @@ thread and every thread started afterwards (the transfer pools) inherits them:
 
 - a lower CPU priority (nice), so training keeps the cores it needs;
 - optionally CPUs of their own (``checkpoint.upload_cpus``, a CPU list as ``taskset -c`` takes
-  it), so the upload never runs on the cores that feed the accelerators.
+  it: :mod:`slurm_titan.cpulist`), so the upload never runs on the cores that feed the accelerators.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 
 from slurm_titan.cpulist import format_cpu_list
 
-log = logging.getLogger("slurm_titan.ckpt.background")
+log = logging.getLogger("slurm_titan.ckpt.priority")
 
 
 def lower_thread_priority(nice: int) -> None:

@@ -1,4 +1,4 @@
-"""Per-rank background upload of checkpoints, and rank 0's commit.
+"""Per-rank background upload of checkpoints, and the thread that runs rank 0's commit.
 
 Every rank runs one :class:`CheckpointSync`. After torchtitan's save of step N returns on a
 rank, ``submit(N)`` queues the upload of that rank's own files of ``<local>/step-N/``
@@ -6,15 +6,16 @@ rank, ``submit(N)`` queues the upload of that rank's own files of ``<local>/step
 background thread uploads them (retrying with exponential backoff while the store is
 unreachable) and then writes the rank's receipt (files, sizes, checksums).
 
-Rank 0 also runs a committer thread: for each step, in order, it waits until the receipts of
-all ``world_size`` ranks (of this attempt) exist, checks every file's size against one
-listing of the step folder, and only then writes the commit record, last and atomically
-(S3: conditional PUT; directory: tmp + link), followed by the catalog entry and remote
-retention. A checkpoint without a commit record is incomplete: never listed complete,
-never restored.
+Rank 0 also runs a committer thread: for each step, in order, it runs the commit protocol
+(:func:`.commit.commit`: all receipts, sizes against one listing, the commit record last and
+create-only, the catalog entry), then remote retention. A checkpoint without a commit record
+is incomplete: never listed complete, never restored.
 
 ``wait(step, timeout)`` blocks until this rank's part of the step (and, on rank 0, the
 commit) is done: the preemption path calls it before the job lets go of the node.
+
+:class:`Uploader` is what a rank's checkpointer calls: CheckpointSync in-process, or
+:class:`.upload_process.UploaderProcess` (the same calls, served by a child process).
 """
 
 from __future__ import annotations
@@ -27,20 +28,50 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_titan import envvars
 from slurm_titan.errors import StorageError
 
-from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.background import background_thread
+from slurm_titan.ckpt import commit, layout
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
-from slurm_titan.ckpt.manifest import Manifest, ManifestError, Range, Receipt, utc_iso
-from slurm_titan.ckpt.share import merged
+from slurm_titan.ckpt.manifest import ManifestError, Range, Receipt, utc_iso
+from slurm_titan.ckpt.priority import background_thread
+from slurm_titan.ckpt.retention import prune
 from slurm_titan.ckpt.store import Store, open_store
 from slurm_titan.ckpt.transfer import LocalFileError, upload_many
 
-log = logging.getLogger("slurm_titan.ckpt.sync")
+log = logging.getLogger("slurm_titan.ckpt.upload")
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class Uploader(Protocol):
+    """A rank's uploader: :class:`CheckpointSync`, or :class:`.upload_process.UploaderProcess`
+    (``runtime_checkable``: the tests assert that both are one)."""
+
+    def submit(self, step: int, reads: list[Range] | None = None,
+               spans: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """Queue the upload of this rank's files of step N (returns at once)."""
+
+    def submitted(self, step: int) -> bool:
+        """Whether step N was submitted here."""
+
+    def wait(self, step: int | None = None, timeout: float | None = None) -> bool:
+        """Block until this rank's part of ``step`` (rank 0: the commit; None: every step) is done;
+        True if it succeeded."""
+
+    def status(self, step: int) -> str:
+        """What became of step N (``failed: <why>`` when it failed)."""
+
+    def in_flight(self) -> set[int]:
+        """Steps submitted whose upload (rank 0: commit) has not finished."""
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish what was submitted (up to ``timeout`` s), then stop; True if all of it succeeded."""
 
 
 def default_attempt() -> str:
@@ -60,17 +91,6 @@ def default_attempt() -> str:
     if parts and os.environ.get("TORCHELASTIC_RESTART_COUNT"):
         parts.append(f"r{os.environ['TORCHELASTIC_RESTART_COUNT']}")
     return ".".join(parts)
-
-
-def _read_map(receipts: list[Receipt], step: int) -> list[list[Range]] | None:
-    """Every rank's reads, in rank order, when every receipt has them; else None."""
-    missing = [r.rank for r in receipts if r.reads is None]
-    if missing:
-        if len(missing) < len(receipts):
-            log.warning("checkpoint step %d: ranks %s sent no read map: every node will fetch all of it", step,
-                        missing[:8])
-        return None
-    return [merged(r.reads or []) for r in receipts]
 
 
 @dataclass
@@ -239,7 +259,7 @@ class CheckpointSync:
         return True
 
     # ------------------------------------------------------------------------------ retry
-    def _retrying(self, what: str, fn, step: _Step):
+    def _retrying(self, what: str, fn: Callable[[], T], step: _Step) -> T:
         """Run fn() until it succeeds; StorageErrors are retried with exponential backoff."""
         delay, tries, last_log = self.retry_initial, 0, 0.0
         while True:
@@ -315,7 +335,7 @@ class CheckpointSync:
     def _upload_step(self, st: _Step) -> None:
         step = st.step
         st.status = "uploading"
-        if self._retrying("checking the commit record", lambda: self.store.exists(layout.commit_path(step)), st):
+        if self._retrying("checking the commit record", lambda: commit.is_committed(self.store, step), st):
             log.warning("checkpoint step %d is already committed at %s; keeping that one, not uploading",
                         step, self.store.url(layout.step_dir(step)))
             st.status = "already-committed"
@@ -332,15 +352,13 @@ class CheckpointSync:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,
                               uploaded_at=utc_iso(), saved_at=st.saved_at, failed=st.error)
-            self._retrying("writing the failure receipt",
-                           lambda: self.store.put_bytes(layout.receipt_path(step, self.rank), receipt.to_json()), st)
+            self._retrying("writing the failure receipt", lambda: commit.write_receipt(self.store, receipt), st)
             raise
         prefix = layout.step_dir(step) + "/"
         entries = [dataclasses.replace(e, path=e.path[len(prefix):]) for e in entries]  # paths inside step-N
         receipt = Receipt(step, self.rank, self.world_size, self.attempt, entries, self.algorithm,
                           uploaded_at=utc_iso(), saved_at=st.saved_at, reads=st.reads)
-        self._retrying("writing the receipt",
-                       lambda: self.store.put_bytes(layout.receipt_path(step, self.rank), receipt.to_json()), st)
+        self._retrying("writing the receipt", lambda: commit.write_receipt(self.store, receipt), st)
         nbytes = sum(e.size for e in entries)
         secs = time.monotonic() - began
         log.info("checkpoint step %d: rank %d uploaded %d file(s), %.1f MiB in %.1f s (%.0f MiB/s)", step,
@@ -364,93 +382,16 @@ class CheckpointSync:
                 st.committed.set()
             if st.status == "committed" and (self.keep_remote or self.keep_remote_every):
                 try:
-                    from slurm_titan.ckpt.retention import prune
-
                     prune(self.store, self.keep_remote, self.keep_remote_every, protected=self.in_flight())
                 except Exception as e:  # noqa: BLE001
                     log.warning("remote checkpoint retention failed: %s", e)
 
-    def _gather_receipts(self, step: int) -> list[Receipt] | None:
-        """All world_size receipts of this attempt, or None while some are still missing."""
-        entries = self.store.ls(layout.receipt_dir(step))
-        names = {e.name for e in entries}
-        wanted = [layout.receipt_path(step, r) for r in range(self.world_size)]
-        if any(p.rsplit("/", 1)[-1] not in names for p in wanted):
-            return None
-        extra = [e.path for e in entries if (layout.parse_receipt_name(e.name) or 0) >= self.world_size]
-        if extra:  # left by an earlier attempt with more ranks
-            self.store.rm_files(extra)
-        blobs = self.store.cat_many(wanted)
-        receipts = []
-        for path in wanted:
-            blob = blobs.get(path)
-            if blob is None:
-                return None
-            r = Receipt.from_json(blob, where=self.store.url(path))
-            if r.step != step or (self.attempt and r.attempt != self.attempt):
-                return None  # left by an earlier attempt; this attempt's rank will overwrite it
-            receipts.append(r)
-        return receipts
-
     def _commit_step(self, st: _Step) -> None:
-        step = st.step
-        delay = min(0.2, self.poll_interval)
-        waited_since, last_log = time.monotonic(), time.monotonic()
-        while True:
-            receipts = self._retrying("reading receipts", lambda: self._gather_receipts(step), st)
-            if receipts is not None:
-                break
-            if self._stop.wait(delay):
-                raise StorageError("given up at close while waiting for the other ranks' uploads")
-            delay = min(delay * 1.5, self.poll_interval)
-            if time.monotonic() - last_log > 300:
-                log.info("checkpoint step %d: still waiting for the other ranks' uploads (%.0f s)", step,
-                         time.monotonic() - waited_since)
-                last_log = time.monotonic()
-        failed = [r for r in receipts if r.failed]
-        if failed:
-            raise StorageError(f"rank {failed[0].rank} could not upload: {failed[0].failed}; step {step} "
-                               f"stays incomplete")
-        files = [f for r in receipts for f in r.files]
-        seen: set[str] = set()
-        for f in files:
-            if f.path in seen:
-                raise StorageError(f"file {f.path} was uploaded by two ranks; step {step} stays incomplete")
-            seen.add(f.path)
-        listing = self._retrying("listing the step folder", lambda: self.store.find(layout.step_dir(step)), st)
-        sizes = {e.path: e.size for e in listing}
-        for f in files:
-            got = sizes.get(f"{layout.step_dir(step)}/{f.path}")
-            if got != f.size:
-                raise StorageError(f"{self.store.url(layout.step_dir(step))}/{f.path}: store has "
-                                   f"{'no such file' if got is None else f'{got} bytes'}, expected {f.size}; "
-                                   f"step {step} stays incomplete")
-        manifest = Manifest(
-            step=step, world_size=self.world_size, files=files, algorithm=self.algorithm,
-            config_digest=self.config_digest, attempt=self.attempt,
-            saved_at=receipts[0].saved_at or st.saved_at, committed_at=utc_iso(),
-            extra={"committed_by": self.host},
-            read_map=_read_map(receipts, step),
-        )
-        if manifest.read_map is not None:
-            try:
-                Manifest.from_json(manifest.to_json(), step=step)
-            except ManifestError as e:
-                log.warning("checkpoint step %d: committed without a read map (every node will fetch all of it): "
-                            "%s", step, e)
-                manifest.read_map = None
-        created = self._retrying("writing the commit record",
-                                 lambda: self.store.create_bytes(layout.commit_path(step), manifest.to_json()), st)
-        if not created:
-            log.warning("checkpoint step %d was committed by someone else meanwhile; keeping theirs", step)
-            st.status = "already-committed"
-            return
-        entry = layout.catalog_entry(step, self.world_size, len(files), manifest.total_bytes)
-        self._retrying("writing the catalog entry",
-                       lambda: self.store.put_bytes(entry, b'{"step": %d}\n' % step), st)
-        st.status = "committed"
-        log.info("checkpoint step %d committed: %d file(s), %.1f MiB at %s", step, len(files),
-                 manifest.total_bytes / 2**20, self.store.url(layout.step_dir(step)))
+        manifest = commit.commit(self.store, st.step, world_size=self.world_size, attempt=self.attempt,
+                                 algorithm=self.algorithm, config_digest=self.config_digest, saved_at=st.saved_at,
+                                 committed_by=self.host, retry=lambda what, fn: self._retrying(what, fn, st),
+                                 stop=self._stop, poll_interval=self.poll_interval)
+        st.status = "committed" if manifest is not None else "already-committed"
 
     # ------------------------------------------------------------------------------ local
     def _prune_local(self) -> None:
@@ -463,7 +404,7 @@ class CheckpointSync:
             if s in keep:
                 continue
             root = os.path.join(self.local_folder, layout.step_dir(s))
-            if os.path.exists(os.path.join(root, layout.META_DIR, "commit.json")):
+            if commit.has_local_record(root):
                 shutil.rmtree(root, ignore_errors=True)  # a restored copy: complete remotely
                 continue
             if s not in self._uploaded_steps:

@@ -1,0 +1,228 @@
+"""The commit protocol: how a checkpoint becomes complete, and how it stops being complete.
+
+**Invariant: a checkpoint is complete if and only if its commit record exists**
+(``step-N/.slurm-titan/commit.json``, :func:`.layout.commit_path`). Listing (:mod:`.catalog`),
+restore (:mod:`.restore`) and retention (:mod:`.retention`) go by that alone (a catalog entry
+stands for a record: it is written after the record and deleted before it): a step folder
+without the record is incomplete whatever it holds, and is never restored.
+
+Making step N complete, in the order of this file:
+
+1. each rank uploads its own files of ``step-N/`` (:mod:`.upload`), then writes its receipt
+   (:func:`write_receipt`): every file's size and the checksum of the bytes it sent, or why
+   it failed;
+2. rank 0 waits until the receipts of all ``world_size`` ranks of this attempt are there
+   (:func:`wait_for_receipts`), refuses a failed rank or a file uploaded twice
+   (:func:`checked_files`), and checks every file's size against one listing of the step
+   folder (:func:`check_sizes`);
+3. only then does it write the commit record, create-only (``Store.create_bytes``: S3 a
+   conditional PUT, a directory a temporary file hard-linked into place), so the record appears
+   whole or not at all and is never replaced;
+4. then the catalog entry (:func:`.layout.catalog_entry`), which saves a listing from reading
+   the record.
+
+Checksums are not recomputed at commit: they are the uploading rank's, and every restore and
+``verify`` checks them.
+
+Unmaking it (:func:`delete_checkpoint`): catalog entry first, then the commit record, then the
+files.
+
+What a crash leaves behind, and why that is safe:
+
+- in 1 or 2: files and receipts, no record: incomplete, never restored. A later attempt that
+  saves the step again uploads over it (its committer ignores receipts of other attempts and
+  deletes those of ranks beyond its world size); else retention deletes it once a newer
+  checkpoint is complete.
+- in 3: the record exists whole or not at all.
+- between 3 and 4: complete without a catalog entry: listed complete ("no catalog entry"), at
+  the cost of one more listing of that folder.
+- while deleting: after the entry went, a complete checkpoint without an entry; after the
+  record went, an incomplete one. Never a "complete" checkpoint with holes.
+- two committers of one step (the rank 0 of an earlier attempt still running): the first
+  record stays; the second committer finds it there and keeps it ("already-committed").
+- a later attempt saving a step that is already complete: each rank finds the record
+  (:func:`is_committed`) and uploads nothing, so a complete checkpoint is never overwritten.
+
+Collective contracts (who calls what):
+
+- every rank, once per saved step, after torchtitan's save of the step returned on that rank:
+  ``CheckpointSync.submit(N)`` (:mod:`.upload`), which uploads and then calls
+  :func:`write_receipt`. No collective: the receipts in the store are the only rendezvous, so
+  a rank that never uploads leaves the step incomplete, and rank 0's committer waits for it in
+  its own thread (until ``close`` gives up), never inside a torch.distributed call.
+- rank 0 only, for each step in the order submitted: :func:`commit` (CheckpointSync's
+  committer thread), then remote retention (:func:`.retention.prune`, deleting with
+  :func:`delete_checkpoint`). ``slurm-titan ckpt prune`` deletes the same way.
+- each node once, before its ranks load: :func:`.restore.prepare_resume`. It restores only a
+  complete checkpoint; the local copy appears under its final name, its commit record included,
+  only once every file is verified (so it is complete by the same rule); newer local steps
+  without a record are moved aside (:func:`has_local_record`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from slurm_titan.errors import StorageError
+
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.catalog import CheckpointInfo
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, Receipt, utc_iso
+from slurm_titan.ckpt.share import merged
+from slurm_titan.ckpt.store import Entry, Store
+
+log = logging.getLogger("slurm_titan.ckpt.commit")
+
+T = TypeVar("T")
+
+
+class Retry(Protocol):
+    """``retry(what, fn)``: fn() until it succeeds; StorageError when given up (at close)."""
+
+    def __call__(self, what: str, fn: Callable[[], T]) -> T: ...
+
+
+def is_committed(store: Store, step: int) -> bool:
+    """Whether step N is complete at ``store``: its commit record exists."""
+    return store.exists(layout.commit_path(step))
+
+
+def has_local_record(step_folder: str) -> bool:
+    """Whether a local ``step-N`` folder holds a commit record (a restored copy, complete)."""
+    return os.path.exists(os.path.join(step_folder, layout.COMMIT_RECORD))
+
+
+# ------------------------------------------------------------------------------ 1. every rank
+def write_receipt(store: Store, receipt: Receipt) -> None:
+    """A rank's part of the step is done (or failed: ``receipt.failed``)."""
+    store.put_bytes(layout.receipt_path(receipt.step, receipt.rank), receipt.to_json())
+
+
+# ------------------------------------------------------------------------------ 2.-4. rank 0
+def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm: str, config_digest: str,
+           saved_at: str, committed_by: str, retry: Retry, stop: threading.Event,
+           poll_interval: float) -> Manifest | None:
+    """Commit step N once every rank's receipt is in (rank 0 only).
+
+    Returns the commit record written, or None if someone else committed the step meanwhile.
+    Raises StorageError (one line) when the step stays incomplete: a rank failed, a file is
+    missing or has the wrong size, or ``stop`` was set while waiting."""
+    receipts = wait_for_receipts(store, step, world_size, attempt, retry, stop, poll_interval)
+    files = checked_files(receipts, step)
+    listing = retry("listing the step folder", lambda: store.find(layout.step_dir(step)))
+    check_sizes(store, step, files, listing)
+    manifest = Manifest(
+        step=step, world_size=world_size, files=files, algorithm=algorithm,
+        config_digest=config_digest, attempt=attempt,
+        saved_at=receipts[0].saved_at or saved_at, committed_at=utc_iso(),
+        extra={"committed_by": committed_by},
+        read_map=_read_map(receipts, step),
+    )
+    if manifest.read_map is not None:
+        try:
+            Manifest.from_json(manifest.to_json(), step=step)
+        except ManifestError as e:
+            log.warning("checkpoint step %d: committed without a read map (every node will fetch all of it): "
+                        "%s", step, e)
+            manifest.read_map = None
+    created = retry("writing the commit record",
+                    lambda: store.create_bytes(layout.commit_path(step), manifest.to_json()))
+    if not created:
+        log.warning("checkpoint step %d was committed by someone else meanwhile; keeping theirs", step)
+        return None
+    entry = layout.catalog_entry(step, world_size, len(files), manifest.total_bytes)
+    retry("writing the catalog entry", lambda: store.put_bytes(entry, b'{"step": %d}\n' % step))
+    log.info("checkpoint step %d committed: %d file(s), %.1f MiB at %s", step, len(files),
+             manifest.total_bytes / 2**20, store.url(layout.step_dir(step)))
+    return manifest
+
+
+def wait_for_receipts(store: Store, step: int, world_size: int, attempt: str, retry: Retry,
+                      stop: threading.Event, poll_interval: float) -> list[Receipt]:
+    """Poll until all ``world_size`` receipts of this attempt are there; StorageError if ``stop`` is set."""
+    delay = min(0.2, poll_interval)
+    waited_since, last_log = time.monotonic(), time.monotonic()
+    while True:
+        receipts = retry("reading receipts", lambda: gather_receipts(store, step, world_size, attempt))
+        if receipts is not None:
+            return receipts
+        if stop.wait(delay):
+            raise StorageError("given up at close while waiting for the other ranks' uploads")
+        delay = min(delay * 1.5, poll_interval)
+        if time.monotonic() - last_log > 300:
+            log.info("checkpoint step %d: still waiting for the other ranks' uploads (%.0f s)", step,
+                     time.monotonic() - waited_since)
+            last_log = time.monotonic()
+
+
+def gather_receipts(store: Store, step: int, world_size: int, attempt: str) -> list[Receipt] | None:
+    """All world_size receipts of this attempt, or None while some are still missing."""
+    entries = store.ls(layout.receipt_dir(step))
+    names = {e.name for e in entries}
+    wanted = [layout.receipt_path(step, r) for r in range(world_size)]
+    if any(p.rsplit("/", 1)[-1] not in names for p in wanted):
+        return None
+    extra = [e.path for e in entries if (layout.parse_receipt_name(e.name) or 0) >= world_size]
+    if extra:  # left by an earlier attempt with more ranks
+        store.rm_files(extra)
+    blobs = store.cat_many(wanted)
+    receipts = []
+    for path in wanted:
+        blob = blobs.get(path)
+        if blob is None:
+            return None
+        r = Receipt.from_json(blob, where=store.url(path))
+        if r.step != step or (attempt and r.attempt != attempt):
+            return None  # left by an earlier attempt; this attempt's rank will overwrite it
+        receipts.append(r)
+    return receipts
+
+
+def checked_files(receipts: list[Receipt], step: int) -> list[FileEntry]:
+    """Every rank's files; StorageError if a rank failed or two ranks uploaded the same file."""
+    failed = [r for r in receipts if r.failed]
+    if failed:
+        raise StorageError(f"rank {failed[0].rank} could not upload: {failed[0].failed}; step {step} "
+                           f"stays incomplete")
+    files = [f for r in receipts for f in r.files]
+    seen: set[str] = set()
+    for f in files:
+        if f.path in seen:
+            raise StorageError(f"file {f.path} was uploaded by two ranks; step {step} stays incomplete")
+        seen.add(f.path)
+    return files
+
+
+def check_sizes(store: Store, step: int, files: list[FileEntry], listing: list[Entry]) -> None:
+    """StorageError unless each file is in the step folder's ``listing`` with its receipt's size."""
+    sizes = {e.path: e.size for e in listing}
+    for f in files:
+        got = sizes.get(f"{layout.step_dir(step)}/{f.path}")
+        if got != f.size:
+            raise StorageError(f"{store.url(layout.step_dir(step))}/{f.path}: store has "
+                               f"{'no such file' if got is None else f'{got} bytes'}, expected {f.size}; "
+                               f"step {step} stays incomplete")
+
+
+def _read_map(receipts: list[Receipt], step: int) -> list[list[Range]] | None:
+    """Every rank's reads, in rank order, when every receipt has them; else None."""
+    missing = [r.rank for r in receipts if r.reads is None]
+    if missing:
+        if len(missing) < len(receipts):
+            log.warning("checkpoint step %d: ranks %s sent no read map: every node will fetch all of it", step,
+                        missing[:8])
+        return None
+    return [merged(r.reads or []) for r in receipts]
+
+
+# ------------------------------------------------------------------------------ deleting
+def delete_checkpoint(store: Store, info: CheckpointInfo) -> None:
+    """Delete one checkpoint: catalog entries, then the commit record, then the folder."""
+    store.rm_files(list(info.catalog_entries))
+    store.rm_files([layout.commit_path(info.step)])
+    store.rm_tree(layout.step_dir(info.step))
