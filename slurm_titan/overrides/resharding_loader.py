@@ -196,10 +196,11 @@ class ReshardingDataLoader(ParallelAwareDataloader):
     @dataclass(kw_only=True, slots=True)
     class Config(HuggingFaceTextDataLoader.Config):
         allow_dataset_change: bool = False
-        """Resume a checkpoint whose dataset fingerprint differs from this dataset's (checkpoint.allow_dataset_change)."""
+        """Resume a checkpoint whose dataset fingerprint differs from this dataset's
+        (checkpoint.allow_dataset_change)."""
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, seq_len: int,
-                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs) -> None:
+                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
         if config.num_workers:
             raise DataResumeError(f"dataloader.num_workers={config.num_workers}: the resharding data loader reads "
                                   "in the training process only (num_workers: 0)")
@@ -272,8 +273,8 @@ class ReshardingDataLoader(ParallelAwareDataloader):
                             sorted({c["epoch"] for c in cursors}))
         needed = rows_needed(plan)
         if needed > self.dataset.rows:
-            raise DataResumeError(f"dataset {self.fingerprint['path']} has {self.dataset.rows} rows but the checkpoint's "
-                                  f"data position needs {needed}; resume on the dataset it was saved with")
+            raise DataResumeError(f"dataset {self.fingerprint['path']} has {self.dataset.rows} rows but the "
+                                  f"checkpoint's data position needs {needed}; resume on the dataset it was saved with")
         self.dataset.resume(plan, epoch)
         StatefulDataLoader.load_state_dict(self, {})  # drop an iterator made for DCP's template: read from the plan
 
