@@ -72,7 +72,8 @@ def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path
     # 3 steps x local batch 4 x 256 tokens per rank; documents have >= 20 tokens: at most this many read
     assert 0 < len(read) <= 3 * 4 * 256 * new // 20 + new
     tokenizer, _ = ensure_assets(REPO / ".cache/debug-assets")  # the debug config's (debug_assets)
-    samples = Samples.load(dataset, tokenizer)
-    runs = check_resumed(samples, recorded(job_dir(cli, first)), recorded(job_dir(cli, second)))
-    assert sum(end - start for _, start, end in runs) == (6 * old + 3 * new) * 4 * 256  # every token is a sample's
+    yielded = recorded(job_dir(cli, first)), recorded(job_dir(cli, second))
+    assert tuple(map(len, yielded)) == (old, new)  # every rank recorded
+    runs = check_resumed(Samples.load(dataset, tokenizer), *yielded)
+    assert sum(end - start for _, start, end in runs) == (6 * old + 3 * new) * 4 * 256  # 6 + 3 steps' batches
 

@@ -87,7 +87,7 @@ class ReshardableTextDataset(IterableDataset, Stateful):
         self._tokenizer, self.seq_len, self.infinite = tokenizer, seq_len, infinite
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self._views: dict[tuple[int, int, int, int], Dataset] = {}
-        self._counting = torch.arange(seq_len)  # the positions of a sequence's samples are slices of it
+        self._arange = torch.arange(seq_len)  # the positions of each sample's run in a sequence: a slice of it
         self.resume(fresh_plan(len(data), dp_world_size, dp_rank, 0), 0)
 
     @property
@@ -97,8 +97,8 @@ class ReshardableTextDataset(IterableDataset, Stateful):
     def resume(self, plan: list[Piece], epoch: int) -> None:
         """Read ``plan`` from its start with empty buffers (a fresh start or a restored cursor)."""
         self._plan, self._epoch, self._position = list(plan), epoch, 0
-        self._buffer: deque[tuple[torch.Tensor, int]] = deque()  # (tokens, first one not yielded) of each buffered
-        self._buffered = 0  # sample, oldest first; how many tokens they have left (the inputs in the buffer)
+        self._buffer: deque[tuple[torch.Tensor, int]] = deque()  # buffered samples' (tokens, first not yielded)
+        self._buffered = 0  # input tokens in the buffer
 
     def _view(self, piece: Piece) -> Dataset:
         """The shard's rows in the epoch's order: torchtitan's ``shard(contiguous=True)`` (= ``select(range)``)
@@ -123,15 +123,17 @@ class ReshardableTextDataset(IterableDataset, Stateful):
 
     def _sequence(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The next ``seq_len`` tokens of the buffer, as torchtitan packs them: inputs and labels shifted inside
-        each sample, positions counted from each sample's start, the first sample's from 0 (torchtitan's
-        per-chunk normalisation: a sample cut by the previous sequence, or by the checkpoint, restarts at 0)."""
+        each sample, and each sample's positions counted from 0 where its run in the sequence starts (a sample
+        that starts there, or the rest of one cut by the previous sequence: torchtitan's per-sequence
+        normalisation). The rest of a sample cut by the checkpoint starts at 0 too, wherever a reshard puts it
+        (counted from its token offset, a long sample's positions would pass seq_len, the RoPE cache's end)."""
         inputs, labels, positions, need = [], [], [], self.seq_len
         while need:
             tokens, start = self._buffer[0]
             count = min(len(tokens) - 1 - start, need)
             inputs.append(tokens[start:start + count])
             labels.append(tokens[start + 1:start + 1 + count])
-            positions.append(self._counting[:count])
+            positions.append(self._arange[:count])
             need -= count
             if start + count == len(tokens) - 1:
                 self._buffer.popleft()
