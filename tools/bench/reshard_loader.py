@@ -2,9 +2,11 @@
 
 Both loaders read the debug dataset (slurm_titan.launch.debug_assets) with its tokenizer at seq_len 256,
 local batch 4, as one rank of `--degree`; rounds alternate between the two, and the ratio
-(resharding / torchtitan, tokens per second) is the median over rounds. Goal: >= 0.98.
+(resharding / torchtitan, tokens per second) is the median over rounds, with its spread (lowest-highest).
+Goal: >= 0.98. The ratio of CPU seconds (the process's, per token) is printed too: on a shared machine the
+wall-clock ratio moves with the other processes' load, the CPU one much less.
 
-    python tools/bench/reshard_loader.py --assets .cache/debug-assets --rounds 5
+    python tools/bench/reshard_loader.py --assets .cache/debug-assets --rounds 9
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
-def tokens_per_second(cls: type, assets: Path, degree: int, batches: int, seq_len: int, batch: int) -> float:
+def tokens_per_second(cls: type, assets: Path, degree: int, batches: int, seq_len: int,
+                      batch: int) -> tuple[float, float]:
+    """(tokens per wall-clock second, tokens per CPU second of this process) of `batches` batches."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets / "tokenizer"))
@@ -28,10 +32,11 @@ def tokens_per_second(cls: type, assets: Path, degree: int, batches: int, seq_le
                  local_batch_size=batch)
     it = iter(loader)
     next(it)  # the dataset's first read (arrow files opened) is not the loader's throughput
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
         next(it)
-    return batches * batch * seq_len / (time.perf_counter() - start)
+    tokens = batches * batch * seq_len
+    return tokens / (time.perf_counter() - start), tokens / (time.process_time() - cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,14 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     from slurm_titan.overrides.resharding_loader import ReshardingDataLoader
 
     ensure_assets(args.assets)
-    ratios = []
+    ratios: list[float] = []
+    cpu_ratios: list[float] = []
     for round_ in range(args.rounds):
         order = (HuggingFaceTextDataLoader, ReshardingDataLoader)[:: 1 if round_ % 2 else -1]
         rate = {cls: tokens_per_second(cls, args.assets, args.degree, args.batches, 256, 4) for cls in order}
-        ratios.append(rate[ReshardingDataLoader] / rate[HuggingFaceTextDataLoader])
-        print(f"round {round_ + 1}: torchtitan {rate[HuggingFaceTextDataLoader]:,.0f} tok/s, "
-              f"resharding {rate[ReshardingDataLoader]:,.0f} tok/s, ratio {ratios[-1]:.3f}")
-    print(f"median ratio (resharding / torchtitan): {statistics.median(ratios):.3f} over {args.rounds} rounds")
+        (titan, titan_cpu), (ours, ours_cpu) = rate[HuggingFaceTextDataLoader], rate[ReshardingDataLoader]
+        ratios.append(ours / titan)
+        cpu_ratios.append(ours_cpu / titan_cpu)
+        print(f"round {round_ + 1}: torchtitan {titan:,.0f} tok/s, resharding {ours:,.0f} tok/s, "
+              f"ratio {ratios[-1]:.3f} (CPU time: {cpu_ratios[-1]:.3f})")
+    for name, values in (("", ratios), ("CPU-time ", cpu_ratios)):
+        print(f"median {name}ratio (resharding / torchtitan): {statistics.median(values):.3f} over {args.rounds} "
+              f"rounds, spread {min(values):.3f}-{max(values):.3f}")
     return 0
 
 
