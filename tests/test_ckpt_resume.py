@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 
 from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
+from slurm_titan.ckpt import restore as restore_module
 from slurm_titan.ckpt.restore import hide_uncommitted, prepare_resume
 from slurm_titan.ckpt.upload import CheckpointSync
 
@@ -43,9 +43,8 @@ def test_prepare_resume_lists_the_location_once(tmp_path, monkeypatch):
     s.submit(10)
     assert s.wait(timeout=30) and s.close(timeout=30)
     listings = []
-    restore = importlib.import_module("slurm_titan.ckpt.restore")  # the module: ckpt.restore is the function
-    real = restore.list_checkpoints
-    monkeypatch.setattr(restore, "list_checkpoints", lambda store: listings.append(store.location) or real(store))
+    real = restore_module.list_checkpoints
+    monkeypatch.setattr(restore_module, "list_checkpoints", lambda store: listings.append(store.location) or real(store))
     assert prepare_resume(str(tmp_path / "remote"), str(tmp_path / "node")).step == 10
     assert len(listings) == 1
 

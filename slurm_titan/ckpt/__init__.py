@@ -10,9 +10,8 @@ The package, top to bottom:
 - :mod:`.layout`     names of things inside a checkpoint location
 - :mod:`.checksum`   file checksums (xxh3_128, or sha256 without xxhash)
 - :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
-- :mod:`.share`      a node's share of a checkpoint (the blocks its ranks' load reads)
-- :mod:`.dcp_plan`   that read map from DCP's load planner (used in the ranks; the one module
-                     here that imports torch, so nothing else imports it)
+- :mod:`.share`      a node's share of a checkpoint (the blocks its ranks' load reads, worked out
+                     in each rank by :mod:`slurm_titan.rank.dcp_plan`)
 - :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
 - :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
 - :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
@@ -28,18 +27,18 @@ The package, top to bottom:
 - :mod:`.agree`      one verdict on a restored checkpoint for all nodes of a job
 - :mod:`.restore`    restore a complete checkpoint; before a (re)start, onto a node's local disk
 
-The ``slurm-titan ckpt ...`` CLI is :mod:`slurm_titan.cli.ckpt_cmd`; the torchtitan hook that
+The ``slurm-titan ckpt ...`` CLI is :mod:`slurm_titan.cli.ckpt`; the torchtitan hook that
 feeds the uploader is :mod:`slurm_titan.rank.checkpointer`.
 
-``slurm_titan.ckpt.restore`` below is the function (it hides the module of that name as an
-attribute); import other names from the module: ``from slurm_titan.ckpt.restore import ...``.
+The restore itself is ``slurm_titan.ckpt.restore.restore`` (not re-exported here, so that the module's
+name stays the module).
 """
 
 from slurm_titan.ckpt.catalog import (CheckpointInfo, VerifyReport, list_checkpoints, newest_complete, read_manifest,
                                       verify)
 from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Receipt
-from slurm_titan.ckpt.restore import CorruptCheckpoint, RestoreResult, prepare_resume, restore
+from slurm_titan.ckpt.restore import CorruptCheckpoint, RestoreResult, prepare_resume
 from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
 from slurm_titan.ckpt.store import Store, open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
@@ -65,6 +64,5 @@ __all__ = [
     "prepare_resume",
     "prune",
     "read_manifest",
-    "restore",
     "verify",
 ]

@@ -182,7 +182,7 @@ class Restore(SubCommand):
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt import restore
+        from slurm_titan.ckpt.restore import restore
 
         ranks = _restore_ranks(args)
         store = _open(args)

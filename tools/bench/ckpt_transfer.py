@@ -191,7 +191,7 @@ def our_upload(store, local: Path, step: int) -> None:
 
 
 def our_restore(store, step: int, dest: Path, sync: bool) -> None:
-    from slurm_titan.ckpt import restore
+    from slurm_titan.ckpt.restore import restore
 
     restore(store, str(dest), step=step)
     if sync:

@@ -81,7 +81,8 @@ def save(world: int, local: Path, remote: str, mib: int, env: dict) -> None:
 
 
 def bench(world: int, args, work: Path, remote: str, results: dict) -> None:
-    from slurm_titan.ckpt import open_store, read_manifest, restore
+    from slurm_titan.ckpt import open_store, read_manifest
+    from slurm_titan.ckpt.restore import restore
     from slurm_titan.ckpt.share import node_ranks
 
     t = time.perf_counter()
