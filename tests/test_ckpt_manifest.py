@@ -19,7 +19,7 @@ from slurm_titan.ckpt.manifest import (
     config_digest,
 )
 from slurm_titan.ckpt.retention import plan_retention
-from slurm_titan.ckpt.store import describe, redact, scrub
+from slurm_titan.ckpt.storage import describe, redact, scrub
 from slurm_titan.errors import StorageError
 
 
@@ -143,7 +143,7 @@ def test_error_messages_hide_credentials(monkeypatch):
 
 def test_cli_modules_do_not_import_torch():
     code = ("import sys; import slurm_titan.cli.ckpt_cmd, slurm_titan.ckpt.catalog, slurm_titan.ckpt.sync, "
-            "slurm_titan.ckpt.retention, slurm_titan.ckpt.resume, slurm_titan.ckpt.store, slurm_titan.ckpt.s3http; "
+            "slurm_titan.ckpt.retention, slurm_titan.ckpt.resume, slurm_titan.ckpt.storage; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan')]; print(bad); "
             "sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

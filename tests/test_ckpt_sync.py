@@ -16,7 +16,7 @@ from s3server import location, s3_env, s3_server, write_fake_step  # noqa: F401 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, restore, verify
 from slurm_titan.ckpt.manifest import Receipt
-from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.sync import CheckpointSync
 from slurm_titan.errors import StorageError
 

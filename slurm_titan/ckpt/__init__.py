@@ -10,10 +10,9 @@ Modules (each with one job):
 - :mod:`.layout`     names of things inside a checkpoint location
 - :mod:`.checksum`   file checksums (xxh3_128, or sha256 without xxhash)
 - :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
-- :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
-- :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
-- :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
-- :mod:`.ranged`     a restored file filled by ranges: O_DIRECT writes, hashed in order
+- :mod:`.storage`    open a location (URL or path) as a Store: one interface, one module per
+                     backend (local folder, any fsspec, S3 and its fast http.client path), with
+                     checksummed bulk upload/download and ranged O_DIRECT restores
 - :mod:`.sync`       per-rank background uploader and rank-0 committer
 - :mod:`.uploader`   a rank's CheckpointSync in a child process (outside training's GIL)
 - :mod:`.background` the uploader's priority and CPUs

@@ -30,8 +30,7 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
-from slurm_titan.ckpt.store import Store
-from slurm_titan.ckpt.transfer import checksum_many, download_many, download_pieces
+from slurm_titan.ckpt.storage import Store
 
 log = logging.getLogger("slurm_titan.ckpt.catalog")
 
@@ -224,8 +223,8 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
     todo = [f for f in m.files if f.path not in names_bad]
     total = sum(f.size for f in todo)
     counter = _Counter(total, progress)
-    results = checksum_many(store, [(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
-                            counter.add)
+    results = store.checksum_many([(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
+                                  counter.add)
     for f, r in zip(todo, results):
         if isinstance(r, BaseException):
             bad.append((f.path, f"cannot read: {r}"))
@@ -543,7 +542,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
         counter = _Counter(need, progress)
         whole = [f for f in m.files if share is None or f.path in share.whole]
         items = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
-        results = download_many(store, items, counter.add, m.algorithm)
+        results = store.download_many(items, counter.add, m.algorithm)
         bad = []
         for f, (size, digest) in zip(whole, results):
             if size != f.size:
@@ -554,7 +553,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
             partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
             parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size, share.pieces(f))
                      for f in partial]
-            for f, failed in zip(partial, download_pieces(store, parts, m.algorithm, counter.add)):
+            for f, failed in zip(partial, store.download_pieces(parts, m.algorithm, counter.add)):
                 if failed:
                     bad.append((f.path, _describe_ranges(f, failed)))
         if bad:

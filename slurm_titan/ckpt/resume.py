@@ -19,7 +19,7 @@ import time
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import Agreement, ByteProgress, RestoreResult, list_checkpoints, newest_complete, restore
-from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.storage import open_store
 
 log = logging.getLogger("slurm_titan.ckpt.resume")
 

@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from slurm_titan.ckpt.store import open_store
+    from slurm_titan.ckpt.storage import open_store
 
     return open_store(args.location, endpoint_url=getattr(args, "endpoint_url", None), check=True)
 

@@ -49,7 +49,7 @@ from slurm_titan.node.restore import SKIP_DATALOADER_ENV, wait_for_restore
 
 from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
 from slurm_titan.ckpt.dcp_plan import check_share, load_reads, small_items
-from slurm_titan.ckpt.store import TransferConfig
+from slurm_titan.ckpt.storage import TransferConfig
 from slurm_titan.ckpt.uploader import UploaderProcess, UploadSettings
 
 log = logging.getLogger("slurm_titan.rank.checkpointer")

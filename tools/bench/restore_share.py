@@ -41,7 +41,7 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
     from slurm_titan.ckpt.dcp_plan import load_reads, small_items
-    from slurm_titan.ckpt.store import TransferConfig
+    from slurm_titan.ckpt.storage import TransferConfig
     from slurm_titan.ckpt.sync import CheckpointSync
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -83,7 +83,7 @@ def save(world: int, local: Path, remote: str, mib: int, env: dict) -> None:
 def bench(world: int, args, work: Path, remote: str, results: dict) -> None:
     from slurm_titan.ckpt.catalog import read_manifest, restore
     from slurm_titan.ckpt.share import node_ranks
-    from slurm_titan.ckpt.store import open_store
+    from slurm_titan.ckpt.storage import open_store
 
     t = time.perf_counter()
     save(world, work / f"save-{world}", remote, args.mib_per_rank, dict(os.environ))

@@ -16,8 +16,9 @@ the checksums in the commit record, verified on every restore).
 
 URLs are presigned locally by botocore with the store's credentials (no request; URLs are
 never logged). Create/complete/abort of multipart uploads go through s3fs. Set
-SLURM_TITAN_CKPT_FAST_S3=0 to use the aiobotocore path instead; it is also used when an HTTP
-proxy is configured (http.client does not do proxies).
+SLURM_TITAN_CKPT_FAST_S3=0 to move files through s3fs instead (:class:`.s3.S3Store`); that is
+also the choice when an HTTP proxy is configured (http.client does not do proxies) or the TLS
+verification is customized.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import queue
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,8 +41,10 @@ from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
-from slurm_titan.ckpt.ranged import ALIGN, Budget, PartBuffers, RangedFile
-from slurm_titan.ckpt.store import Progress, Store, StoreError
+from slurm_titan.ckpt.storage.base import Progress, Spans
+from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, retry
+from slurm_titan.ckpt.storage.ranged import ALIGN, Budget, PartBuffers, RangedFile
+from slurm_titan.ckpt.storage.s3 import S3Store
 
 _BUF = 256 << 10
 _TRIES = 4
@@ -53,22 +55,39 @@ MAX_PARTS = 9000
 _EXPIRES = 6 * 3600
 
 
-def enabled(store: Store) -> bool:
-    if not store.is_s3 or os.environ.get("SLURM_TITAN_CKPT_FAST_S3", "1") == "0":
+def usable(fs: Any) -> bool:
+    """Whether this path can serve an s3fs filesystem: not turned off (SLURM_TITAN_CKPT_FAST_S3=0),
+    no HTTP proxy, no custom TLS verification."""
+    if os.environ.get("SLURM_TITAN_CKPT_FAST_S3", "1") == "0":
         return False
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
         return False
-    return "verify" not in (getattr(store.fs, "client_kwargs", None) or {})
+    return "verify" not in (getattr(fs, "client_kwargs", None) or {})
 
 
-class _Transient(Exception):
-    pass
+class S3HttpStore(S3Store):
+    """:class:`.s3.S3Store` whose files move on http.client threads with presigned URLs."""
+
+    def _upload_many(self, items: list[tuple[str, str]], algorithm: str, progress: Progress,
+                     spans: Spans) -> list[FileEntry]:
+        return upload_many(self, items, algorithm, progress, spans)
+
+    def _download_many(self, items: list[tuple[str, str, int | None]], algorithm: str,
+                       progress: Progress) -> list[tuple[int, str]]:
+        return read_many(self, items, algorithm, progress)
+
+    def _checksum_many(self, items: list[tuple[str, int | None]], algorithm: str,
+                       progress: Progress) -> list[tuple[int, str] | Exception]:
+        return read_many(self, [(r, None, s) for r, s in items], algorithm, progress, return_exceptions=True)
+
+    def _range_reader(self) -> HttpRangeReader:
+        return HttpRangeReader(self)
 
 
 class _Http:
-    """Per-thread keep-alive connections; errors mapped to StoreError / _Transient."""
+    """Per-thread keep-alive connections; failures worth retrying raise TransientStoreError."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: S3Store) -> None:
         self.store = store
         self.local = threading.local()
         self.all: list[http.client.HTTPConnection] = []
@@ -108,13 +127,13 @@ class _Http:
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            raise _Transient(self.why(e)) from None
+            raise TransientStoreError(self.why(e)) from None
         if resp.status in (200, 204, 206):
             return resp
         body_text = resp.read(4096)
         code = _xml_code(body_text) or f"HTTP {resp.status}"
         if resp.status >= 500 or code in ("SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError"):
-            raise _Transient(code)
+            raise TransientStoreError(code)
         if resp.status == 404:
             raise StoreError(f"{self.store.url(rel)}: no such object ({code})")
         if resp.status == 403:
@@ -129,16 +148,11 @@ class _Http:
         return f"{type(e).__name__}: {e}"
 
     def retry(self, what: str, fn: Callable[[int], Any]) -> Any:
-        delay = 0.2
-        for attempt in range(_TRIES):
-            try:
-                return fn(attempt)
-            except _Transient as e:
-                if attempt == _TRIES - 1:
-                    raise StoreError(f"{self.store.location}: {what}: {e}", transient=True) from None
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+        """``fn(attempt)``, retried :data:`_TRIES` times (on a fresh connection) if transient."""
+        try:
+            return retry(fn, _TRIES)
+        except TransientStoreError as e:
+            raise TransientStoreError(f"{self.store.location}: {what}: {e}") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -177,7 +191,7 @@ def _xml_code(body: bytes) -> str:
     return body[start + 6:end].decode(errors="replace") if 0 <= start < end else ""
 
 
-def _presign(store: Store, method: str, params: dict[str, Any]) -> Any:
+def _presign(store: S3Store, method: str, params: dict[str, Any]) -> Any:
     from fsspec.asyn import sync
 
     fs = store.fs
@@ -223,23 +237,23 @@ def _stream(http: _Http, g: _Get, headers: dict[str, str], expect: int | None,
             progress(n)
     except (OSError, http.client.HTTPException) as e:
         http.conn(g.url).close()
-        raise _Transient(http.why(e)) from None
+        raise TransientStoreError(http.why(e)) from None
     if expect is not None and got != expect:
         http.conn(g.url).close()
-        raise _Transient(f"short read: {got} of {expect} bytes")
+        raise TransientStoreError(f"short read: {got} of {expect} bytes")
     return got
 
 
-def read_many(store: Store, items: list[tuple[str, str | None, int | None]], algorithm: str, progress: Progress,
+def read_many(store: S3Store, items: list[tuple[str, str | None, int | None]], algorithm: str, progress: Progress,
               return_exceptions: bool = False) -> list[Any]:
     """Fetch [(rel, local path or None, size or None)] -> [(size, checksum)] in order.
 
     With ``local_path`` None the object is only hashed. Raises (or, with return_exceptions,
     returns per item) StoreError/StorageError."""
-    with store.errors("cannot presign the download URLs"):
+    with store._guard("cannot presign the download URLs"):
         gets = []
         for rel, lp, size in items:
-            bucket, key, _ = store.fs.split_path(store.full(rel))
+            bucket, key = store.bucket_key(rel)
             gets.append(_Get(rel, lp, size, _presign(store, "get_object", {"Bucket": bucket, "Key": key})))
     http = _Http(store)
     part_size = -(-max(store.transfer.part_size, 1 << 20) // ALIGN) * ALIGN
@@ -335,13 +349,11 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
 # ------------------------------------------------------------------------------ upload
 
 
-def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                spans: dict[str, list[tuple[int, int]]] | None = None) -> list[FileEntry]:
+def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
+                spans: Spans) -> list[FileEntry]:
     """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order.
 
     Raises LocalFileError for unreadable local files, StoreError for store failures."""
-    from slurm_titan.ckpt.transfer import LocalFileError
-
     fs = store.fs
     http = _Http(store)
     conc = max(1, store.transfer.concurrency)
@@ -402,7 +414,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
             for local_path, rel in items:
                 if errors:
                     break
-                bucket, key, _ = fs.split_path(store.full(rel))
+                bucket, key = store.bucket_key(rel)
                 try:
                     f = open(local_path, "rb", buffering=0)
                 except OSError as e:
@@ -410,17 +422,17 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 with f:
                     size = os.fstat(f.fileno()).st_size
                     part_size = max(base_part, -(-size // MAX_PARTS))
-                    h = BlockHasher(algorithm, store.transfer.block_size, (spans or {}).get(rel, ()))
+                    h = BlockHasher(algorithm, store.transfer.block_size, spans.get(rel, ()))
                     if size <= part_size:
                         buf = take(max(size, 1))
                         n = read_into(f, buf, size, h, local_path)
-                        with store.errors(f"cannot upload {rel}"):
+                        with store._guard(f"cannot upload {rel}"):
                             url = _presign(store, "put_object", {"Bucket": bucket, "Key": key})
                         futs = [pool.submit(put, url, rel, buf, n)]
                         entries.append(FileEntry.hashed(rel, n, h))
                         pending.append((len(entries) - 1, None, futs))
                         continue
-                    with store.errors(f"cannot upload {rel}"):
+                    with store._guard(f"cannot upload {rel}"):
                         upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
                     open_mpus.append((bucket, key, upload_id))
                     futs = []
@@ -433,7 +445,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                             break
                         number += 1
                         total += n
-                        with store.errors(f"cannot upload {rel}"):
+                        with store._guard(f"cannot upload {rel}"):
                             url = _presign(store, "upload_part", {"Bucket": bucket, "Key": key, "UploadId": upload_id,
                                                                   "PartNumber": number})
                         futs.append(pool.submit(put, url, rel, buf, n))
@@ -443,8 +455,8 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 etags = [fu.result() for fu in futs]
                 if upload_id is None:
                     continue
-                bucket, key, _ = fs.split_path(store.full(entries[index].path))
-                with store.errors(f"cannot complete the upload of {entries[index].path}"):
+                bucket, key = store.bucket_key(entries[index].path)
+                with store._guard(f"cannot complete the upload of {entries[index].path}"):
                     fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
                                MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e}
                                                           for i, e in enumerate(etags)]})
@@ -463,27 +475,27 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
 # ------------------------------------------------------------------------------ ranges
 
 
-class RangeReader:
+class HttpRangeReader:
     """Ranged GETs of objects into the caller's buffers (presigned once per object), for the
-    restore of a node's share (:func:`.transfer.download_pieces`). Thread-safe."""
+    restore of a node's share (:meth:`.base.Store.download_pieces`). Thread-safe."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: S3Store) -> None:
         self.store = store
         self.http = _Http(store)
         self.gets: dict[str, _Get] = {}
         self.lock = threading.Lock()
 
-    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> None:
+    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> int:
         with self.lock:
             g = self.gets.get(rel)
             if g is None:
-                with self.store.errors(f"cannot presign the download URL of {rel}"):
-                    bucket, key, _ = self.store.fs.split_path(self.store.full(rel))
+                with self.store._guard(f"cannot presign the download URL of {rel}"):
+                    bucket, key = self.store.bucket_key(rel)
                     g = self.gets[rel] = _Get(rel, None, None, _presign(self.store, "get_object",
                                                                        {"Bucket": bucket, "Key": key}))
         headers = {"Range": f"bytes={off}-{off + len(view) - 1}"}
-        self.http.retry(f"cannot read {rel}", lambda attempt: _stream(self.http, g, headers, len(view), None,
-                                                                       progress, attempt, view))
+        return self.http.retry(f"cannot read {rel}",
+                               lambda attempt: _stream(self.http, g, headers, len(view), None, progress, attempt, view))
 
     def close(self) -> None:
         self.http.close()
