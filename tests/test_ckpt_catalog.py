@@ -184,7 +184,7 @@ def test_list_uses_a_constant_number_of_list_requests(s3_env, tmp_path):
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("data_path", ["http", "fsspec", "aio"])
+@pytest.mark.parametrize("data_path", ["http", "fsspec"])
 def test_s3_transfer_paths(s3_env, tmp_path, monkeypatch, data_path):
     """Every S3 data path (http.client with presigned URLs; s3fs) uploads (multipart where it
     splits files), restores, verifies, and reports a vanished object as one line."""

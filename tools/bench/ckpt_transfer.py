@@ -386,7 +386,7 @@ def main() -> int:
     ap.add_argument("--list-checkpoints", type=int, default=1000)
     ap.add_argument("--list-files", type=int, default=64)
     ap.add_argument("--skip", action="append", default=[], choices=["dir", "s3", "list"])
-    ap.add_argument("--s3-data-path", action="append", choices=["http", "fsspec", "aio"],
+    ap.add_argument("--s3-data-path", action="append", choices=["http", "fsspec"],
                     help="our S3 data path (default http); repeat to compare paths")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()

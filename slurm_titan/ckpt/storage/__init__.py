@@ -34,7 +34,6 @@ from slurm_titan.ckpt.storage.errors import (
 from slurm_titan.ckpt.storage.fsspec import FsspecStore
 from slurm_titan.ckpt.storage.local import LocalStore
 from slurm_titan.ckpt.storage.s3 import S3Store, s3_storage_options
-from slurm_titan.ckpt.storage.s3_aio import S3AioStore
 from slurm_titan.ckpt.storage.s3_http import S3HttpStore, usable
 
 __all__ = [
@@ -43,10 +42,10 @@ __all__ = [
     "describe", "is_transient", "open_store", "redact", "scrub",
 ]
 
-S3DataPath = Literal["http", "fsspec", "aio"]
+S3DataPath = Literal["http", "fsspec"]
 """How an S3 store moves whole files: http.client threads (:mod:`.s3_http`), or s3fs."""
 
-_S3_CLASSES: dict[str, type[S3Store]] = {"http": S3HttpStore, "fsspec": S3Store, "aio": S3AioStore}
+_S3_CLASSES: dict[str, type[S3Store]] = {"http": S3HttpStore, "fsspec": S3Store}
 
 _SECRET_OPTS = ("secret", "key", "token", "password", "aws_secret_access_key", "aws_session_token",
                 "aws_access_key_id", "username")
