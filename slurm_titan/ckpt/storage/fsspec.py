@@ -13,7 +13,7 @@ from typing import Any
 
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
-from slurm_titan.ckpt.storage.base import Entry, Progress, Spans, Store, TransferConfig
+from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
 from slurm_titan.ckpt.storage.errors import LocalFileError
 
 _CHUNK = 8 << 20
@@ -165,7 +165,7 @@ class FsspecStore(Store):
 
         return self._each(one, items)
 
-    def _range_reader(self) -> _CatReader:
+    def _range_reader(self) -> RangeReader:
         return _CatReader(self)
 
 

@@ -23,7 +23,7 @@ from slurm_titan.errors import StorageError
 from slurm_titan.ckpt.checksum import BlockHasher, Hasher, hash_file, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
-from slurm_titan.ckpt.storage.base import Entry, Progress, Spans, Store, TransferConfig
+from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
 from slurm_titan.ckpt.storage.errors import LocalFileError
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
@@ -163,7 +163,7 @@ class LocalStore(Store):
 
         return self._each(one, items)
 
-    def _range_reader(self) -> _PreadReader:
+    def _range_reader(self) -> RangeReader:
         return _PreadReader(self)
 
 

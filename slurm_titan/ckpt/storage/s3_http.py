@@ -31,7 +31,7 @@ import queue
 import socket
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +41,7 @@ from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
-from slurm_titan.ckpt.storage.base import Progress, Spans
+from slurm_titan.ckpt.storage.base import Progress, RangeReader, Spans
 from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, retry
 from slurm_titan.ckpt.storage.ranged import ALIGN, Budget, PartBuffers, RangedFile
 from slurm_titan.ckpt.storage.s3 import S3Store
@@ -80,7 +80,7 @@ class S3HttpStore(S3Store):
                        progress: Progress) -> list[tuple[int, str] | Exception]:
         return read_many(self, [(r, None, s) for r, s in items], algorithm, progress, return_exceptions=True)
 
-    def _range_reader(self) -> HttpRangeReader:
+    def _range_reader(self) -> RangeReader:
         return HttpRangeReader(self)
 
 
@@ -215,12 +215,12 @@ class _Get:
     ranged: RangedFile | None = None
 
 
-def _stream(http: _Http, g: _Get, headers: dict[str, str], expect: int | None,
+def _stream(web: _Http, g: _Get, headers: dict[str, str], expect: int | None,
             sink: Callable[[memoryview, int], None] | None, progress: Progress, attempt: int,
             into: memoryview | None = None) -> int:
     """GET the body through a small buffer, handing each piece to ``sink``, or (``into``)
     straight into the caller's buffer, which must hold it all; returns the bytes received."""
-    resp = http.request("GET", g.url, g.rel, attempt, headers)
+    resp = web.request("GET", g.url, g.rel, attempt, headers)
     length = resp.getheader("Content-Length")
     expect = int(length) if length is not None else expect
     mv = into if into is not None else memoryview(bytearray(_BUF))
@@ -236,16 +236,16 @@ def _stream(http: _Http, g: _Get, headers: dict[str, str], expect: int | None,
             got += n
             progress(n)
     except (OSError, http.client.HTTPException) as e:
-        http.conn(g.url).close()
-        raise TransientStoreError(http.why(e)) from None
+        web.conn(g.url).close()
+        raise TransientStoreError(web.why(e)) from None
     if expect is not None and got != expect:
-        http.conn(g.url).close()
+        web.conn(g.url).close()
         raise TransientStoreError(f"short read: {got} of {expect} bytes")
     return got
 
 
-def read_many(store: S3Store, items: list[tuple[str, str | None, int | None]], algorithm: str, progress: Progress,
-              return_exceptions: bool = False) -> list[Any]:
+def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]], algorithm: str,
+              progress: Progress, return_exceptions: bool = False) -> list[Any]:
     """Fetch [(rel, local path or None, size or None)] -> [(size, checksum)] in order.
 
     With ``local_path`` None the object is only hashed. Raises (or, with return_exceptions,
@@ -255,7 +255,7 @@ def read_many(store: S3Store, items: list[tuple[str, str | None, int | None]], a
         for rel, lp, size in items:
             bucket, key = store.bucket_key(rel)
             gets.append(_Get(rel, lp, size, _presign(store, "get_object", {"Bucket": bucket, "Key": key})))
-    http = _Http(store)
+    web = _Http(store)
     part_size = -(-max(store.transfer.part_size, 1 << 20) // ALIGN) * ALIGN
     conc = max(1, store.transfer.concurrency)
     buffers = PartBuffers(part_size)  # ranges in flight, and early ones (up to `early`)
@@ -276,11 +276,11 @@ def read_many(store: S3Store, items: list[tuple[str, str | None, int | None]], a
             else:
                 def sink(chunk: memoryview, _off: int) -> None:
                     h.update(chunk)
-            size = _stream(http, g, {}, g.size, sink, progress, attempt)
+            size = _stream(web, g, {}, g.size, sink, progress, attempt)
             return size, h.hexdigest()
 
         try:
-            g.result = http.retry(f"cannot read {g.rel}", once)
+            g.result = web.retry(f"cannot read {g.rel}", once)
         except BaseException as e:  # noqa: BLE001
             g.result = e
 
@@ -289,11 +289,11 @@ def read_many(store: S3Store, items: list[tuple[str, str | None, int | None]], a
         view = memoryview(buf)[:length]
 
         def once(attempt: int) -> None:
-            _stream(http, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, attempt, view)
+            _stream(web, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, attempt, view)
 
         err: BaseException | None = None
         try:
-            http.retry(f"cannot read {g.rel}", once)
+            web.retry(f"cannot read {g.rel}", once)
             ranged.write(off, view)
             buffers.give(ranged.landed(off, length, buf))
         except OSError as e:
@@ -331,7 +331,7 @@ def read_many(store: S3Store, items: list[tuple[str, str | None, int | None]], a
             for fut in futures:
                 fut.result()
     finally:
-        http.close()
+        web.close()
         for g in gets:
             if g.ranged is not None:
                 g.ranged.close()
@@ -355,7 +355,7 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
 
     Raises LocalFileError for unreadable local files, StoreError for store failures."""
     fs = store.fs
-    http = _Http(store)
+    web = _Http(store)
     conc = max(1, store.transfer.concurrency)
     base_part = max(store.transfer.part_size, 5 << 20)
     buffers: queue.Queue[bytearray] = queue.Queue()
@@ -379,13 +379,13 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
 
     def put(url: Any, rel: str, buf: bytearray, n: int) -> str:
         def once(attempt: int) -> str:
-            resp = http.request("PUT", url, rel, attempt, {"Content-Length": str(n)}, memoryview(buf)[:n])
+            resp = web.request("PUT", url, rel, attempt, {"Content-Length": str(n)}, memoryview(buf)[:n])
             etag = resp.getheader("ETag") or ""
             resp.read()
             return etag
 
         try:
-            etag = http.retry(f"cannot upload {rel}", once)
+            etag = web.retry(f"cannot upload {rel}", once)
             progress(n)
             return etag
         except BaseException as e:
@@ -462,7 +462,7 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
                                                           for i, e in enumerate(etags)]})
                 open_mpus.remove((bucket, key, upload_id))
     finally:
-        http.close()
+        web.close()
         _spare.keep([buffers.get_nowait() for _ in range(buffers.qsize())])
         for bucket, key, upload_id in open_mpus:  # failed: do not leave parts behind
             with contextlib.suppress(Exception):
