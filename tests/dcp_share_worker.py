@@ -55,7 +55,7 @@ def main() -> int:
     mesh = init_device_mesh("cpu", (world,))
     if op == "save":
         from slurm_titan.rank.dcp_plan import load_reads, small_items
-        from slurm_titan.ckpt.store import TransferConfig
+        from slurm_titan.ckpt.storage import TransferConfig
         from slurm_titan.ckpt.upload import CheckpointSync
 
         sd = state(world, rank, mesh, filled=True)

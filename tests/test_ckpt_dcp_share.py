@@ -20,7 +20,7 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import read_manifest
 from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.share import node_ranks, node_share
-from slurm_titan.ckpt.store import TransferConfig, open_store
+from slurm_titan.ckpt.storage import TransferConfig, open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 4096

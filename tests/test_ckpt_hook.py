@@ -21,7 +21,7 @@ from torchtitan.config.override import OverrideConfig, apply_overrides
 from slurm_titan.rank import checkpointer
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.restore import restore
-from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 
 

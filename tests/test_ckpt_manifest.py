@@ -16,7 +16,7 @@ from slurm_titan.ckpt.manifest import (
     check_relpath,
 )
 from slurm_titan.ckpt.retention import plan_retention
-from slurm_titan.ckpt.store import describe, redact, scrub
+from slurm_titan.ckpt.storage import describe, redact, scrub
 from slurm_titan.errors import StorageError
 
 

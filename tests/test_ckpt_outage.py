@@ -10,7 +10,7 @@ from s3server import S3Server, weed_available, write_fake_step
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
-from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 
 pytestmark = [pytest.mark.s3,

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from slurm_titan.ckpt import ranged
+from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.checksum import hash_bytes
 
 PART = 2 * ranged.ALIGN
@@ -79,7 +79,7 @@ def test_a_failed_range_frees_the_budget_of_early_ones(tmp_path):
 
 @pytest.mark.parametrize(("env", "direct"), [(None, True), ("1", True), ("0", False)])
 def test_direct_io_can_be_turned_off(monkeypatch, env, direct):
-    from slurm_titan.ckpt.store import TransferConfig
+    from slurm_titan.ckpt.storage import TransferConfig
 
     if env is None:
         monkeypatch.delenv("SLURM_TITAN_CKPT_DIRECT_IO", raising=False)
@@ -93,8 +93,7 @@ def test_directory_restore_writes_past_the_page_cache(tmp_path, monkeypatch, dir
     """The directory restore writes with O_DIRECT (nothing left for a sync to flush: the buffered
     copy plus its sync swung from 0.26x to 0.96x of ``cp -r`` + ``sync``); the bytes, an unaligned
     tail included, and the checksum are the source's, and buffered writes are still there."""
-    from slurm_titan.ckpt import transfer
-    from slurm_titan.ckpt.store import TransferConfig, open_store
+    from slurm_titan.ckpt.storage import TransferConfig, local, open_store
 
     opened = []
     real = ranged._open_direct
@@ -105,12 +104,12 @@ def test_directory_restore_writes_past_the_page_cache(tmp_path, monkeypatch, dir
         return fd
 
     monkeypatch.setattr(ranged, "_open_direct", spy)
-    data = os.urandom(3 * transfer._DIRECT_BUF + 1234)
+    data = os.urandom(3 * local._DIRECT_BUF + 1234)
     (tmp_path / "remote").mkdir()
     (tmp_path / "remote" / "f.distcp").write_bytes(data)
     store = open_store(str(tmp_path / "remote"), transfer=TransferConfig(direct_io=direct))
     out = tmp_path / "local" / "f.distcp"
-    assert transfer.download_many(store, [("f.distcp", str(out), len(data))]) == [
+    assert store.download_many([("f.distcp", str(out), len(data))]) == [
         (len(data), hash_bytes(data, "xxh3_128"))]
     assert out.read_bytes() == data
     assert [p for p, _ in opened] == ([str(out)] if direct else [])

@@ -18,7 +18,7 @@ from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
 from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
 from slurm_titan.ckpt.share import node_ranks
-from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.errors import StorageError
 
@@ -61,11 +61,7 @@ def _edit_record(store, step, edit):
 def _corrupt(store, rel, offset):
     data = bytearray(store.cat(rel))
     data[offset] ^= 0xFF
-    if store.is_local:
-        with open(store.full(rel), "wb") as f:
-            f.write(data)
-    else:
-        store.fs.pipe_file(store.full(rel), bytes(data))
+    store.put_bytes(rel, bytes(data))
 
 
 @pytest.mark.parametrize("pieces", [1, 100, 4096, BLOCK, 3 * BLOCK + 7])

@@ -8,7 +8,7 @@ import pytest
 from s3server import clean_env, location, s3_env, s3_server  # noqa: F401 - fixtures
 
 from slurm_titan.cli.main import main as ckpt_main
-from slurm_titan.ckpt.store import StoreError, open_store
+from slurm_titan.ckpt.storage import StoreError, open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.errors import StorageError
 

@@ -15,7 +15,7 @@ import pytest
 from s3server import clean_env, location, s3_env, s3_server, write_fake_step  # noqa: F401 - fixtures
 
 from slurm_titan.ckpt.catalog import list_checkpoints
-from slurm_titan.ckpt.store import open_store
+from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import Uploader
 from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 from slurm_titan.errors import StorageError

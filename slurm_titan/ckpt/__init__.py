@@ -12,10 +12,9 @@ The package, top to bottom:
 - :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
 - :mod:`.share`      a node's share of a checkpoint (the blocks its ranks' load reads, worked out
                      in each rank by :mod:`slurm_titan.rank.dcp_plan`)
-- :mod:`.store`      open a location (URL or path) as an fsspec filesystem + root
-- :mod:`.transfer`   checksummed upload/download of files (local dirs, S3, any fsspec)
-- :mod:`.s3http`     the fast S3 path: http.client threads with presigned URLs
-- :mod:`.ranged`     a restored file filled by ranges: O_DIRECT writes, hashed in order
+- :mod:`.storage`    open a location (URL or path) as a Store: one interface, one module per
+                     backend (local folder, any fsspec, S3 and its fast http.client path), with
+                     checksummed bulk upload/download and ranged O_DIRECT restores
 - :mod:`.catalog`    list / show / verify
 - :mod:`.commit`     THE COMMIT PROTOCOL: receipts -> sizes -> commit record -> catalog entry;
                      the delete order
@@ -40,7 +39,7 @@ from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Receipt
 from slurm_titan.ckpt.restore import CorruptCheckpoint, RestoreResult, prepare_resume
 from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
-from slurm_titan.ckpt.store import Store, open_store
+from slurm_titan.ckpt.storage import Store, open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 
 __all__ = [

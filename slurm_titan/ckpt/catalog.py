@@ -25,8 +25,7 @@ from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.manifest import Manifest
-from slurm_titan.ckpt.store import Store
-from slurm_titan.ckpt.transfer import checksum_many
+from slurm_titan.ckpt.storage import Store
 
 log = logging.getLogger("slurm_titan.ckpt.catalog")
 
@@ -211,8 +210,8 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
     todo = [f for f in m.files if f.path not in names_bad]
     total = sum(f.size for f in todo)
     counter = ByteCounter(total, progress)
-    results = checksum_many(store, [(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
-                            counter.add)
+    results = store.checksum_many([(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
+                                  counter.add)
     for f, r in zip(todo, results):
         if isinstance(r, BaseException):
             bad.append((f.path, f"cannot read: {r}"))

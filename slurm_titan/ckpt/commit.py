@@ -74,7 +74,7 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.share import merged
-from slurm_titan.ckpt.store import Entry, Store
+from slurm_titan.ckpt.storage import Entry, Store
 
 log = logging.getLogger("slurm_titan.ckpt.commit")
 

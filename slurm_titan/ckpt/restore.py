@@ -35,8 +35,7 @@ from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
-from slurm_titan.ckpt.store import Store, open_store
-from slurm_titan.ckpt.transfer import download_many, download_pieces
+from slurm_titan.ckpt.storage import Store, open_store
 
 log = logging.getLogger("slurm_titan.ckpt.restore")
 
@@ -386,7 +385,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
         counter = ByteCounter(need, progress)
         whole = [f for f in m.files if share is None or f.path in share.whole]
         items = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
-        results = download_many(store, items, counter.add, m.algorithm)
+        results = store.download_many(items, counter.add, m.algorithm)
         bad = []
         for f, (size, digest) in zip(whole, results):
             if size != f.size:
@@ -397,7 +396,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
             partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
             parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size, share.pieces(f))
                      for f in partial]
-            for f, failed in zip(partial, download_pieces(store, parts, m.algorithm, counter.add)):
+            for f, failed in zip(partial, store.download_pieces(parts, m.algorithm, counter.add)):
                 if failed:
                     bad.append((f.path, _describe_ranges(f, failed)))
         if bad:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from slurm_titan.ckpt.catalog import CheckpointInfo, list_checkpoints
 from slurm_titan.ckpt.commit import delete_checkpoint
-from slurm_titan.ckpt.store import Store
+from slurm_titan.ckpt.storage import Store
 
 log = logging.getLogger("slurm_titan.ckpt.retention")
 

@@ -40,8 +40,7 @@ from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
 from slurm_titan.ckpt.manifest import ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
-from slurm_titan.ckpt.store import Store, open_store
-from slurm_titan.ckpt.transfer import LocalFileError, upload_many
+from slurm_titan.ckpt.storage import LocalFileError, Store, open_store
 
 log = logging.getLogger("slurm_titan.ckpt.upload")
 
@@ -345,9 +344,9 @@ class CheckpointSync:
             files = self._own_files(step)
             entries = self._retrying(
                 f"upload of {len(files)} file(s)",
-                lambda: upload_many(self.store, [(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
-                                    algorithm=self.algorithm,
-                                    spans={f"{layout.step_dir(step)}/{r}": v for r, v in st.spans.items()}), st)
+                lambda: self.store.upload_many([(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
+                                              algorithm=self.algorithm,
+                                              spans={f"{layout.step_dir(step)}/{r}": v for r, v in st.spans.items()}), st)
         except LocalFileError as e:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,

@@ -33,7 +33,7 @@ from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
 
 from slurm_titan import envvars
-from slurm_titan.ckpt.store import TransferConfig
+from slurm_titan.ckpt.storage import TransferConfig
 from slurm_titan.ckpt.upload import Uploader
 from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 from slurm_titan.cpulist import format_cpu_list

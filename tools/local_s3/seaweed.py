@@ -35,7 +35,8 @@ PORT_OFFSETS = (0, 1, 2, 3, 4)  # s3, master, filer, volume, admin
 GRPC_OFFSET = 10000
 
 
-def _pdeathsig() -> None:
+def pdeathsig() -> None:
+    """In a child before exec: the kernel sends it SIGTERM when the parent dies (Linux)."""
     try:
         import ctypes
 
@@ -144,7 +145,7 @@ class Server:
         log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=self.data_dir, start_new_session=True,
-                                     preexec_fn=_pdeathsig if die_with_parent else None)
+                                     preexec_fn=pdeathsig if die_with_parent else None)
         log.close()
         self.pid_file.write_text(f"{self.proc.pid} {self.port}\n")
         try:

@@ -1,6 +1,6 @@
 """A local file filled by ranges that land in any order: written past the page cache, hashed in order.
 
-Restoring from S3, each large file is fetched as parallel ranges (:mod:`.s3http`). Measured on
+Restoring from S3, each large file is fetched as parallel ranges (:mod:`.s3_http`). Measured on
 the 2-core test machine (4 GiB in 64 shards from SeaweedFS on loopback), most of the client's CPU
 went into copying the received bytes into the page cache (perf: ``copy_folio_from_iter_atomic``
 26% of the samples, the socket receive 8%, xxh3 0.7%), and reading them back to hash them.
@@ -9,7 +9,7 @@ the disk took 1.7 GB/s direct, 0.73 GB/s buffered), and hashed from that buffer 
 before it are hashed. A range that lands early waits in memory within a byte budget shared by
 the download, else is read back from the file when its turn comes. File systems that refuse
 ``O_DIRECT`` (tmpfs, some network file systems) get ordinary writes, as does every file with
-``SLURM_TITAN_CKPT_DIRECT_IO=0`` (:class:`.store.TransferConfig`).
+``SLURM_TITAN_CKPT_DIRECT_IO=0`` (:class:`.base.TransferConfig`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ the checksums in the commit record, verified on every restore).
 
 URLs are presigned locally by botocore with the store's credentials (no request; URLs are
 never logged). Create/complete/abort of multipart uploads go through s3fs. Set
-SLURM_TITAN_CKPT_FAST_S3=0 to use the aiobotocore path instead; it is also used when an HTTP
-proxy is configured (http.client does not do proxies).
+SLURM_TITAN_CKPT_FAST_S3=0 to move files through s3fs instead (:class:`.s3.S3Store`); that is
+also the choice when an HTTP proxy is configured (http.client does not do proxies) or the TLS
+verification is customized.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ import queue
 import socket
 import ssl
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +42,10 @@ from slurm_titan.errors import StorageError
 
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
-from slurm_titan.ckpt.ranged import ALIGN, Budget, PartBuffers, RangedFile
-from slurm_titan.ckpt.store import Progress, Store, StoreError
+from slurm_titan.ckpt.storage.base import Progress, RangeReader, Spans
+from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, retry
+from slurm_titan.ckpt.storage.ranged import ALIGN, Budget, PartBuffers, RangedFile
+from slurm_titan.ckpt.storage.s3 import S3Store
 
 _BUF = 256 << 10
 _TRIES = 4
@@ -54,22 +56,39 @@ MAX_PARTS = 9000
 _EXPIRES = 6 * 3600
 
 
-def enabled(store: Store) -> bool:
-    if not store.is_s3 or os.environ.get(envvars.CKPT_FAST_S3, "1") == "0":
+def usable(fs: Any) -> bool:
+    """Whether this path can serve an s3fs filesystem: not turned off (SLURM_TITAN_CKPT_FAST_S3=0),
+    no HTTP proxy, no custom TLS verification."""
+    if os.environ.get(envvars.CKPT_FAST_S3, "1") == "0":
         return False
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
         return False
-    return "verify" not in (getattr(store.fs, "client_kwargs", None) or {})
+    return "verify" not in (getattr(fs, "client_kwargs", None) or {})
 
 
-class _Transient(Exception):
-    pass
+class S3HttpStore(S3Store):
+    """:class:`.s3.S3Store` whose files move on http.client threads with presigned URLs."""
+
+    def _upload_many(self, items: list[tuple[str, str]], algorithm: str, progress: Progress,
+                     spans: Spans) -> list[FileEntry]:
+        return upload_many(self, items, algorithm, progress, spans)
+
+    def _download_many(self, items: list[tuple[str, str, int | None]], algorithm: str,
+                       progress: Progress) -> list[tuple[int, str]]:
+        return read_many(self, items, algorithm, progress)
+
+    def _checksum_many(self, items: list[tuple[str, int | None]], algorithm: str,
+                       progress: Progress) -> list[tuple[int, str] | Exception]:
+        return read_many(self, [(r, None, s) for r, s in items], algorithm, progress, return_exceptions=True)
+
+    def _range_reader(self) -> RangeReader:
+        return HttpRangeReader(self)
 
 
 class _Http:
-    """Per-thread keep-alive connections; errors mapped to StoreError / _Transient."""
+    """Per-thread keep-alive connections; failures worth retrying raise TransientStoreError."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: S3Store) -> None:
         self.store = store
         self.local = threading.local()
         self.all: list[http.client.HTTPConnection] = []
@@ -109,13 +128,13 @@ class _Http:
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            raise _Transient(self.why(e)) from None
+            raise TransientStoreError(self.why(e)) from None
         if resp.status in (200, 204, 206):
             return resp
         body_text = resp.read(4096)
         code = _xml_code(body_text) or f"HTTP {resp.status}"
         if resp.status >= 500 or code in ("SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError"):
-            raise _Transient(code)
+            raise TransientStoreError(code)
         if resp.status == 404:
             raise StoreError(f"{self.store.url(rel)}: no such object ({code})")
         if resp.status == 403:
@@ -130,16 +149,11 @@ class _Http:
         return f"{type(e).__name__}: {e}"
 
     def retry(self, what: str, fn: Callable[[int], Any]) -> Any:
-        delay = 0.2
-        for attempt in range(_TRIES):
-            try:
-                return fn(attempt)
-            except _Transient as e:
-                if attempt == _TRIES - 1:
-                    raise StoreError(f"{self.store.location}: {what}: {e}", transient=True) from None
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+        """``fn(attempt)``, retried :data:`_TRIES` times (on a fresh connection) if transient."""
+        try:
+            return retry(fn, _TRIES)
+        except TransientStoreError as e:
+            raise TransientStoreError(f"{self.store.location}: {what}: {e}") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -178,7 +192,7 @@ def _xml_code(body: bytes) -> str:
     return body[start + 6:end].decode(errors="replace") if 0 <= start < end else ""
 
 
-def _presign(store: Store, method: str, params: dict[str, Any]) -> Any:
+def _presign(store: S3Store, method: str, params: dict[str, Any]) -> Any:
     from fsspec.asyn import sync
 
     fs = store.fs
@@ -202,12 +216,12 @@ class _Get:
     ranged: RangedFile | None = None
 
 
-def _stream(http: _Http, g: _Get, headers: dict[str, str], expect: int | None,
+def _stream(web: _Http, g: _Get, headers: dict[str, str], expect: int | None,
             sink: Callable[[memoryview, int], None] | None, progress: Progress, attempt: int,
             into: memoryview | None = None) -> int:
     """GET the body through a small buffer, handing each piece to ``sink``, or (``into``)
     straight into the caller's buffer, which must hold it all; returns the bytes received."""
-    resp = http.request("GET", g.url, g.rel, attempt, headers)
+    resp = web.request("GET", g.url, g.rel, attempt, headers)
     length = resp.getheader("Content-Length")
     expect = int(length) if length is not None else expect
     mv = into if into is not None else memoryview(bytearray(_BUF))
@@ -223,26 +237,26 @@ def _stream(http: _Http, g: _Get, headers: dict[str, str], expect: int | None,
             got += n
             progress(n)
     except (OSError, http.client.HTTPException) as e:
-        http.conn(g.url).close()
-        raise _Transient(http.why(e)) from None
+        web.conn(g.url).close()
+        raise TransientStoreError(web.why(e)) from None
     if expect is not None and got != expect:
-        http.conn(g.url).close()
-        raise _Transient(f"short read: {got} of {expect} bytes")
+        web.conn(g.url).close()
+        raise TransientStoreError(f"short read: {got} of {expect} bytes")
     return got
 
 
-def read_many(store: Store, items: list[tuple[str, str | None, int | None]], algorithm: str, progress: Progress,
-              return_exceptions: bool = False) -> list[Any]:
+def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]], algorithm: str,
+              progress: Progress, return_exceptions: bool = False) -> list[Any]:
     """Fetch [(rel, local path or None, size or None)] -> [(size, checksum)] in order.
 
     With ``local_path`` None the object is only hashed. Raises (or, with return_exceptions,
     returns per item) StoreError/StorageError."""
-    with store.errors("cannot presign the download URLs"):
+    with store._guard("cannot presign the download URLs"):
         gets = []
         for rel, lp, size in items:
-            bucket, key, _ = store.fs.split_path(store.full(rel))
+            bucket, key = store.bucket_key(rel)
             gets.append(_Get(rel, lp, size, _presign(store, "get_object", {"Bucket": bucket, "Key": key})))
-    http = _Http(store)
+    web = _Http(store)
     part_size = -(-max(store.transfer.part_size, 1 << 20) // ALIGN) * ALIGN
     conc = max(1, store.transfer.concurrency)
     buffers = PartBuffers(part_size)  # ranges in flight, and early ones (up to `early`)
@@ -263,11 +277,11 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
             else:
                 def sink(chunk: memoryview, _off: int) -> None:
                     h.update(chunk)
-            size = _stream(http, g, {}, g.size, sink, progress, attempt)
+            size = _stream(web, g, {}, g.size, sink, progress, attempt)
             return size, h.hexdigest()
 
         try:
-            g.result = http.retry(f"cannot read {g.rel}", once)
+            g.result = web.retry(f"cannot read {g.rel}", once)
         except BaseException as e:  # noqa: BLE001
             g.result = e
 
@@ -276,11 +290,11 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
         view = memoryview(buf)[:length]
 
         def once(attempt: int) -> None:
-            _stream(http, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, attempt, view)
+            _stream(web, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, attempt, view)
 
         err: BaseException | None = None
         try:
-            http.retry(f"cannot read {g.rel}", once)
+            web.retry(f"cannot read {g.rel}", once)
             ranged.write(off, view)
             buffers.give(ranged.landed(off, length, buf))
         except OSError as e:
@@ -318,7 +332,7 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
             for fut in futures:
                 fut.result()
     finally:
-        http.close()
+        web.close()
         for g in gets:
             if g.ranged is not None:
                 g.ranged.close()
@@ -336,15 +350,13 @@ def read_many(store: Store, items: list[tuple[str, str | None, int | None]], alg
 # ------------------------------------------------------------------------------ upload
 
 
-def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                spans: dict[str, list[tuple[int, int]]] | None = None) -> list[FileEntry]:
+def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
+                spans: Spans) -> list[FileEntry]:
     """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order.
 
     Raises LocalFileError for unreadable local files, StoreError for store failures."""
-    from slurm_titan.ckpt.transfer import LocalFileError
-
     fs = store.fs
-    http = _Http(store)
+    web = _Http(store)
     conc = max(1, store.transfer.concurrency)
     base_part = max(store.transfer.part_size, 5 << 20)
     buffers: queue.Queue[bytearray] = queue.Queue()
@@ -368,13 +380,13 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
 
     def put(url: Any, rel: str, buf: bytearray, n: int) -> str:
         def once(attempt: int) -> str:
-            resp = http.request("PUT", url, rel, attempt, {"Content-Length": str(n)}, memoryview(buf)[:n])
+            resp = web.request("PUT", url, rel, attempt, {"Content-Length": str(n)}, memoryview(buf)[:n])
             etag = resp.getheader("ETag") or ""
             resp.read()
             return etag
 
         try:
-            etag = http.retry(f"cannot upload {rel}", once)
+            etag = web.retry(f"cannot upload {rel}", once)
             progress(n)
             return etag
         except BaseException as e:
@@ -403,7 +415,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
             for local_path, rel in items:
                 if errors:
                     break
-                bucket, key, _ = fs.split_path(store.full(rel))
+                bucket, key = store.bucket_key(rel)
                 try:
                     f = open(local_path, "rb", buffering=0)
                 except OSError as e:
@@ -411,17 +423,17 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 with f:
                     size = os.fstat(f.fileno()).st_size
                     part_size = max(base_part, -(-size // MAX_PARTS))
-                    h = BlockHasher(algorithm, store.transfer.block_size, (spans or {}).get(rel, ()))
+                    h = BlockHasher(algorithm, store.transfer.block_size, spans.get(rel, ()))
                     if size <= part_size:
                         buf = take(max(size, 1))
                         n = read_into(f, buf, size, h, local_path)
-                        with store.errors(f"cannot upload {rel}"):
+                        with store._guard(f"cannot upload {rel}"):
                             url = _presign(store, "put_object", {"Bucket": bucket, "Key": key})
                         futs = [pool.submit(put, url, rel, buf, n)]
                         entries.append(FileEntry.hashed(rel, n, h))
                         pending.append((len(entries) - 1, None, futs))
                         continue
-                    with store.errors(f"cannot upload {rel}"):
+                    with store._guard(f"cannot upload {rel}"):
                         upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
                     open_mpus.append((bucket, key, upload_id))
                     futs = []
@@ -434,7 +446,7 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                             break
                         number += 1
                         total += n
-                        with store.errors(f"cannot upload {rel}"):
+                        with store._guard(f"cannot upload {rel}"):
                             url = _presign(store, "upload_part", {"Bucket": bucket, "Key": key, "UploadId": upload_id,
                                                                   "PartNumber": number})
                         futs.append(pool.submit(put, url, rel, buf, n))
@@ -444,14 +456,14 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
                 etags = [fu.result() for fu in futs]
                 if upload_id is None:
                     continue
-                bucket, key, _ = fs.split_path(store.full(entries[index].path))
-                with store.errors(f"cannot complete the upload of {entries[index].path}"):
+                bucket, key = store.bucket_key(entries[index].path)
+                with store._guard(f"cannot complete the upload of {entries[index].path}"):
                     fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
                                MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e}
                                                           for i, e in enumerate(etags)]})
                 open_mpus.remove((bucket, key, upload_id))
     finally:
-        http.close()
+        web.close()
         _spare.keep([buffers.get_nowait() for _ in range(buffers.qsize())])
         for bucket, key, upload_id in open_mpus:  # failed: do not leave parts behind
             with contextlib.suppress(Exception):
@@ -464,27 +476,27 @@ def upload_many(store: Store, items: list[tuple[str, str]], algorithm: str, prog
 # ------------------------------------------------------------------------------ ranges
 
 
-class RangeReader:
+class HttpRangeReader:
     """Ranged GETs of objects into the caller's buffers (presigned once per object), for the
-    restore of a node's share (:func:`.transfer.download_pieces`). Thread-safe."""
+    restore of a node's share (:meth:`.base.Store.download_pieces`). Thread-safe."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: S3Store) -> None:
         self.store = store
         self.http = _Http(store)
         self.gets: dict[str, _Get] = {}
         self.lock = threading.Lock()
 
-    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> None:
+    def read(self, rel: str, off: int, view: memoryview, progress: Progress) -> int:
         with self.lock:
             g = self.gets.get(rel)
             if g is None:
-                with self.store.errors(f"cannot presign the download URL of {rel}"):
-                    bucket, key, _ = self.store.fs.split_path(self.store.full(rel))
+                with self.store._guard(f"cannot presign the download URL of {rel}"):
+                    bucket, key = self.store.bucket_key(rel)
                     g = self.gets[rel] = _Get(rel, None, None, _presign(self.store, "get_object",
                                                                        {"Bucket": bucket, "Key": key}))
         headers = {"Range": f"bytes={off}-{off + len(view) - 1}"}
-        self.http.retry(f"cannot read {rel}", lambda attempt: _stream(self.http, g, headers, len(view), None,
-                                                                       progress, attempt, view))
+        return self.http.retry(f"cannot read {rel}",
+                               lambda attempt: _stream(self.http, g, headers, len(view), None, progress, attempt, view))
 
     def close(self) -> None:
         self.http.close()
