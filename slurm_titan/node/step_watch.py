@@ -26,7 +26,7 @@ from slurm_titan import envvars
 from slurm_titan.node import allocation, attribution, batch_host
 from slurm_titan.records import run_folder
 
-GRACE_S = 10.0
+GRACE_S = 3.0  # a probe of a node that is only slow to report costs one `srun true`; waiting costs the run
 POLL_S = 1.0
 FIND_SRUN_S = 120.0
 
