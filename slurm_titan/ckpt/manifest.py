@@ -14,10 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.checksum import BlockHasher
+from slurm_titan.errors import StorageError
 
 FORMAT = "slurm-titan-checkpoint/1"
 RECEIPT_FORMAT = "slurm-titan-receipt/1"

@@ -26,16 +26,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.catalog import (ByteCounter, ByteProgress, CheckpointInfo, check_listing, list_checkpoints,
-                                      newest_complete, read_manifest)
+from slurm_titan.ckpt.catalog import (
+    ByteCounter,
+    ByteProgress,
+    CheckpointInfo,
+    check_listing,
+    list_checkpoints,
+    newest_complete,
+    read_manifest,
+)
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
 from slurm_titan.ckpt.storage import Store, open_store
+from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.restore")
 

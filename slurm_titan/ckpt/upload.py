@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_titan import envvars
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import commit, layout
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
 from slurm_titan.ckpt.manifest import ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
 from slurm_titan.ckpt.storage import LocalFileError, Store, open_store
+from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.upload")
 

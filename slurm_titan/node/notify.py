@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from slurm_titan.node.outcome import REQUEUE, Outcome
 from slurm_titan.envvars import NOTIFY
 from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
+from slurm_titan.node.outcome import REQUEUE, Outcome
 
 RETRY_PAUSE_S = 1.0
 _REPLY_LIMIT = 65536

@@ -30,18 +30,16 @@ from types import FrameType
 from typing import Any
 
 from slurm_titan import envvars
-from slurm_titan.records import history, run_folder
-from slurm_titan.records.restore_verdict import RestoreVerdict
-
-from slurm_titan.node import rendezvous
-from slurm_titan.errors import ExitCode, SlurmTitanError
-from slurm_titan.node import batch_host, restore
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
-from slurm_titan.signals import ignore_signals, take_stop_signals
-from slurm_titan.node.watchdog import Hang, Watchdog
+from slurm_titan.errors import ExitCode, SlurmTitanError
+from slurm_titan.node import batch_host, rendezvous, restore
 from slurm_titan.node.spec import NodeSpec
+from slurm_titan.node.watchdog import Hang, Watchdog
+from slurm_titan.records import history, run_folder
+from slurm_titan.records.restore_verdict import RestoreVerdict
+from slurm_titan.signals import ignore_signals, take_stop_signals
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5

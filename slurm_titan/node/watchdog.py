@@ -27,9 +27,8 @@ from pathlib import Path
 
 from slurm_titan import envvars
 from slurm_titan.node import budgets, stacks
-
-from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.rank_progress import Progress
 
 PEER_WAIT_S = 15.0

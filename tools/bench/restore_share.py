@@ -40,9 +40,9 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-    from slurm_titan.rank.dcp_plan import load_reads, small_items
-    from slurm_titan.ckpt.storage import TransferConfig
     from slurm_titan.ckpt import CheckpointSync
+    from slurm_titan.ckpt.storage import TransferConfig
+    from slurm_titan.rank.dcp_plan import load_reads, small_items
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")

@@ -18,13 +18,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.checksum import BlockHasher, Hasher, hash_file, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
 from slurm_titan.ckpt.storage.errors import LocalFileError
+from slurm_titan.errors import StorageError
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
 _DIRECT_BUF = 1 << 20

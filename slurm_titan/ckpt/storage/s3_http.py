@@ -38,14 +38,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_titan import envvars
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage.base import Progress, RangeReader, Spans
 from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, retry
 from slurm_titan.ckpt.storage.ranged import ALIGN, Budget, PartBuffers, RangedFile
 from slurm_titan.ckpt.storage.s3 import S3Store
+from slurm_titan.errors import StorageError
 
 _BUF = 256 << 10
 _TRIES = 4
