@@ -144,9 +144,10 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
 
     ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
     size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
-    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint. ``agree``: each candidate is published only once every node
-    accepts it (:mod:`.agree`); a rejection anywhere is a fallback everywhere. ``infos``: the
-    location's listing when the caller has one (:func:`.catalog.list_checkpoints`; None: list it).
+    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint.
+    ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
+    rejection anywhere is a fallback everywhere. ``infos``: the location's listing when the caller
+    has one (:func:`.catalog.list_checkpoints`; None: list it).
     """
     infos = list_checkpoints(store) if infos is None else infos
     by_step = {i.step: i for i in infos}

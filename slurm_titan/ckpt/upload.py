@@ -341,11 +341,12 @@ class CheckpointSync:
         began = time.monotonic()
         try:
             files = self._own_files(step)
+            folder = layout.step_dir(step)
             entries = self._retrying(
                 f"upload of {len(files)} file(s)",
-                lambda: self.store.upload_many([(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
+                lambda: self.store.upload_many([(lp, f"{folder}/{rel}") for lp, rel in files],
                                               algorithm=self.algorithm,
-                                              spans={f"{layout.step_dir(step)}/{r}": v for r, v in st.spans.items()}), st)
+                                              spans={f"{folder}/{r}": v for r, v in st.spans.items()}), st)
         except LocalFileError as e:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,

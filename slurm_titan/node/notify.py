@@ -163,7 +163,7 @@ def _try(hook: WebhookSpec, url: str, body: bytes, timeout_s: int) -> tuple[bool
         return True, f"no answer within {timeout_s} s"
     except (OSError, http.client.HTTPException) as error:  # a connection reset, a garbled reply
         return True, f"{type(error).__name__}: {error}"
-    except Exception as error:  # a malformed URL, ...: never a failure of the run; its text may quote the URL
+    except Exception as error:  # noqa: BLE001 - a malformed URL, ...: never a failure of the run; may quote the URL
         return False, f"{type(error).__name__}: {error}"
 
 

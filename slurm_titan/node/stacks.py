@@ -102,7 +102,7 @@ class StackDumper:
 
     def _faulthandler(self, ranks: dict[int, int]) -> dict[int, str]:
         """Signal each rank, wake it if stopped, and read what its handler wrote (waits up to a few s)."""
-        for rank, pid in ranks.items():
+        for pid in ranks.values():
             state = process_state(pid)
             try:
                 os.kill(pid, DUMP_SIGNAL)
