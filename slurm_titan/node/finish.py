@@ -136,7 +136,8 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
                                                         args.max_failures_without_progress))
-    failure, excluded = None, []
+    failure: attribution.NodeFailure | None = None
+    excluded: list[str] = []
     if code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
         failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,

@@ -118,7 +118,7 @@ class StackDumper:
             for rank in ranks.keys() - stacks.keys():
                 path = self.local_files.get(rank)
                 size = path.stat().st_size if path and path.exists() else 0
-                if size and sizes.get(rank) == size:  # written, and done writing
+                if path is not None and size and sizes.get(rank) == size:  # written, and done writing
                     stacks[rank] = path.read_text(errors="replace")
                 sizes[rank] = size
         for rank in ranks.keys() - stacks.keys():

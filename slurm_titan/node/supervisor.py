@@ -70,7 +70,8 @@ class RankGroup:
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
         self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
         self.gates: list[int] = []  # write ends of the ranks' pipes
-        self.watchdog, self.hang = watchdog, None
+        self.watchdog = watchdog
+        self.hang: Hang | None = None  # the hang that ended wait(), once the watchdog saw one
         for local_rank in range(rdzv.procs_per_node):
             rank_env = env | rdzv.process_env(local_rank)
             rank = int(rank_env["RANK"])

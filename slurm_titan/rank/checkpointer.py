@@ -70,6 +70,8 @@ class SyncedCheckpointManager(CheckpointManager):
     class Config(CheckpointManager.Config):
         pass
 
+    exclude_from_loading: list[str]  # set by torchtitan's __init__, from its config
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         verdict = wait_for_restore()  # the node restores the checkpoint folder while the model is built
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
