@@ -33,8 +33,14 @@ The restore itself is ``slurm_titan.ckpt.restore.restore`` (not re-exported here
 name stays the module).
 """
 
-from slurm_titan.ckpt.catalog import (CheckpointInfo, VerifyReport, list_checkpoints, newest_complete, read_manifest,
-                                      verify)
+from slurm_titan.ckpt.catalog import (
+    CheckpointInfo,
+    VerifyReport,
+    list_checkpoints,
+    newest_complete,
+    read_manifest,
+    verify,
+)
 from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Receipt
 from slurm_titan.ckpt.restore import CorruptCheckpoint, RestoreResult, prepare_resume

@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.manifest import Manifest
 from slurm_titan.ckpt.storage import Store
+from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.catalog")
 

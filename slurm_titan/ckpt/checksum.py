@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Protocol
 
 from slurm_titan.errors import StorageError
 
+_xxhash: ModuleType | None
 try:  # xxhash comes with datasets/wandb in the training venv; tiny wheel otherwise.
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover - depends on the environment

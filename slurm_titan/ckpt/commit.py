@@ -68,13 +68,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.share import merged
 from slurm_titan.ckpt.storage import Entry, Store
+from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.commit")
 

@@ -14,10 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.checksum import BlockHasher
+from slurm_titan.errors import StorageError
 
 FORMAT = "slurm-titan-checkpoint/1"
 RECEIPT_FORMAT = "slurm-titan-receipt/1"
@@ -272,6 +271,7 @@ class Manifest:
         obj = _load_json(data, where)
         if obj.get("format") != FORMAT:
             raise ManifestError(f"{where}: unknown format {obj.get('format')!r}")
+        extra = obj.get("extra")
         m = cls(
             step=_int_field(obj, "step", where),
             world_size=_int_field(obj, "world_size", where, minimum=1),
@@ -281,7 +281,7 @@ class Manifest:
             attempt=str(obj.get("attempt") or ""),
             saved_at=str(obj.get("saved_at") or ""),
             committed_at=str(obj.get("committed_at") or ""),
-            extra=obj.get("extra") if isinstance(obj.get("extra"), dict) else {},
+            extra=extra if isinstance(extra, dict) else {},
         )
         if obj.get("read_map") is not None:
             m.read_map = _read_map_from(obj["read_map"], m, where)

@@ -26,16 +26,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.catalog import (ByteCounter, ByteProgress, CheckpointInfo, check_listing, list_checkpoints,
-                                      newest_complete, read_manifest)
+from slurm_titan.ckpt.catalog import (
+    ByteCounter,
+    ByteProgress,
+    CheckpointInfo,
+    check_listing,
+    list_checkpoints,
+    newest_complete,
+    read_manifest,
+)
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
 from slurm_titan.ckpt.storage import Store, open_store
+from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.restore")
 
@@ -138,9 +144,10 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
 
     ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
     size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
-    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint. ``agree``: each candidate is published only once every node
-    accepts it (:mod:`.agree`); a rejection anywhere is a fallback everywhere. ``infos``: the
-    location's listing when the caller has one (:func:`.catalog.list_checkpoints`; None: list it).
+    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint.
+    ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
+    rejection anywhere is a fallback everywhere. ``infos``: the location's listing when the caller
+    has one (:func:`.catalog.list_checkpoints`; None: list it).
     """
     infos = list_checkpoints(store) if infos is None else infos
     by_step = {i.step: i for i in infos}
@@ -218,8 +225,8 @@ def _read_share(folder: str) -> Share | None:
 def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
     """Whether ``folder`` holds an intact copy of at least ``share`` (None: the whole checkpoint)."""
     try:
-        with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as f:
-            local = Manifest.from_json(f.read(), step=m.step)
+        with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as record:
+            local = Manifest.from_json(record.read(), step=m.step)
         held = _read_share(folder)
     except (OSError, StorageError):
         return False
@@ -227,7 +234,7 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
         return False
     for f in m.files:
         whole = share is None or f.path in share.whole
-        wanted = [] if whole else share.pieces(f)
+        wanted = [] if share is None or whole else share.pieces(f)
         if not whole and not wanted:
             continue  # not part of the share
         p = _inside(folder, f.path)
@@ -357,7 +364,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
     dest = os.path.abspath(dest)
     final = os.path.join(dest, layout.step_dir(step))
     held = _read_share(final) if share is not None and os.path.isdir(final) else None
-    if held is not None and not set(share.ranks) <= set(held.ranks):
+    if share is not None and held is not None and not set(share.ranks) <= set(held.ranks):
         # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
         # ranks may be loading from it: the new copy holds both shares
         share = node_share(m, sorted(set(share.ranks) | set(held.ranks)), store.url(layout.commit_path(step)))
@@ -384,7 +391,8 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
     try:
         counter = ByteCounter(need, progress)
         whole = [f for f in m.files if share is None or f.path in share.whole]
-        items = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
+        items: list[tuple[str, str, int | None]] = [
+            (f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
         results = store.download_many(items, counter.add, m.algorithm)
         bad = []
         for f, (size, digest) in zip(whole, results):
@@ -403,11 +411,11 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
             raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
         meta = os.path.join(tmp, layout.META_DIR)
         os.makedirs(meta, exist_ok=True)
-        with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as f:
-            f.write(m.to_json())
+        with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as out:
+            out.write(m.to_json())
         if share is not None:
-            with open(os.path.join(meta, SHARE_FILE), "wb") as f:
-                f.write(share.to_json())
+            with open(os.path.join(meta, SHARE_FILE), "wb") as out:
+                out.write(share.to_json())
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

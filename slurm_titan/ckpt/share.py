@@ -17,9 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range
+from slurm_titan.errors import StorageError
 
 SHARE_FILE = "share.json"
 """Inside ``<step>/.slurm-titan/`` of a restored folder that holds part of the checkpoint."""

@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_titan import envvars
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt import commit, layout
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
 from slurm_titan.ckpt.manifest import ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
 from slurm_titan.ckpt.storage import LocalFileError, Store, open_store
+from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.upload")
 
@@ -342,11 +341,12 @@ class CheckpointSync:
         began = time.monotonic()
         try:
             files = self._own_files(step)
+            folder = layout.step_dir(step)
             entries = self._retrying(
                 f"upload of {len(files)} file(s)",
-                lambda: self.store.upload_many([(lp, f"{layout.step_dir(step)}/{rel}") for lp, rel in files],
+                lambda: self.store.upload_many([(lp, f"{folder}/{rel}") for lp, rel in files],
                                               algorithm=self.algorithm,
-                                              spans={f"{layout.step_dir(step)}/{r}": v for r, v in st.spans.items()}), st)
+                                              spans={f"{folder}/{r}": v for r, v in st.spans.items()}), st)
         except LocalFileError as e:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,

@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.errors import StorageError
 from slurm_titan.signals import STOP_SIGNALS
-
-from slurm_titan.ckpt.priority import background_thread
 
 log = logging.getLogger("slurm_titan.ckpt.upload_process")
 

@@ -124,8 +124,7 @@ class Show(SubCommand):
         parser.add_argument("--json", action="store_true", help="print the commit record as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt import layout
-        from slurm_titan.ckpt import read_manifest
+        from slurm_titan.ckpt import layout, read_manifest
 
         store = _open(args)
         m = read_manifest(store, args.step)

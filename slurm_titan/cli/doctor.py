@@ -31,6 +31,7 @@ def expectations(config_path: str | None) -> DoctorExpectations:
     from slurm_titan.launch.plan import plan_job
 
     node = plan_job(load_config(config_path)).node
+    assert node.preflight is not None, "plan_job plans a preflight for every job"
     return node.preflight.for_job(lambda text: node.fill(text, "doctor"))
 
 

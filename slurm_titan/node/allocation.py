@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def next_attempt_number(job_dir: Path) -> int:
     return number
 
 
-def next_attempt(job_dir: Path, wanted: int, env: dict[str, str] | None = None) -> AttemptPlan | None:
+def next_attempt(job_dir: Path, wanted: int, env: Mapping[str, str] | None = None) -> AttemptPlan | None:
     """The next attempt on this allocation, or None when too few healthy, non-excluded nodes are left."""
     env = os.environ if env is None else env
     allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])

@@ -112,9 +112,10 @@ def exclusion_reason(failure: NodeFailure, spare_left: bool, earlier_culprits: l
     """Why `failure.host` is left out for the rest of the run, or None to keep it.
 
     A lost node is left out, and so is one whose rank log shows a hardware fault (HBM ECC, UCE, a
-    dead HCCS link: retrying on it only fails again). A node blamed before in this run is left out (a node that fails every
-    time costs one retry, not the whole retry budget). With a healthy spare waiting, a node is left
-    out on its first failure: swapping costs nothing, and a suspect node may fail again.
+    dead HCCS link: retrying on it only fails again). A node blamed before in this run is left out
+    (a node that fails every time costs one retry, not the whole retry budget). With a healthy spare
+    waiting, a node is left out on its first failure: swapping costs nothing, and a suspect node may
+    fail again.
     """
     if failure.kind == LOST:
         return "lost"

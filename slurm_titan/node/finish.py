@@ -27,15 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan.records import history, ledger, run_folder
-
-from slurm_titan import envvars, slurm
-from slurm_titan.errors import ExitCode, ClusterError
+from slurm_titan import envvars, failure_kinds, slurm
+from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node import allocation, attribution, notify, step_watch
-from slurm_titan import failure_kinds
 from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.supervisor import say
+from slurm_titan.records import history, ledger, run_folder
 
 REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
 TIME_LIMIT_MARGIN_S = 90  # slurmctld sends the --signal up to ~60 s earlier than asked
@@ -138,7 +136,8 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
                                                         args.max_failures_without_progress))
-    failure, excluded = None, []
+    failure: attribution.NodeFailure | None = None
+    excluded: list[str] = []
     if code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
         failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from slurm_titan.node.outcome import REQUEUE, Outcome
 from slurm_titan.envvars import NOTIFY
 from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
+from slurm_titan.node.outcome import REQUEUE, Outcome
 
 RETRY_PAUSE_S = 1.0
 _REPLY_LIMIT = 65536
@@ -163,7 +163,7 @@ def _try(hook: WebhookSpec, url: str, body: bytes, timeout_s: int) -> tuple[bool
         return True, f"no answer within {timeout_s} s"
     except (OSError, http.client.HTTPException) as error:  # a connection reset, a garbled reply
         return True, f"{type(error).__name__}: {error}"
-    except Exception as error:  # a malformed URL, ...: never a failure of the run; its text may quote the URL
+    except Exception as error:  # noqa: BLE001 - a malformed URL, ...: never a failure of the run; may quote the URL
         return False, f"{type(error).__name__}: {error}"
 
 

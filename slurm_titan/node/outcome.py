@@ -17,9 +17,8 @@ failures in a row (nvidia-resiliency-ext's "3 cycles without progress") end the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from slurm_titan.errors import ExitCode
-
-
 
 STOP, REQUEUE, RESTART = "stop", "requeue", "restart"
 

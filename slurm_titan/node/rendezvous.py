@@ -109,7 +109,8 @@ def from_slurm_env(
         num_nodes = _int_var(env, "SLURM_JOB_NUM_NODES")
         node_rank = _int_var(env, "SLURM_NODEID")
         if num_nodes != len(hosts):
-            raise RendezvousError(f"SLURM_JOB_NUM_NODES={num_nodes} but SLURM_JOB_NODELIST={nodelist} names {len(hosts)}")
+            raise RendezvousError(f"SLURM_JOB_NUM_NODES={num_nodes} but SLURM_JOB_NODELIST={nodelist} "
+                                  f"names {len(hosts)}")
         if not 0 <= node_rank < num_nodes:
             raise RendezvousError(f"SLURM_NODEID={node_rank} outside 0..{num_nodes - 1}")
     port = master_port(_int_var(env, "SLURM_JOB_ID"), port_window)

@@ -35,8 +35,8 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     remote = plan.remote_for(job_id)
     if not remote:
         return RestoreVerdict()
-    from slurm_titan.ckpt.agree import NodeAgreement
     from slurm_titan.ckpt import prepare_resume
+    from slurm_titan.ckpt.agree import NodeAgreement
 
     Path(local).mkdir(parents=True, exist_ok=True)
     agree = NodeAgreement(verdicts, node, nodes) if verdicts is not None and nodes > 1 else None

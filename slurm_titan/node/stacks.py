@@ -102,7 +102,7 @@ class StackDumper:
 
     def _faulthandler(self, ranks: dict[int, int]) -> dict[int, str]:
         """Signal each rank, wake it if stopped, and read what its handler wrote (waits up to a few s)."""
-        for rank, pid in ranks.items():
+        for pid in ranks.values():
             state = process_state(pid)
             try:
                 os.kill(pid, DUMP_SIGNAL)
@@ -118,7 +118,7 @@ class StackDumper:
             for rank in ranks.keys() - stacks.keys():
                 path = self.local_files.get(rank)
                 size = path.stat().st_size if path and path.exists() else 0
-                if size and sizes.get(rank) == size:  # written, and done writing
+                if path is not None and size and sizes.get(rank) == size:  # written, and done writing
                     stacks[rank] = path.read_text(errors="replace")
                 sizes[rank] = size
         for rank in ranks.keys() - stacks.keys():

@@ -30,18 +30,16 @@ from types import FrameType
 from typing import Any
 
 from slurm_titan import envvars
-from slurm_titan.records import history, run_folder
-from slurm_titan.records.restore_verdict import RestoreVerdict
-
-from slurm_titan.node import rendezvous
-from slurm_titan.errors import ExitCode, SlurmTitanError
-from slurm_titan.node import batch_host, restore
 from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
-from slurm_titan.signals import ignore_signals, take_stop_signals
-from slurm_titan.node.watchdog import Hang, Watchdog
+from slurm_titan.errors import ExitCode, SlurmTitanError
+from slurm_titan.node import batch_host, rendezvous, restore
 from slurm_titan.node.spec import NodeSpec
+from slurm_titan.node.watchdog import Hang, Watchdog
+from slurm_titan.records import history, run_folder
+from slurm_titan.records.restore_verdict import RestoreVerdict
+from slurm_titan.signals import ignore_signals, take_stop_signals
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
@@ -72,7 +70,8 @@ class RankGroup:
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
         self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
         self.gates: list[int] = []  # write ends of the ranks' pipes
-        self.watchdog, self.hang = watchdog, None
+        self.watchdog = watchdog
+        self.hang: Hang | None = None  # the hang that ended wait(), once the watchdog saw one
         for local_rank in range(rdzv.procs_per_node):
             rank_env = env | rdzv.process_env(local_rank)
             rank = int(rank_env["RANK"])

@@ -11,9 +11,10 @@ compares the hangs of all nodes with the same key.
 When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
 their nodes' watchdogs fire as well (same phase, nearly the same `since`), each reports its own view, and the
 key above tells the stuck rank from the waiting ones. Each node waits for the others' reports (up to
-PEER_WAIT_S) before it kills its ranks, so that no node's exit disturbs another's view. A node whose watchdog has not fired yet loses its ranks
-to the first node's kill (their collectives fail) or to srun (--kill-on-bad-exit) once that node exits non-zero:
-a crash after the first hang was seen, which attribution does not blame.
+PEER_WAIT_S) before it kills its ranks, so that no node's exit disturbs another's view. A node whose
+watchdog has not fired yet loses its ranks to the first node's kill (their collectives fail) or to srun
+(--kill-on-bad-exit) once that node exits non-zero: a crash after the first hang was seen, which
+attribution does not blame.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from pathlib import Path
 
 from slurm_titan import envvars
 from slurm_titan.node import budgets, stacks
-
-from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.rank_progress import Progress
 
 PEER_WAIT_S = 15.0

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint import Metadata
@@ -69,7 +70,9 @@ class SyncedCheckpointManager(CheckpointManager):
     class Config(CheckpointManager.Config):
         pass
 
-    def __init__(self, config: Config, **kwargs) -> None:
+    exclude_from_loading: list[str]  # set by torchtitan's __init__, from its config
+
+    def __init__(self, config: Config, **kwargs: Any) -> None:
         verdict = wait_for_restore()  # the node restores the checkpoint folder while the model is built
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
         self.sync: Uploader | None = None
@@ -209,7 +212,7 @@ class SyncedCheckpointManager(CheckpointManager):
         if isinstance(fut, Future) or (fut is not None and hasattr(fut, "add_done_callback")):
             sync = self.sync
 
-            def after_write(f, step: int = curr_step) -> None:
+            def after_write(f: Future, step: int = curr_step) -> None:
                 if f.cancelled() or f.exception() is not None:
                     log.error("step %d: the checkpoint save failed, not uploading it: %s", step,
                               None if f.cancelled() else f.exception())

@@ -42,12 +42,11 @@ _CPU_DEVICE_CALLS: dict[str, Any] = {
 
 def _install_memory_namespace() -> None:
     memory = getattr(torch.cpu, "memory", None) or types.ModuleType("torch.cpu.memory")
-    for name in ("empty_cache", "memory_stats", "reset_peak_memory_stats"):
+    calls = {name: _CPU_DEVICE_CALLS[name] for name in ("empty_cache", "memory_stats", "reset_peak_memory_stats")}
+    for name, fn in (calls | {"max_memory_reserved": lambda device=None: 0}).items():
         if not hasattr(memory, name):
-            setattr(memory, name, _CPU_DEVICE_CALLS[name])
-    if not hasattr(memory, "max_memory_reserved"):
-        memory.max_memory_reserved = lambda device=None: 0
-    torch.cpu.memory = memory
+            setattr(memory, name, fn)
+    torch.cpu.memory = memory  # type: ignore[attr-defined]  # a namespace added here: torch.cpu has none of its own
 
 
 def _keep_gloo_reductions() -> None:

@@ -59,10 +59,9 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    from slurm_titan.errors import StorageError
-
     from slurm_titan.ckpt.manifest import Manifest
     from slurm_titan.ckpt.share import SHARE_FILE, Share
+    from slurm_titan.errors import StorageError
 
     meta = os.path.join(checkpoint_dir, layout.META_DIR)
     try:

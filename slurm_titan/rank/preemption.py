@@ -53,7 +53,9 @@ def install_handlers() -> None:
     take_stop_signals(_on_signal)
     stop_file = os.environ.get(envvars.STOP_FILE)
     if stop_file and os.path.exists(stop_file):
-        _request_stop(open(stop_file, encoding="utf-8").read().strip() or "stop file")
+        with open(stop_file, encoding="utf-8") as f:
+            reason = f.read().strip()
+        _request_stop(reason or "stop file")
 
 
 def exit_for_requeue() -> NoReturn:

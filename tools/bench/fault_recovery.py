@@ -29,8 +29,7 @@ import sys
 import time
 from typing import Any
 
-from bench_jobs import (REPO, STEP, Bench, Run, bench_parser, median_spread, read_lines, rounded, run_repeats,
-                        step_times)
+from bench_jobs import REPO, STEP, Bench, Run, bench_parser, median_spread, read_lines, rounded, run_repeats, step_times
 from local_cluster.faults import SignalAtStep, kill_node, step_reached
 
 from slurm_titan.records import history

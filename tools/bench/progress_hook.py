@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     hook_s, reference_s = statistics.median(hook), statistics.median(reference)
     result = {"hook_us": round(hook_s * 1e6, 3), "reference_us": round(reference_s * 1e6, 3),
               "ratio": round(hook_s / reference_s, 1), "step_ms": args.step_ms,
-              "share_of_step_pct": round(100 * hook_s / (args.step_ms / 1000), 5), "folder": root or tempfile.gettempdir()}
+              "share_of_step_pct": round(100 * hook_s / (args.step_ms / 1000), 5),
+              "folder": root or tempfile.gettempdir()}
     print(f"progress hook: {result['hook_us']} us per step ({result['ratio']}x an empty call of "
           f"{result['reference_us']} us); {result['share_of_step_pct']} % of a {args.step_ms:g} ms step (goal <= 1 %)")
     if args.json:

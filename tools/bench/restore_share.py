@@ -40,9 +40,9 @@ def rank_main(local: str, remote: str, mib: int) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-    from slurm_titan.rank.dcp_plan import load_reads, small_items
-    from slurm_titan.ckpt.storage import TransferConfig
     from slurm_titan.ckpt import CheckpointSync
+    from slurm_titan.ckpt.storage import TransferConfig
+    from slurm_titan.rank.dcp_plan import load_reads, small_items
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
@@ -120,11 +120,12 @@ def bench(world: int, args, work: Path, remote: str, results: dict) -> None:
         key = f"{world} ranks on {nodes} nodes"
         results[key] = {"checkpoint_bytes": total, "files": len(m.files), "nodes": rows,
                         "worst_fetched_over_fair_share": worst, "egress_shares": egress_share,
-                        "egress_today": nodes * total, "egress_ratio_today_over_shares": round(nodes * total / egress_share, 2),
+                        "egress_today": nodes * total,
+                        "egress_ratio_today_over_shares": round(nodes * total / egress_share, 2),
                         "save_s": round(saved_s, 1)}
         print(f"{key}: checkpoint {total / MiB:.0f} MiB; per node fetched / (checkpoint / N): "
               + ", ".join(f"{r['fetched_over_fair_share']:.3f}" for r in rows)
-              + f" (goal <= 1.1); restore s per node, share vs whole: "
+              + " (goal <= 1.1); restore s per node, share vs whole: "
               + ", ".join(f"{r['share_s']:.2f}/{r['whole_s']:.2f}" for r in rows)
               + f"; egress {egress_share / MiB:.0f} MiB vs today {nodes * total / MiB:.0f} MiB", flush=True)
 
@@ -137,9 +138,9 @@ def projection(results: dict) -> list[str]:
     for n in (8, 64):
         today = n * c
         shares = n * (c / n) * ratio
-        lines.append(f"70B, {n} nodes: today {n} x {c:.0f} GB = {today:,.0f} GB; shares <= {n} x ({c:.0f} GB / {n}) x "
-                     f"{ratio:.3f} = {shares:,.0f} GB ({today / shares:.1f}x less), each node <= {c / n * ratio:.1f} GB "
-                     f"instead of {c:.0f} GB")
+        lines.append(f"70B, {n} nodes: today {n} x {c:.0f} GB = {today:,.0f} GB; shares <= {n} x ({c:.0f} GB / {n}) "
+                     f"x {ratio:.3f} = {shares:,.0f} GB ({today / shares:.1f}x less), each node <= "
+                     f"{c / n * ratio:.1f} GB instead of {c:.0f} GB")
     lines.append("(beyond its own files a node fetches the items its ranks read of other files: the small ones "
                  "(train state, AdamW step counters) exactly, larger ones as the 16 MiB blocks covering them; at 70B "
                  "that is KiBs per file against 35 GB (8 nodes) or 4.4 GB (64 nodes) of a node's own files)")

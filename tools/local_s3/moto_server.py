@@ -68,17 +68,15 @@ class Server:
         """Start ``moto_server`` in its own session and wait until the bucket exists.
 
         ``die_with_parent``: the kernel stops it when the starting process dies (Linux)."""
-        log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([find_moto_server(), "-H", "127.0.0.1", "-p", str(self.port)], stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=pdeathsig if die_with_parent else None)
-        try:
-            self._wait_ready(timeout, log)
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            log.close()
+        with tempfile.TemporaryFile() as log:
+            self.proc = subprocess.Popen([find_moto_server(), "-H", "127.0.0.1", "-p", str(self.port)], stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=pdeathsig if die_with_parent else None)
+            try:
+                self._wait_ready(timeout, log)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def stop(self, timeout: float = 10.0) -> None:

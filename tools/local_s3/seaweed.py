@@ -142,11 +142,10 @@ class Server:
         ``die_with_parent``: the kernel sends weed SIGTERM when the starting process dies
         (Linux), so a killed test run leaves no server behind; else weed outlives us."""
         self.write_config()
-        log = open(self.log_file, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.data_dir, start_new_session=True,
-                                     preexec_fn=pdeathsig if die_with_parent else None)
-        log.close()
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=self.data_dir, start_new_session=True,
+                                         preexec_fn=pdeathsig if die_with_parent else None)
         self.pid_file.write_text(f"{self.proc.pid} {self.port}\n")
         try:
             self.wait_ready(timeout)
@@ -233,7 +232,8 @@ class Server:
             except OSError as e:
                 last = str(e)
             time.sleep(0.1)
-        raise TimeoutError(f"SeaweedFS on port {self.port} not ready after {timeout:.0f} s ({last}); see {self.log_file}")
+        raise TimeoutError(f"SeaweedFS on port {self.port} not ready after {timeout:.0f} s ({last}); "
+                           f"see {self.log_file}")
 
     def request(self, method: str, path: str, query: str = "", body: bytes = b"") -> tuple[int, bytes]:
         """A SigV4-signed request to the S3 gateway (stdlib only)."""

@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
 from slurm_titan.ckpt.storage.errors import (
     LocalFileError,
@@ -35,6 +33,7 @@ from slurm_titan.ckpt.storage.fsspec import FsspecStore
 from slurm_titan.ckpt.storage.local import LocalStore
 from slurm_titan.ckpt.storage.s3 import S3Store, s3_storage_options
 from slurm_titan.ckpt.storage.s3_http import S3HttpStore, usable
+from slurm_titan.errors import StorageError
 
 __all__ = [
     "Entry", "FsspecStore", "LocalFileError", "LocalStore", "Progress", "RangeReader", "S3DataPath",

@@ -32,12 +32,11 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_titan import envvars
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.storage.errors import StoreError, TransientStoreError, describe, is_transient, redact, scrub
+from slurm_titan.errors import StorageError
 
 T = TypeVar("T")
 R = TypeVar("R")

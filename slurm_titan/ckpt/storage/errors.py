@@ -15,6 +15,7 @@ strings from URLs, :func:`scrub` replaces known secret values.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import time
@@ -63,6 +64,14 @@ class TransientStoreError(StoreError):
 
 class LocalFileError(StorageError):
     """A local file could not be read or written (not a storage problem; not retried)."""
+
+
+def open_local(path: str) -> io.FileIO:
+    """``path`` opened for reading, unbuffered (callers read large blocks); LocalFileError if it cannot be."""
+    try:
+        return open(path, "rb", buffering=0)
+    except OSError as e:
+        raise LocalFileError(f"cannot read {path}: {e.strerror}") from None
 
 
 def redact(location: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
-from slurm_titan.ckpt.storage.errors import LocalFileError
+from slurm_titan.ckpt.storage.errors import open_local
 
 _CHUNK = 8 << 20
 
@@ -116,11 +116,7 @@ class FsspecStore(Store):
             lp, r = item
             h = BlockHasher(algorithm, self.transfer.block_size, spans.get(r, ()))
             size = 0
-            try:
-                fin = open(lp, "rb")
-            except OSError as e:
-                raise LocalFileError(f"cannot read {lp}: {e.strerror}") from None
-            with fin, self._guard(f"cannot upload {r}"), self.fs.open(self.full(r), "wb") as fout:
+            with open_local(lp) as fin, self._guard(f"cannot upload {r}"), self.fs.open(self.full(r), "wb") as fout:
                 while chunk := fin.read(_CHUNK):
                     h.update(chunk)
                     fout.write(chunk)

@@ -18,13 +18,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.checksum import BlockHasher, Hasher, hash_file, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
-from slurm_titan.ckpt.storage.errors import LocalFileError
+from slurm_titan.ckpt.storage.errors import LocalFileError, open_local
+from slurm_titan.errors import StorageError
 
 _LOCAL_BUF = 256 << 10  # small: stays in cache while read, hashed and written (8 MiB x 4 threads was 3x slower)
 _DIRECT_BUF = 1 << 20
@@ -231,10 +230,7 @@ def _copy_hash(src: str, dst: str, h: Hasher, progress: Progress, atomic: bool =
 
     ``direct``: write past the page cache (O_DIRECT, where the file system allows it), from a
     page-aligned buffer, so that the copy is on disk when it returns and costs no later sync."""
-    try:
-        fin = open(src, "rb", buffering=0)
-    except OSError as e:
-        raise LocalFileError(f"cannot read {src}: {e.strerror}") from None
+    fin = open_local(src)
     d = os.path.dirname(dst) or "."
     size = 0
     with fin:

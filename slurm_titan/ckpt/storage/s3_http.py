@@ -38,14 +38,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_titan import envvars
-from slurm_titan.errors import StorageError
-
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage.base import Progress, RangeReader, Spans
-from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, retry
+from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, open_local, retry
 from slurm_titan.ckpt.storage.ranged import ALIGN, Budget, PartBuffers, RangedFile
 from slurm_titan.ckpt.storage.s3 import S3Store
+from slurm_titan.errors import StorageError
 
 _BUF = 256 << 10
 _TRIES = 4
@@ -416,11 +415,7 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
                 if errors:
                     break
                 bucket, key = store.bucket_key(rel)
-                try:
-                    f = open(local_path, "rb", buffering=0)
-                except OSError as e:
-                    raise LocalFileError(f"cannot read {local_path}: {e.strerror}") from None
-                with f:
+                with open_local(local_path) as f:
                     size = os.fstat(f.fileno()).st_size
                     part_size = max(base_part, -(-size // MAX_PARTS))
                     h = BlockHasher(algorithm, store.transfer.block_size, spans.get(rel, ()))
