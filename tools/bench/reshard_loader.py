@@ -4,19 +4,17 @@ Both loaders read the debug dataset (slurm_titan.launch.debug_assets) with its t
 local batch 4, as one rank of `--degree`; rounds alternate between the two, and the ratio
 (resharding / torchtitan, tokens per second) is the median over rounds. Goal: >= 0.98.
 
-    python tools/bench/reshard_loader.py --assets .cache/debug-assets --rounds 5
+    python -m tools.bench.reshard_loader --assets .cache/debug-assets --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 
 def tokens_per_second(cls: type, assets: Path, degree: int, batches: int, seq_len: int, batch: int) -> float:
