@@ -1,5 +1,5 @@
 """Unplanned failures: attribution from node reports, the nodes of the next attempt, the restart loop
-in the batch shell (with stand-ins for srun and scontrol; the real ones run in test_e2e_recovery.py)."""
+in the batch shell (with stand-ins for srun and scontrol; the real ones run in tests/e2e/test_recovery.py)."""
 
 import os
 import subprocess
