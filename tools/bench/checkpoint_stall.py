@@ -2,9 +2,11 @@
 """Benchmark: what the background upload of checkpoints costs training (issue 4: <= 1.05x).
 
     eval "$(tools/local-cluster env)"
-    .venv/bin/python -m tools.bench.checkpoint_stall --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1]
+    .venv/bin/python -m tools.bench.checkpoint_stall --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] \
+        [--nodes 1]
     # a cluster node's layout on 2 cores: training on CPU 0; the upload and the store on CPU 1
-    .venv/bin/python -m tools.bench.checkpoint_stall --nodes 1 --remote s3 --training-cpus 0 --upload-cpus 1 --store-cpus 1
+    .venv/bin/python -m tools.bench.checkpoint_stall --nodes 1 --remote s3 --training-cpus 0 --upload-cpus 1 \
+        --store-cpus 1
 
 Each repeat submits configs/debug_cpu.yaml (--nodes, default 2, one rank each) twice, one job
 after the other, in alternating order, both saving a checkpoint every --interval steps to node-local disk:

@@ -28,8 +28,17 @@ import time
 from typing import Any
 
 from slurm_titan.records import history
-from tools.bench.bench_jobs import (STEP, Bench, Run, bench_parser, median_spread, read_lines, rounded, run_repeats,
-                                    step_times)
+from tools.bench.bench_jobs import (
+    STEP,
+    Bench,
+    Run,
+    bench_parser,
+    median_spread,
+    read_lines,
+    rounded,
+    run_repeats,
+    step_times,
+)
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 

@@ -39,6 +39,7 @@ import sys
 import time
 from typing import Any
 
+from slurm_titan.records import history
 from tools.bench.bench_jobs import (
     STEP,
     Bench,
@@ -50,8 +51,6 @@ from tools.bench.bench_jobs import (
     rounded,
     run_repeats,
 )
-
-from slurm_titan.records import history
 
 # (label, from milestone, to milestone, indent): the rows of the table, in order
 PHASES: list[tuple[str, str, str, int]] = [

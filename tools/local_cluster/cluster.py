@@ -356,7 +356,8 @@ class LocalCluster:
         self._check_state_dir()
         for port in range(self.port, self.port + len(NODES) + 1):
             if _port_in_use(port):
-                raise ClusterError(f"port {port} on 127.0.0.1 is in use (another cluster? set SLURM_TITAN_CLUSTER_PORT)")
+                raise ClusterError(f"port {port} on 127.0.0.1 is in use "
+                                   "(another cluster? set SLURM_TITAN_CLUSTER_PORT)")
         self._fresh_state()
         self._write_configs()
         self._start_munged()
@@ -400,7 +401,8 @@ class LocalCluster:
             started = subprocess.run(["munged", f"--socket={self.munge_socket}", f"--key-file={key}",
                                       f"--pid-file={pid_file}", f"--log-file={self.logs / 'munged.log'}",
                                       f"--seed-file={self.state / 'munge' / 'munged.seed'}"],
-                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.daemon_env)
+                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     env=self.daemon_env)
         if started.returncode != 0:
             self._fail_up("munged failed to start")
         for _ in range(50):
