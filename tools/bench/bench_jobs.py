@@ -25,13 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
+from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
+from slurm_titan.launch import status
+from slurm_titan.records import history, jobs
 
-from slurm_titan.cpulist import format_cpu_list, parse_cpu_list  # noqa: E402
-from slurm_titan.launch import status  # noqa: E402
-from slurm_titan.records import history, jobs  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 CONFIG = "configs/debug_cpu.yaml"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -264,7 +262,7 @@ def _start_work(args: argparse.Namespace, prefix: str) -> tuple[Path, dict[str, 
     env = dict(os.environ)
     server = None
     if args.remote == "s3":
-        from local_s3.seaweed import Server, free_port
+        from tools.local_s3.seaweed import Server, free_port
 
         server = Server(port=free_port(), data_dir=str(work / "s3"), bucket="slurm-titan-bench").start(
             die_with_parent=True)

@@ -2,10 +2,11 @@
 """Benchmark: what the background upload of checkpoints costs training (issue 4: <= 1.05x).
 
     eval "$(tools/local-cluster env)"
-    .venv/bin/python tools/bench/checkpoint_stall.py --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] [--nodes 1]
+    .venv/bin/python -m tools.bench.checkpoint_stall --steps 20 --interval 2 [--remote dir|s3] [--repeats 3] \
+        [--nodes 1]
     # a cluster node's layout on 2 cores: training on CPU 0; the upload and the store on CPU 1
-    .venv/bin/python tools/bench/checkpoint_stall.py --nodes 1 --remote s3 \\
-        --training-cpus 0 --upload-cpus 1 --store-cpus 1
+    .venv/bin/python -m tools.bench.checkpoint_stall --nodes 1 --remote s3 --training-cpus 0 --upload-cpus 1 \
+        --store-cpus 1
 
 Each repeat submits configs/debug_cpu.yaml (--nodes, default 2, one rank each) twice, one job
 after the other, in alternating order, both saving a checkpoint every --interval steps to node-local disk:
@@ -38,12 +39,9 @@ from __future__ import annotations
 import re
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_jobs import (  # noqa: E402
+from tools.bench.bench_jobs import (
     Bench,
     Run,
     bench_parser,

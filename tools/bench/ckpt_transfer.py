@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark: checkpoint upload/restore throughput vs reference tools, and `ckpt list` at scale.
 
-    .venv/bin/python tools/bench/ckpt_transfer.py                 # 1 GiB in 16 shards, 3 rounds
-    .venv/bin/python tools/bench/ckpt_transfer.py --size-mib 256 --files 8 --rounds 1 --list-checkpoints 100
+    .venv/bin/python -m tools.bench.ckpt_transfer                 # 1 GiB in 16 shards, 3 rounds
+    .venv/bin/python -m tools.bench.ckpt_transfer --size-mib 256 --files 8 --rounds 1 --list-checkpoints 100
 
 What is measured (median of --rounds, each round interleaving ours and the references so
 that other load on the machine hits all of them alike):
@@ -42,9 +42,6 @@ from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
-sys.path.insert(0, str(REPO / "tests"))
 
 MiB = 1 << 20
 
@@ -416,7 +413,7 @@ def main() -> int:
         if "dir" not in args.skip:
             bench_directory(args, src, step, nbytes, transfer, results)
         if "s3" not in args.skip or "list" not in args.skip:
-            from s3server import S3Server
+            from tests.support.s3 import S3Server
 
             with S3Server(bucket="slurm-titan-bench", data_dir=str(work / "seaweedfs")) as srv:
                 for k, v in srv.env().items():

@@ -29,10 +29,20 @@ import sys
 import time
 from typing import Any
 
-from bench_jobs import REPO, STEP, Bench, Run, bench_parser, median_spread, read_lines, rounded, run_repeats, step_times
-from local_cluster.faults import SignalAtStep, kill_node, step_reached
-
 from slurm_titan.records import history
+from tools.bench.bench_jobs import (
+    STEP,
+    Bench,
+    Run,
+    bench_parser,
+    median_spread,
+    read_lines,
+    rounded,
+    run_repeats,
+    step_times,
+)
+from tools.local_cluster.cluster import LocalCluster
+from tools.local_cluster.faults import SignalAtStep, step_reached
 
 FAULTS = ("crash", "hang", "node-spare", "node-requeue")
 DETECTION = {"crash": "exited with code", "hang": "watchdog: rank", "node-spare": "attempt 0 ended",
@@ -75,13 +85,12 @@ def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
         bench.wait(run, lambda: log.exists() and step_reached(at_step)({}, log.read_text(errors="replace")))
         host = history.read_attempts(run.job_dir)[0].hosts[1]
         fault_at = time.time()
-        kill_node(bench.env["SLURM_TITAN_CLUSTER_DIR"], host)
+        LocalCluster.from_env(bench.env).kill_node(host)
     try:
         bench.wait(run)
     finally:
         if kind.startswith("node"):
-            subprocess.run([str(REPO / "tools" / "local-cluster"), "up"], env=bench.env, check=True, timeout=180,
-                           capture_output=True)
+            LocalCluster.from_env(bench.env).up()
     return after_fault(run, fault_at, kind)
 
 

@@ -2,7 +2,7 @@
 """Benchmark: what one preemption costs a run, and where the time goes (issue 5, part 6).
 
     eval "$(tools/local-cluster env)"
-    .venv/bin/python tools/bench/preemption_stall.py --steps 20 --at-step 6 [--remote dir|s3] [--json out.json]
+    .venv/bin/python -m tools.bench.preemption_stall --steps 20 --at-step 6 [--remote dir|s3] [--json out.json]
 
 Each repeat submits the same config (configs/debug_cpu.yaml, 2 nodes, no periodic checkpoint)
 twice, one job after the other, on the local Slurm cluster:
@@ -37,12 +37,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_jobs import (  # noqa: E402
+from slurm_titan.records import history
+from tools.bench.bench_jobs import (
     STEP,
     Bench,
     Run,
@@ -53,8 +51,6 @@ from bench_jobs import (  # noqa: E402
     rounded,
     run_repeats,
 )
-
-from slurm_titan.records import history  # noqa: E402
 
 # (label, from milestone, to milestone, indent): the rows of the table, in order
 PHASES: list[tuple[str, str, str, int]] = [

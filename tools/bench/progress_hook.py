@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: what the watchdog's progress hook costs a training step (issue 11, part 7).
 
-    .venv/bin/python tools/bench/progress_hook.py [--calls 200000] [--step-ms 100] [--json out.json]
+    .venv/bin/python -m tools.bench.progress_hook [--calls 200000] [--step-ms 100] [--json out.json]
 
 Per step every rank makes one `rank_progress.step_done` call (from the checkpoint hook's `save()`),
 plus an `enter` for each save; the supervisor reads the records every 0.5 s. Measured here, in one run:
@@ -20,15 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from slurm_titan.records import rank_progress  # noqa: E402
-from slurm_titan.records.rank_progress import Phase  # noqa: E402
+from slurm_titan.records import rank_progress
+from slurm_titan.records.rank_progress import Phase
 
 
 def _empty(step: int) -> None:

@@ -6,19 +6,17 @@ local batch 4, as one rank of `--degree`; rounds alternate between the two, and 
 Goal: >= 0.98. The ratio of CPU seconds (the process's, per token) is printed too: on a shared machine the
 wall-clock ratio moves with the other processes' load, the CPU one much less.
 
-    python tools/bench/reshard_loader.py --assets .cache/debug-assets --rounds 9
+    python -m tools.bench.reshard_loader --assets .cache/debug-assets --rounds 9
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 
 def tokens_per_second(cls: type, assets: Path, degree: int, batches: int, seq_len: int,

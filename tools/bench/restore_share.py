@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark: each node restores its share of a real DCP checkpoint, against today's whole download.
 
-    .venv/bin/python tools/bench/restore_share.py                      # 4 and 8 ranks, 32 MiB per rank
-    .venv/bin/python tools/bench/restore_share.py --ranks 4 --mib-per-rank 16 --s3
+    .venv/bin/python -m tools.bench.restore_share                      # 4 and 8 ranks, 32 MiB per rank
+    .venv/bin/python -m tools.bench.restore_share --ranks 4 --mib-per-rank 16 --s3
 
 A real ``dcp.save`` on the CPU (one gloo process per rank) of a state shaped like torchtitan's:
 FSDP-sharded parameters and two Adam moments (DTensors, Shard(0)), replicated tensors and train
@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 MiB = 1 << 20
 
 
@@ -74,8 +72,8 @@ def save(world: int, local: Path, remote: str, mib: int, env: dict) -> None:
         port = s.getsockname()[1]
     base = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
                 PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank-of", str(local), remote, str(mib)],
-                              env=dict(base, RANK=str(r))) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tools.bench.restore_share", "--rank-of", str(local), remote,
+                               str(mib)], env=dict(base, RANK=str(r)), cwd=REPO) for r in range(world)]
     if any(p.wait() for p in procs):
         raise RuntimeError("a saving rank failed")
 
@@ -167,7 +165,7 @@ def main() -> int:
     try:
         worlds = args.ranks or [4, 8]
         if args.s3:
-            from s3server import S3Server
+            from tests.support.s3 import S3Server
 
             with S3Server(bucket="slurm-titan-bench", data_dir=str(work / "seaweedfs")) as srv:
                 os.environ.update(srv.env())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: how much an upload running beside it slows a training loop, thread vs process.
 
-    .venv/bin/python tools/bench/upload_interference.py [--rounds 3] [--steps 15] [--shard-mib 36]
+    .venv/bin/python -m tools.bench.upload_interference [--rounds 3] [--steps 15] [--shard-mib 36]
 
 A small PyTorch model trains on CPU 0 (one thread, Python launching every operator as
 torchtitan does) while checkpoints of --shard-mib are uploaded over and over to a private
@@ -30,14 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 os.environ["OMP_NUM_THREADS"] = "1"
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tools"), str(REPO / "tests")]
 
 import torch  # noqa: E402
-from s3server import S3Server  # noqa: E402
 
 from slurm_titan.ckpt import CheckpointSync  # noqa: E402
 from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings  # noqa: E402
+from tests.support.s3 import S3Server  # noqa: E402
 
 TRAIN_CPU, SIDE_CPU = 0, 1
 

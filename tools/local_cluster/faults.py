@@ -1,6 +1,6 @@
 """Real faults for jobs on the bundled cluster, injected from outside as an operator or the hardware would:
-a signal to a training process once its own log shows a step (SIGKILL: a crash; SIGSTOP: a hang), or a
-node killed whole (its slurmd and every process of its namespaces). Shared by the end-to-end tests and
+a signal to a training process once its own log shows a step (SIGKILL: a crash; SIGSTOP: a hang). A node
+killed whole is `LocalCluster.kill_node` (cluster.py). Shared by the end-to-end tests and
 tools/bench/fault_recovery.py."""
 
 from __future__ import annotations
@@ -31,22 +31,6 @@ def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
         if env.get("SLURM_JOB_ID") == job_id:
             found[int(entry.name)] = env
     return found
-
-
-def kill_node(cluster_dir: str | Path, name: str) -> int:
-    """Kill node `name` of the bundled cluster whole: its slurmd and every process of its namespaces
-    (slurmstepd, the supervisor, the ranks, their uploaders), found through the node's UTS namespace.
-    Returns how many processes were killed; `tools/local-cluster up` brings the node back."""
-    pid_file = Path(cluster_dir) / "run" / "pids" / f"slurmd-{name}.pid"
-    namespace = os.readlink(f"/proc/{pid_file.read_text().strip()}/ns/uts")
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "ns" / "uts") == namespace:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    killed += 1
-    return killed
 
 
 Ready = Callable[[dict[str, str], str], bool]

@@ -16,9 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from local_s3.seaweed import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, Server
+from tools.local_s3.seaweed import DEFAULT_ACCESS_KEY, DEFAULT_SECRET_KEY, Server, ports_free
 
 
 def server() -> Server:
@@ -44,8 +42,6 @@ def main(argv: list[str]) -> int:
         Path(s.data_dir).mkdir(parents=True, exist_ok=True)
         pid = s.running_pid()
         if pid is None:
-            from local_s3.seaweed import ports_free
-
             if not ports_free(s.port):
                 print(f"local-s3: ports {s.port}..{s.port + 4} (and +10000) are in use; set SLURM_TITAN_S3_PORT",
                       file=sys.stderr)

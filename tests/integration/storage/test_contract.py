@@ -17,10 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from s3server import clean_env  # also puts tools/ on sys.path, for local_s3
 
-from local_s3.moto_server import Server as MotoServer
-from local_s3.moto_server import find_moto_server, free_port
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
 from slurm_titan.ckpt.storage import (
     LocalFileError,
@@ -34,6 +31,9 @@ from slurm_titan.ckpt.storage import (
     s3_http,
 )
 from slurm_titan.errors import StorageError
+from tests.support.s3 import clean_env
+from tools.local_s3.moto_server import Server as MotoServer
+from tools.local_s3.moto_server import find_moto_server, free_port
 
 SMALL = TransferConfig(part_size=5 << 20, concurrency=3, file_concurrency=2, block_size=1 << 20)
 """Parts of S3's smallest size, so that a few MiB make multipart uploads and ranged downloads."""

@@ -1,0 +1,120 @@
+"""Checkpoints end to end: real torchtitan saves on 2 Slurm nodes, uploaded to a real SeaweedFS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import s3fs
+
+from tests.support.cli import Cli, run
+from tests.support.runs import checkpoints, job_dir, step_losses, wait_for_log
+from tests.support.s3 import S3Server
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+CONFIG = ["configs/debug_cpu.yaml", "--set", "torchtitan.args.training.steps=12", "--set", "checkpoint.interval=5"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tuple[Cli, str]:
+    cli = Cli(slurm_env, tmp_path_factory.mktemp("ckpt-run"), s3_server)
+    job = cli.submit(*CONFIG)
+    assert cli.wait(job)["state"] == "COMPLETED"
+    return cli, job
+
+
+def remote_of(cli: Cli, job: str) -> str:
+    return cli.remote.format(name="debug-cpu", job_id=job)
+
+
+def test_list_shows_complete_checkpoints(finished_run: tuple[Cli, str]) -> None:
+    cli, job = finished_run
+    listed = checkpoints(cli, remote_of(cli, job))
+    assert [(c["step"], c["complete"], c["world_size"], c["files"]) for c in listed] == [
+        (5, True, 2, 3), (10, True, 2, 3), (12, True, 2, 3)]
+    table = cli("ckpt", "list", remote_of(cli, job)).stdout
+    assert "complete" in table and "step-12" in table
+
+
+def test_restore_then_new_run_repeats_the_losses(finished_run: tuple[Cli, str], tmp_path: Path) -> None:
+    cli, job = finished_run
+    restore = cli("ckpt", "restore", remote_of(cli, job), "--step", "5", "--to", tmp_path / "restored")
+    assert (tmp_path / "restored/step-5/.metadata").is_file(), restore.stdout + restore.stderr
+    rerun = cli.submit(*CONFIG, "--set", f"checkpoint.local={tmp_path / 'restored'}", "--set", "checkpoint.remote=null")
+    assert cli.wait(rerun)["state"] == "COMPLETED"
+    original = dict(step_losses(job_dir(cli, job) / "logs/rank-0.log"))
+    resumed = step_losses(job_dir(cli, rerun) / "logs/rank-0.log")
+    assert [step for step, _ in resumed] == list(range(6, 13))
+    assert all(original[step] == loss for step, loss in resumed)
+
+
+def test_corrupt_shard_is_named_and_restore_falls_back(finished_run: tuple[Cli, str], s3_server: S3Server) -> None:
+    cli, job = finished_run
+    fs = s3fs.S3FileSystem(**s3_server.storage_options())
+    shard = f"{remote_of(cli, job)[5:]}/step-12/__1_0.distcp"
+    fs.pipe_file(shard, b"garbage" * 10)
+    verify = cli("ckpt", "verify", remote_of(cli, job), "--step", "12", check=False)
+    assert verify.returncode != 0 and "__1_0.distcp" in verify.stdout + verify.stderr
+    resumed = cli.submit(CONFIG[0], "--set", "torchtitan.args.training.steps=13",
+                         "--set", f"checkpoint.remote={remote_of(cli, job)}")
+    status = cli.wait(resumed)
+    assert status["state"] == "COMPLETED"
+    node_log = (job_dir(cli, resumed) / f"{resumed}_0_log.out").read_text()
+    assert "resuming complete checkpoint step 10" in node_log
+    assert [step for step, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [11, 12, 13]
+
+
+def test_credentials_never_written(finished_run: tuple[Cli, str], s3_server: S3Server) -> None:
+    cli, job = finished_run
+    folder = job_dir(cli, job)
+    written = [p for p in folder.rglob("*") if p.is_file() and p.suffix != ".pkl"]
+    assert any(p.name.endswith("_submission.sh") for p in written)
+    for path in written:
+        assert s3_server.secret_key.encode() not in path.read_bytes(), path
+    fs = s3fs.S3FileSystem(**s3_server.storage_options())
+    for record in fs.find(remote_of(cli, job)[5:]):
+        if record.endswith(".json"):
+            assert s3_server.secret_key.encode() not in fs.cat_file(record), record
+
+
+def test_unreachable_store_refused_at_submit(cli: Cli) -> None:
+    before = run(["squeue", "-h", "-o", "%i"], env=cli.env).stdout
+    result = cli("submit", *CONFIG, "--set", "checkpoint.endpoint_url=http://127.0.0.1:9", check=False)
+    assert result.returncode == 4, result.stderr
+    assert result.stderr.startswith("slurm-titan: ") and result.stderr.count("\n") == 1
+    assert "127.0.0.1:9" in result.stderr
+    assert run(["squeue", "-h", "-o", "%i"], env=cli.env).stdout == before
+
+
+def test_store_gone_when_the_job_starts(cli: Cli) -> None:
+    with S3Server() as private:
+        endpoint = private.endpoint
+        cli.env |= private.env()
+        job = cli.submit(*CONFIG, "--set", f"checkpoint.remote={private.url('gone/{job_id}')}",
+                         "--set", f"checkpoint.endpoint_url={endpoint}")
+    status = cli.wait(job)
+    assert status["state"] == "FAILED"
+    node_log = (job_dir(cli, job) / f"{job}_0_log.out").read_text()
+    assert "ERROR before training" in node_log and endpoint.split("//")[1] in node_log
+    rank_log = job_dir(cli, job) / "logs/rank-0.log"  # ranks start while the node restores; killed when it fails
+    assert "step:" not in (rank_log.read_text(errors="replace") if rank_log.exists() else "")
+
+
+def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The store dies after the first checkpoint is committed and comes back 4 saves later:
+    # training goes on meanwhile, the uploads are retried, every checkpoint ends complete.
+    with S3Server() as private:
+        cli = Cli(slurm_env, tmp_path_factory.mktemp("outage"), private)
+        job = cli.submit(CONFIG[0], "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4")
+        remote, rank0 = remote_of(cli, job), job_dir(cli, job) / "logs/rank-0.log"
+        wait_for_log(rank0, "checkpoint step 4 committed")
+        private.stop()
+        wait_for_log(rank0, "step: 20", timeout=300)  # 8, 12, 16 and 20 saved while the store was down
+        private.start()
+        assert "retrying in" in rank0.read_text(errors="replace")  # the uploads did meet the outage
+        status = cli.wait(job)
+        assert status["state"] == "COMPLETED", status
+        assert [step for step, _ in step_losses(rank0)] == list(range(1, 25))
+        listed = checkpoints(cli, remote)
+        assert [(c["step"], c["complete"]) for c in listed] == [(s, True) for s in (4, 8, 12, 16, 20, 24)]
+        assert cli("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0

@@ -1,0 +1,183 @@
+"""Hangs on the real local Slurm cluster: a rank stopped (SIGSTOP, from outside) mid-step, one stopped during
+a checkpoint save, one blocked in its data loader on a dataset file that stops delivering (a FIFO).
+
+Each must be found by the node supervisor's watchdog (not by a torch collective timeout), leave the stacks of
+the node's ranks with the stopped rank's among them, be blamed on the stopped rank and its node, and recover:
+the job COMPLETED with every loss equal to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.envvars import PROGRESS_FILE
+from slurm_titan.records import rank_progress
+from slurm_titan.records.rank_progress import Phase
+from tests.support.cli import Cli, wait_for
+from tests.support.paths import REPO
+from tests.support.runs import assert_same_training, job_dir, uninterrupted_losses
+from tools.local_cluster.faults import SignalAtStep, step_reached
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+STEPS = 16
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=4"]
+COLLECTIVE_TIMEOUT_S = 1200  # timeouts.collective_s of the default config
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
+
+
+def hang_report(folder: Path, attempt: int) -> dict:
+    """The hang record of the node that blamed itself (the culprit's), from the attempt's node reports."""
+    reports = [json.loads(p.read_text()) for p in sorted((folder / "attempts" / str(attempt)).glob("node-*.json"))]
+    hangs = [report["hang"] for report in reports if report.get("hang")]
+    assert hangs, reports
+    return min(hangs, key=lambda h: (not h["frozen"], bool(h["in_collective"]), h["since"]))
+
+
+def assert_found_by_the_watchdog(cli: Cli, job: str, status: dict, stopped: dict[str, str], phase: str) -> dict:
+    folder = job_dir(cli, job)
+    first = status["attempts"][0]
+    assert (first["reason"], first["action"]) == ("failed", "restart"), first
+    assert re.fullmatch(rf"hung on {stopped['SLURMD_NODENAME']} rank 1 at step \d+ \({phase}\)", first["cause"]), first
+    hang = hang_report(folder, 0)
+    assert hang["rank"] == 1 and hang["time"] - hang["since"] < COLLECTIVE_TIMEOUT_S
+    logs = "".join(p.read_text(errors="replace") for p in (folder / "logs").glob("rank-*.log"))
+    assert not re.search(r"Timed out|collective operation timeout", logs), "a collective timed out first"
+    stack = folder / "attempts" / "0" / "stacks" / "rank-1.txt"
+    assert stack.is_file() and stack.read_text().strip(), "no stack of the stopped rank"
+    assert "--stacks" in cli("status", job).stdout
+    assert "rank-1" in cli("logs", job, "--stacks").stdout
+    return hang
+
+
+def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers(cli: Cli, reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(6), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
+        status = cli.wait(job, timeout=900)
+    assert fault.signalled
+    assert status["state"] == "COMPLETED", status
+    hang = assert_found_by_the_watchdog(cli, job, status, fault.signalled[0], "step")
+    assert hang["frozen"] and hang["step"] in (6, 7)
+    assert status["attempts"][1]["first_step"] == 5  # resumed from the checkpoint of step 4
+    assert_same_training(cli, job, reference)
+
+
+def _saving(env: dict[str, str], log: str) -> bool:
+    """The rank is inside a checkpoint save (its progress record says so), at step 8 or later."""
+    record = rank_progress.read(Path(env.get(PROGRESS_FILE, "/nonexistent")))
+    return record is not None and record.phase == Phase.SAVE and record.step >= 8
+
+
+def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG, "--set", "watchdog.save_s=60")  # the default (600 s) suits 70B checkpoints
+    folder = job_dir(cli, job)
+    with SignalAtStep(folder, job, {"RANK": "1"}, _saving, signal.SIGSTOP, times=1, poll_s=0.005) as fault:
+        status = cli.wait(job, timeout=900)
+    assert fault.signalled
+    assert status["state"] == "COMPLETED", status
+    hang = assert_found_by_the_watchdog(cli, job, status, fault.signalled[0], "checkpoint save")
+    first, second = status["attempts"][:2]
+    # the save that hung was never committed: the next attempt resumed from the checkpoint before it
+    assert second["first_step"] == hang["step"] - 4 + 1, (hang, second)
+    assert_same_training(cli, job, reference)
+
+
+# ---- the data loader ------------------------------------------------------------------------------------
+# The debug dataset is read whole at start-up (datasets.load_dataset, not streamed). To stall a rank in its
+# data loader mid-training, this test streams a dataset of two shards, one per rank (split_dataset_by_node
+# gives rank r shard r when the shard count divides the world size), through tests/support/streamed_dataset.py (an
+# override the ranks import). Rank 1's shard is a FIFO fed by the test: the first time it stops feeding after
+# FEED_LINES lines and holds the pipe open (the rank blocks in read()); every later opening gets it whole.
+
+FEED_LINES = 60  # ~6k tokens: about 6 steps of 1024 tokens
+
+
+def _shards(folder: Path) -> list[str]:
+    from slurm_titan.launch.debug_assets import _documents
+
+    lines = [json.dumps({"text": text}) + "\n" for text in _documents(0, 4000)]
+    return ["".join(lines[0::2]), "".join(lines[1::2])]
+
+
+def _dataset_config(folder: Path, fifo: bool) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = _shards(folder)
+    (folder / "train-0.jsonl").write_text(shards[0])
+    shard1 = folder / "train-1.jsonl"
+    if fifo:
+        os.mkfifo(shard1)
+    else:
+        shard1.write_text(shards[1])
+    return [*CONFIG, "--set", f"torchtitan.args.dataloader.dataset_path={folder}",
+            "--set", "torchtitan.args.dataloader.dataset=streamed_test",
+            "--set", "torchtitan.override_imports=[tests.support.streamed_dataset.streamed_dataset]",
+            # its own data loader: the project's resharding one (which claims the same node) stays off
+            "--set", "checkpoint.on_world_size_change=restart_data",
+            "--set", f"environment.env.PYTHONPATH={REPO}"]
+
+
+class Feeder(threading.Thread):
+    """Serves the FIFO: the first reader gets FEED_LINES lines and then nothing (no EOF); the later ones all."""
+
+    def __init__(self, fifo: Path, text: str) -> None:
+        super().__init__(daemon=True)
+        self.fifo, self.text, self.held = fifo, text, threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        first = True
+        while not self.done.is_set():
+            fd = os.open(self.fifo, os.O_WRONLY)  # blocks until a rank opens its shard
+            try:
+                data = self.text if not first else "".join(self.text.splitlines(keepends=True)[:FEED_LINES])
+                _write_all(fd, data.encode())
+                if first:
+                    first = False
+                    self.held.set()
+                    poller = select.poll()
+                    poller.register(fd, select.POLLERR)
+                    while not self.done.is_set() and not poller.poll(500):  # POLLERR: the reader was killed
+                        pass
+            except BrokenPipeError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def test_a_rank_blocked_in_its_data_loader_is_found_and_the_run_recovers(cli: Cli, tmp_path: Path) -> None:
+    reference = uninterrupted_losses(cli, STEPS, *_dataset_config(tmp_path / "regular", fifo=False))
+    config = _dataset_config(tmp_path / "fifo", fifo=True)
+    feeder = Feeder(tmp_path / "fifo" / "train-1.jsonl", _shards(tmp_path)[1])
+    feeder.start()
+    try:
+        job = cli.submit(*config)
+        wait_for(feeder.held.is_set, 600, "rank 1 to read its shard", 1)
+        status = cli.wait(job, timeout=900)
+    finally:
+        feeder.done.set()
+    assert status["state"] == "COMPLETED", status
+    first = status["attempts"][0]
+    host = cli.status(job)["attempts"][0]["hosts"][1]
+    assert re.fullmatch(rf"hung on {host} rank 1 at step \d+ \(step\)", first["cause"]), first
+    hang = hang_report(job_dir(cli, job), 0)
+    assert not hang["frozen"] and hang["in_collective"] is False  # blocked in read(), not waiting for a peer
+    stack = (job_dir(cli, job) / "attempts" / "0" / "stacks" / "rank-1.txt").read_text()
+    assert "read" in stack and "distributed_c10d" not in stack, stack
+    assert_same_training(cli, job, reference)

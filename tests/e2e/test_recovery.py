@@ -1,0 +1,145 @@
+"""Unplanned failures on the real local Slurm cluster: a crashed rank, a node that fails every time, a
+crash that repeats (a restart loop). Faults are real SIGKILLs of the training processes, from outside.
+
+Every run that completes is compared with one uninterrupted run of the same config: every step trained,
+every loss equal, the job COMPLETED.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.cli import Cli, run, wait_for
+from tests.support.runs import assert_same_training, job_dir, job_field, uninterrupted_losses, wait_for_log
+from tools.local_cluster.cluster import LocalCluster
+from tools.local_cluster.faults import SignalAtStep, step_reached
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+STEPS = 16
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=4"]
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
+
+
+def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(7), times=1) as fault:
+        status = cli.wait(job, timeout=900)
+    assert len(fault.signalled) == 1
+    assert status["state"] == "COMPLETED", status
+    assert job_field(cli, job, "Restarts") == 0, "recovered through the queue, not inside the allocation"
+    first, second = status["attempts"][:2]
+    assert (first["reason"], first["action"]) == ("failed", "restart")
+    assert first["cause"] == f"crashed on {fault.signalled[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
+    assert first["excluded"] == []  # a first failure without a spare: the node stays
+    assert second["first_step"] == 5 and first["steps_retrained"] >= 2  # resumed from the checkpoint of step 4
+    assert_same_training(cli, job, reference)
+    shown = cli("status", job).stdout
+    assert "crashed on" in shown and "restart" in shown
+
+
+def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  1")
+    bad = cli.status(job)["attempts"][0]["hosts"][1]
+    with SignalAtStep(folder, job, {"SLURMD_NODENAME": bad}, step_reached(3)) as fault:
+        status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    assert len(fault.signalled) == 1, "the bad node was used again"
+    first, second = status["attempts"][:2]
+    assert first["excluded"] == [bad] and bad not in second["hosts"]
+    assert job_field(cli, job, "Restarts") == 0
+    assert_same_training(cli, job, reference)
+
+
+def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -> None:
+    job = cli.submit(*CONFIG)
+    with SignalAtStep(job_dir(cli, job), job, {"RANK": "0"}, step_reached(6)):
+        status = cli.wait(job, timeout=1200)
+    assert status["state"] == "FAILED", status
+    last = status["attempts"][-1]
+    assert last["reason"] == "restart loop" and "3 failed attempts in a row without progress" in last["note"]
+    assert last["cause"].startswith("crashed on ") and last["trained_step"] in (5, 6)
+    # rank 0's node failed twice: left out, and the requeued job was kept off it (ExcNodeList)
+    once_excluded = [a["excluded"] for a in status["attempts"] if a["excluded"]][0]
+    assert job_field(cli, job, "Restarts") >= 1
+    assert once_excluded[0] not in status["attempts"][-1]["hosts"]
+    assert "restart loop" in cli("status", job).stdout
+
+
+@pytest.fixture
+def healed_cluster(cluster: LocalCluster, slurm_env: dict) -> Iterator[LocalCluster]:
+    """The cluster, brought back whole after the test (a killed node's slurmd restarted)."""
+    yield cluster
+    cluster.up()
+    wait_for(lambda: "idle" in run(["sinfo", "-h", "-o", "%t"], env=slurm_env).stdout.split()
+             and set(run(["sinfo", "-h", "-o", "%t"], env=slurm_env).stdout.split()) <= {"idle", "mix", "alloc"},
+             120, "every node back")
+
+
+def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: LocalCluster,
+                                                                    reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    lost = cli.status(job)["attempts"][0]["hosts"][1]
+    assert healed_cluster.kill_node(lost) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    first, second = status["attempts"][:2]
+    assert first["cause"] == f"node {lost} lost" and first["excluded"] == [lost]
+    assert lost not in second["hosts"]
+    assert job_field(cli, job, "Restarts") == 0
+    assert_same_training(cli, job, reference)
+
+
+def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: LocalCluster,
+                                                                 reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    lost = cli.status(job)["attempts"][0]["hosts"][1]
+    healed_cluster.kill_node(lost)
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    first, second = status["attempts"][:2]
+    assert first["cause"] == f"node {lost} lost" and first["action"] == "requeue"
+    assert lost not in second["hosts"]
+    assert f"kept {lost} off the requeued job (ExcNodeList)" in (folder / f"{job}_0_log.out").read_text()
+    assert_same_training(cli, job, reference)
+
+
+def test_the_batch_host_lost_whole_is_requeued_by_a_surviving_node(cli: Cli, healed_cluster: LocalCluster,
+                                                                    reference: dict[int, str]) -> None:
+    job = cli.submit(*CONFIG)
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    batch_host = cli.status(job)["attempts"][0]["hosts"][0]
+    healed_cluster.kill_node(batch_host)
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    assert job_field(cli, job, "Restarts") >= 1
+    assert status["attempts"][0]["cause"] == f"node {batch_host} lost (the batch host)"
+    assert batch_host not in status["attempts"][-1]["hosts"]
+    assert_same_training(cli, job, reference)
+
+
+def test_spares_that_do_not_fit_the_partition_are_cut_with_one_warning(cli: Cli) -> None:
+    out = cli("submit", "--set", f"runs_dir={cli.runs}", "--set", f"checkpoint.remote={cli.remote}", *CONFIG,
+              "--set", "slurm.spare_nodes=5")
+    job = re.search(r"submitted job (\d+)", out.stdout).group(1)
+    try:
+        assert "slurm.spare_nodes=5 does not fit partition 'low' (4 nodes for 2 + spares); submitting with 2" \
+            in out.stderr
+        shown = run(["scontrol", "show", "job", job], env=cli.env).stdout
+        assert re.search(r"\bNumNodes=4\b", shown), shown
+    finally:
+        run(["scancel", job], env=cli.env)

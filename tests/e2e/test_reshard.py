@@ -1,0 +1,79 @@
+"""Resume on another node count with the data position resharded (issue 15), on the bundled Slurm cluster.
+
+A first job trains 6 steps (checkpoints at 3 and 6) on one node count, a second resumes its step 6 on
+another. (On the same node count the resharding loader is what every checkpointed job runs: the
+preemption, recovery and hang tests compare every loss after a resume with an uninterrupted run's.) The rank
+log of the second says the data position was resharded; the data loader entries of the checkpoints (restored
+from the store, read with DCP) show that what was unconsumed at step 6 is a superset of what is unconsumed at
+step 9 and that no sample left between them was read twice. Both jobs train on the debug documents led by
+their ids (tests/support/sample_ids.py) and record, per rank, the tokens of every batch their loader yielded
+(tests/support/loader_record.py): read back as samples, no sample's token was consumed twice over the two jobs and none
+is missing up to the last consumed one. The debug config packs 256-token sequences from documents of 22-238
+tokens, so each checkpoint cuts documents mid-sequence: the cut ones go on at their token offset.
+(tests/integration/overrides/test_loader_record.py runs these jobs' loaders in one process, with the same data, batch for batch.)
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from slurm_titan.data.cursor import epoch0_rows, pieces_from_tuples, remaining
+from slurm_titan.launch.debug_assets import ensure_assets
+from tests.support.cli import Cli
+from tests.support.paths import REPO
+from tests.support.runs import job_dir, step_losses
+from tests.support.sample_ids import Samples, check_resumed, recorded, write_dataset
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+CONFIG = "configs/debug_cpu.yaml"
+
+
+def unconsumed(cli: Cli, remote: str, step: int, into: Path) -> tuple[int, list[int]]:
+    """(data-parallel degree, rows not yet consumed) of a committed checkpoint, from its data loader entry."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    cli("ckpt", "restore", remote, "--step", str(step), "--to", into)
+    raw = _load_state_dict_from_keys({"dataloader.world_size"}, checkpoint_id=str(into / f"step-{step}"))
+    saved = pickle.loads(raw["dataloader"]["world_size"])
+    rows = []
+    for part in saved["ranks"]:
+        cursor = pickle.loads(part)
+        rows += epoch0_rows(remaining(pieces_from_tuples(cursor["pieces"]), cursor["first"], cursor["offset"]))
+    return saved["dp_world_size"], rows
+
+
+@pytest.mark.parametrize(("first_nodes", "second_nodes", "per_node"),
+                         [(2, 1, 1), (1, 2, 1), (2, 4, 1), (2, 1, 2), (1, 2, 2)])
+def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path, first_nodes: int,
+                                                         second_nodes: int, per_node: int) -> None:
+    dataset = write_dataset(tmp_path / "ids")
+    common = ["--set", f"slurm.devices_per_node={per_node}", "--set", "checkpoint.interval=3",
+              "--set", f"torchtitan.args.dataloader.dataset_path={dataset}",
+              "--set", "torchtitan.override_imports=[tests.support.loader_record.record_yielded_batches]",
+              "--set", f"environment.env.PYTHONPATH={REPO}"]
+    first = cli.submit(CONFIG, "--nodes", str(first_nodes), "--set", "torchtitan.args.training.steps=6", *common)
+    assert cli.wait(first)["state"] == "COMPLETED"
+    remote = cli.remote.format(name="debug-cpu", job_id=first)
+    second = cli.submit(CONFIG, "--nodes", str(second_nodes), "--set", "torchtitan.args.training.steps=9", *common,
+                        "--set", f"checkpoint.remote={remote}")
+    assert cli.wait(second)["state"] == "COMPLETED"
+    rank0 = job_dir(cli, second) / "logs/rank-0.log"
+    old, new = first_nodes * per_node, second_nodes * per_node
+    assert f"data position resharded from {old} to {new} data-parallel ranks" in rank0.read_text(errors="replace")
+    assert [step for step, _ in step_losses(rank0)] == [7, 8, 9]
+    degree6, left6 = unconsumed(cli, remote, 6, tmp_path / "a")
+    degree9, left9 = unconsumed(cli, remote, 9, tmp_path / "b")  # the second job saved where it resumed from
+    assert (degree6, degree9) == (old, new)
+    assert len(left6) == len(set(left6)) and len(left9) == len(set(left9))  # each unconsumed sample on one rank
+    assert set(left9) < set(left6)  # nothing consumed at step 6 comes back; steps 7-9 consumed some more
+    read = set(left6) - set(left9)
+    # 3 steps x local batch 4 x 256 tokens per rank; documents have >= 20 tokens: at most this many read
+    assert 0 < len(read) <= 3 * 4 * 256 * new // 20 + new
+    tokenizer, _ = ensure_assets(REPO / ".cache/debug-assets")  # the debug config's (debug_assets)
+    yielded = recorded(job_dir(cli, first)), recorded(job_dir(cli, second))
+    assert tuple(map(len, yielded)) == (old, new)  # every rank recorded
+    runs = check_resumed(Samples.load(dataset, tokenizer), *yielded)
+    assert sum(end - start for _, start, end in runs) == (6 * old + 3 * new) * 4 * 256  # 6 + 3 steps' batches
+

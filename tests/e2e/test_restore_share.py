@@ -1,0 +1,131 @@
+"""Restore at scale end to end: on 2 and 4 Slurm nodes each node fetches its share of the checkpoint
+(its ranks' files and only the ranges of other files its ranks' DCP load reads), the losses after
+the resume are the uninterrupted run's, a bad range in one node's share makes every node fall back.
+Bytes fetched per node come from the node logs (the restore's transfer line), never from timings.
+
+Needs the supervisor to pass the node's ranks, node index and node count and a verdict folder of
+the attempt to slurm_titan.node.restore.restore (see that function)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import s3fs
+
+from tests.support.cli import Cli
+from tests.support.runs import job_dir, step_losses
+from tests.support.s3 import S3Server
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+BLOCK_KB = 1024
+CONFIG = ["configs/debug_cpu.yaml", "--set", "checkpoint.interval=5",
+          "--set", f"environment.env.SLURM_TITAN_CKPT_BLOCK_KB={BLOCK_KB}"]
+FETCHED = re.compile(r"this node's share \(ranks (\d+)-(\d+)\) fetched: (\d+) of (\d+) bytes")
+
+
+def _remote(cli: Cli, job: str) -> str:
+    return cli.remote.format(name="debug-cpu", job_id=job)
+
+
+def _copy_steps(s3_server: S3Server, src: str, dst: str, steps: list[int]) -> None:
+    """A run location holding only some committed checkpoints of another (catalog entries included)."""
+    fs = s3fs.S3FileSystem(**s3_server.storage_options())
+    for path in fs.find(src[5:]):
+        rel = path[len(src[5:]) + 1:]
+        step = re.match(r"(?:\.slurm-titan/catalog/)?step-(\d+)", rel)
+        if step and int(step.group(1)) in steps:
+            fs.copy(path, f"{dst[5:]}/{rel}")
+
+
+def _record(cli: Cli, remote: str, step: int) -> dict:
+    return json.loads(cli("ckpt", "show", remote, str(step), "--json").stdout)
+
+
+def _fetched(cli: Cli, job: str, nodes: int) -> list[tuple[int, int]]:
+    out = []
+    for k in range(nodes):
+        m = FETCHED.search((job_dir(cli, job) / f"{job}_{k}_log.out").read_text())
+        assert m, f"node {k} did not restore a share"
+        out.append((int(m.group(3)), int(m.group(4))))
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def run(request, slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory):
+    """An uninterrupted 12-step run on `nodes` nodes (checkpoints 5, 10, 12)."""
+    nodes = request.param
+    cli = Cli(slurm_env, tmp_path_factory.mktemp(f"share-{nodes}"), s3_server)
+    job = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=12")
+    assert cli.wait(job)["state"] == "COMPLETED"
+    return nodes, cli, job
+
+
+def test_same_world_size_each_node_fetches_its_share_and_losses_match(run, s3_server: S3Server) -> None:
+    nodes, cli, job = run
+    remote = _remote(cli, job)
+    record = _record(cli, remote, 10)
+    assert record["read_map"] and len(record["read_map"]) == nodes
+    only10 = remote + "-from10"
+    _copy_steps(s3_server, remote, only10, [5, 10])
+    resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=12",
+                         "--set", f"checkpoint.remote={only10}")
+    assert cli.wait(resumed)["state"] == "COMPLETED"
+    original = dict(step_losses(job_dir(cli, job) / "logs/rank-0.log"))
+    after = step_losses(job_dir(cli, resumed) / "logs/rank-0.log")
+    assert [s for s, _ in after] == [11, 12] and all(original[s] == loss for s, loss in after)
+    fetched = _fetched(cli, resumed, nodes)
+    total = record["total_bytes"]
+    sizes = {f["path"]: f["size"] for f in record["files"]}
+    for k, (got, of) in enumerate(fetched):
+        assert of == total
+        own = sizes[".metadata"] + sizes[f"__{k}_0.distcp"]  # one rank per node
+        assert own <= got < total  # its own files and the ranges of others its load reads, never the whole
+    # today: nodes x total. The debug model's replicated items and .metadata are a large part of its
+    # checkpoint (measured here: 1.08x total/nodes per node on 2 nodes, 1.23x on 4)
+    assert sum(got for got, _ in fetched) < 1.5 * total
+
+
+def test_another_world_size_fetches_the_whole_checkpoint(run, s3_server: S3Server) -> None:
+    nodes, cli, job = run
+    other = 4 if nodes == 2 else 2
+    remote = _remote(cli, job)
+    only10 = remote + f"-to{other}"
+    _copy_steps(s3_server, remote, only10, [10])
+    resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={other}", "--set", "torchtitan.args.training.steps=12",
+                         "--set", f"checkpoint.remote={only10}")
+    assert cli.wait(resumed)["state"] == "COMPLETED"
+    for k in range(other):
+        log = (job_dir(cli, resumed) / f"{resumed}_{k}_log.out").read_text()
+        assert "resharded by DCP" in log and not FETCHED.search(log)
+    assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [11, 12]
+
+
+def test_a_bad_range_that_only_one_node_reads_makes_every_node_fall_back(run, s3_server: S3Server) -> None:
+    nodes, cli, job = run
+    remote = _remote(cli, job)
+    copy = remote + "-bad"
+    _copy_steps(s3_server, remote, copy, [5, 10])
+    record = _record(cli, copy, 10)
+    block = next(f for f in record["files"] if f["path"] == "__0_0.distcp")["block_size"]
+    read_by_others = {off // block for reads in record["read_map"][1:] for p, off, n in reads if p == "__0_0.distcp"
+                      for off in range(off, off + n, block)}
+    bad_block = next(b for b in range(len(next(f for f in record["files"] if f["path"] == "__0_0.distcp")["blocks"]))
+                     if b not in read_by_others)
+    fs = s3fs.S3FileSystem(**s3_server.storage_options())
+    shard = f"{copy[5:]}/step-10/__0_0.distcp"
+    data = bytearray(fs.cat_file(shard))
+    data[bad_block * block + 7] ^= 0xFF
+    fs.pipe_file(shard, bytes(data))
+    resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=7",
+                         "--set", f"checkpoint.remote={copy}")
+    assert cli.wait(resumed)["state"] == "COMPLETED"
+    span = f"bytes {bad_block * block}-{min((bad_block + 1) * block, len(data))} (block {bad_block})"
+    for k in range(nodes):
+        log = (job_dir(cli, resumed) / f"{resumed}_{k}_log.out").read_text()
+        assert "resuming complete checkpoint step 5" in log, f"node {k}"
+        rank_log = job_dir(cli, resumed) / "logs" / f"rank-{k}.log"
+        assert "__0_0.distcp" in log + rank_log.read_text(errors="replace") and span in log + rank_log.read_text(
+            errors="replace"), f"node {k} does not name the bad range"
+    assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [6, 7]

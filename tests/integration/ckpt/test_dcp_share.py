@@ -1,0 +1,139 @@
+"""Each node restores its share of a real DCP checkpoint: saved by 2 and 4 ranks (gloo on the CPU,
+one process per rank), its read map worked out by DCP's planner on each saving rank, restored per
+node as sparse files with verified blocks; a load from a node's share gives the same tensors as a
+load from the whole checkpoint, and the bytes fetched are each node's share only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.restore import restore
+from slurm_titan.ckpt.share import node_ranks, node_share
+from slurm_titan.ckpt.storage import TransferConfig, open_store
+from tests.support.paths import REPO, repo_pythonpath
+
+WORKER = [sys.executable, "-m", "tests.support.dcp_share_worker"]
+BLOCK = 4096
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(op: str, world: int, args, tmp: Path) -> list[dict]:
+    """Run the worker's ``op`` on ``world`` ranks; ``args(rank)`` -> (local, remote)."""
+    port = _free_port()
+    env_base = dict(repo_pythonpath(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                    SLURM_TITAN_CKPT_BLOCK_KB=str(BLOCK // 1024), OMP_NUM_THREADS="1")
+    procs, outs = [], []
+    for r in range(world):
+        local, remote = args(r)
+        out = tmp / f"{op}-{r}.json"
+        outs.append(out)
+        procs.append(subprocess.Popen([*WORKER, op, str(local), str(remote), str(out)], env=dict(env_base, RANK=str(r)),
+                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
+    return [json.loads(o.read_text()) for o in outs]
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def saved(request, tmp_path_factory):
+    """A DCP checkpoint of step 1 saved by `world` ranks and committed to a directory store."""
+    world = request.param
+    tmp = tmp_path_factory.mktemp(f"dcp{world}")
+    remote, local = tmp / "remote", tmp / "local"
+    results = _ranks("save", world, lambda r: (local, remote), tmp)
+    assert all(r["ok"] for r in results)
+    return world, tmp, remote, results
+
+
+def test_read_map_comes_from_each_ranks_plan(saved):
+    world, _tmp, remote, results = saved
+    m = read_manifest(open_store(str(remote)), 1)
+    assert m.read_map == [[tuple(r) for r in res["reads"]] for res in results]
+    assert all(f.block_size == BLOCK and len(f.blocks) == -(-f.size // BLOCK) for f in m.files)
+    for rank, reads in enumerate(m.read_map):
+        own = f"__{rank}_0.distcp"
+        size = next(f.size for f in m.files if f.path == own)
+        assert (own, 0, size) in reads  # a rank reads all it wrote (its shards, its data loader position)
+    # the replicated items (saved once, in one rank's file) are read by every rank: some rank reads
+    # part of a file it did not write
+    assert any(p != f"__{rank}_0.distcp" for rank, reads in enumerate(m.read_map) for p, _, _ in reads)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(saved, nodes, caplog):
+    world, tmp, remote, _ = saved
+    if world % nodes or world // nodes < 1:
+        pytest.skip("ranks do not split over the nodes")
+    store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
+    m = read_manifest(store, 1)
+    whole = restore(store, str(tmp / f"whole-{nodes}"), step=1)
+    assert whole.fetched == m.total_bytes and whole.share is None
+    sizes = {f.path: f.size for f in m.files}
+    node_dirs = {}
+    fetched = []
+    for k in range(nodes):
+        ranks = node_ranks(k, nodes, world)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="slurm_titan.ckpt.restore"):
+            res = restore(store, str(tmp / f"n{nodes}-node{k}"), ranks=ranks, world_size=world)
+        node_dirs[k] = Path(res.path)
+        line = next(r.getMessage() for r in caplog.records if "fetched" in r.getMessage())
+        got = int(re.search(r"fetched (\d+) of (\d+) bytes", line).group(1))
+        assert got == res.fetched == node_share(m, ranks, "t").nbytes(m)
+        own = sum(sizes[f"__{r}_0.distcp"] for r in ranks) + sizes[".metadata"]
+        assert own <= got  # its own ranks' files, whole, and the metadata
+        # plus, of other ranks' files, only the blocks covering what its ranks read
+        # plus, of other ranks' files, exactly the items under a block its ranks read (their own
+        # checksums) and the blocks covering larger ones
+        assert got - own <= sum(len(res.share.blocks.get(p, [])) * BLOCK + sum(n for _, n in res.share.spans.get(p, []))
+                                for p in sizes)
+        if nodes > 1:
+            assert got < m.total_bytes
+        fetched.append(got)
+        for r in range(world):  # files of other nodes' ranks: sparse (holes where nothing was fetched), or absent
+            p = node_dirs[k] / f"__{r}_0.distcp"
+            held = p.name in res.share.whole or p.name in res.share.blocks or p.name in res.share.spans
+            assert (p.stat().st_size == sizes[p.name]) if held else not p.exists()
+    if nodes > 1:
+        assert sum(fetched) < nodes * m.total_bytes
+        assert max(fetched) / (m.total_bytes / nodes) <= 2.0  # a tiny checkpoint: 4 KiB blocks weigh
+    per_node = world // nodes
+    loaded = _ranks("load", world, lambda r: (node_dirs[r // per_node], Path(whole.path)), tmp)
+    for r, got in enumerate(loaded):
+        assert got["share"] == got["whole"] == got["saved"], f"rank {r}"
+
+
+def test_a_rank_whose_load_reads_outside_its_nodes_share_is_refused(saved):
+    """A node that restored the share of ranks 0.. but runs a rank whose plan reads elsewhere (another
+    node's ranks): the check before dcp.load refuses, instead of loading holes as zeros."""
+    world, tmp, remote, _ = saved
+    store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
+    res = restore(store, str(tmp / "wrong"), ranks=[0], world_size=world)
+    # every rank loads from rank 0's share: ranks 1.. find their own shards missing
+    port = _free_port()
+    env = dict(repo_pythonpath(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([*WORKER, "load", res.path, res.path, str(tmp / f"wrong-{r}.json")],
+                              env=dict(env, RANK=str(r)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(world)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    bad = logs[1]  # rank 0 may pass its own check and then fail in the load's collectives
+    assert procs[1].returncode != 0 and "__1_0.distcp" in bad and "did not fetch" in bad and "refusing to load" in bad
+    assert layout.META_DIR in os.listdir(res.path)

@@ -1,0 +1,250 @@
+"""Block checksums in the commit record, a node's share restored and verified range by range, bad
+records refused with one line, and one verdict for all nodes (no torch: read maps written by hand)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.agree import NodeAgreement
+from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.restore import restore
+from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
+from slurm_titan.cli.main import main as ckpt_main
+from slurm_titan.ckpt.manifest import FileEntry, ManifestError
+from slurm_titan.ckpt.share import node_ranks
+from slurm_titan.ckpt.storage import open_store
+from slurm_titan.ckpt.upload import CheckpointSync
+from slurm_titan.errors import StorageError
+from tests.support.ckpt import write_fake_step
+
+BLOCK = 8192
+SIZE = 5 * BLOCK + 100  # __R_0.distcp is SIZE + R bytes: 6 blocks, the last one short
+
+
+def _reads(world: int) -> list[list[tuple[str, int, int]]]:
+    """Each rank reads its own file whole and the .metadata-like replicated bytes that the save put in
+    rank 0's file: bytes [3 * BLOCK + 10, 3 * BLOCK + 50) (block 3)."""
+    return [[(f"__{r}_0.distcp", 0, SIZE + r)] + ([("__0_0.distcp", 3 * BLOCK + 10, 40)] if r else [])
+            for r in range(world)]
+
+
+ITEM = (3 * BLOCK + 10, 40)  # the small item of rank 0's file that the other ranks read
+
+
+def _commit(location, local, steps, world=2, reads=True, monkeypatch=None, spans=False):
+    if monkeypatch is not None:
+        monkeypatch.setenv("SLURM_TITAN_CKPT_BLOCK_KB", str(BLOCK // 1024))
+    syncs = [CheckpointSync(location, str(local), rank=r, world_size=world, attempt="a", retry_initial=0.1,
+                            poll_interval=0.05) for r in range(world)]
+    files = {}
+    for step in steps:
+        files[step] = write_fake_step(local, step, world, size=SIZE, seed=step)
+        for r, s in enumerate(syncs):
+            s.submit(step, _reads(world)[r] if reads else None, {"__0_0.distcp": [ITEM]} if spans and r == 0 else None)
+    for s in syncs:
+        assert s.close(timeout=60)
+    return files
+
+
+def _edit_record(store, step, edit):
+    body = json.loads(store.cat(layout.commit_path(step)))
+    edit(body)
+    store.rm_files([layout.commit_path(step)])
+    assert store.create_bytes(layout.commit_path(step), json.dumps(body).encode())
+
+
+def _corrupt(store, rel, offset):
+    data = bytearray(store.cat(rel))
+    data[offset] ^= 0xFF
+    store.put_bytes(rel, bytes(data))
+
+
+@pytest.mark.parametrize("pieces", [1, 100, 4096, BLOCK, 3 * BLOCK + 7])
+def test_block_checksums_come_from_the_same_pass(pieces):
+    data = os.urandom(4 * BLOCK + 123)
+    h = BlockHasher("xxh3_128", BLOCK)
+    for i in range(0, len(data), pieces):
+        h.update(data[i:i + pieces])
+    assert h.hexdigest() == hash_bytes(data, "xxh3_128")
+    assert h.block_digests() == tuple(hash_bytes(data[i:i + BLOCK], "xxh3_128") for i in range(0, len(data), BLOCK))
+
+
+def test_upload_records_block_checksums_and_the_read_map(location, tmp_path, monkeypatch):
+    files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
+    m = read_manifest(open_store(location), 10)
+    for f in m.files:
+        data = files[f.path]
+        assert f.block_size == BLOCK
+        assert list(f.blocks) == [hash_bytes(data[i:i + BLOCK], m.algorithm) for i in range(0, len(data), BLOCK)]
+    assert m.read_map == [sorted(r) for r in _reads(2)]
+
+
+def test_each_node_fetches_only_its_share_verified(location, tmp_path, monkeypatch):
+    files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
+    store = open_store(location)
+    res = restore(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    assert res.share.whole == [".metadata", "__1_0.distcp"] and res.share.blocks == {"__0_0.distcp": [3]}
+    assert res.fetched == len(files[".metadata"]) + len(files["__1_0.distcp"]) + BLOCK
+    folder = tmp_path / "node1" / "step-10"
+    partial = (folder / "__0_0.distcp").read_bytes()
+    assert len(partial) == len(files["__0_0.distcp"])  # sparse, at the offsets DCP reads
+    assert partial[3 * BLOCK:4 * BLOCK] == files["__0_0.distcp"][3 * BLOCK:4 * BLOCK]
+    assert partial[:3 * BLOCK] == bytes(3 * BLOCK)
+    assert (folder / "__1_0.distcp").read_bytes() == files["__1_0.distcp"]
+    assert json.loads((folder / layout.META_DIR / "share.json").read_bytes())["ranks"] == [1]
+    again = restore(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    assert again.reused and again.share == res.share
+    other_size = restore(store, str(tmp_path / "resharded"), ranks=[0], world_size=4)  # another world size
+    assert other_size.share is None and other_size.fetched == read_manifest(store, 10).total_bytes
+
+
+def test_old_record_without_block_checksums_restores_whole(tmp_path, monkeypatch):
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
+    store = open_store(location)
+
+    def old(body):
+        body.pop("read_map")
+        for f in body["files"]:
+            f.pop("block_size"), f.pop("blocks")
+
+    _edit_record(store, 10, old)
+    res = restore(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
+    assert res.share is None and res.fetched == sum(map(len, files.values()))
+    assert all((tmp_path / "node0" / "step-10" / p).read_bytes() == d for p, d in files.items())
+    entry = read_manifest(store, 10).files[0]
+    with pytest.raises(ManifestError, match="no block checksums"):
+        entry.covering_blocks(0, 1)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda b: b["files"][1].update(blocks=b["files"][1]["blocks"][:-1]),
+     r"step-11/.slurm-titan/commit.json: __0_0.distcp: bytes 0-41060: 5 block checksum\(s\) for 41060 bytes"),
+    (lambda b: b["read_map"][1].append(["__0_0.distcp", SIZE - 10, 20]),
+     r"step-11/.slurm-titan/commit.json: __0_0.distcp: bytes 41050-41070 are outside the file \(41060 bytes\)"),
+    (lambda b: b["read_map"][0].append(["__7_0.distcp", 0, 5]),
+     r"step-11/.slurm-titan/commit.json: rank 0 reads bytes 0-5 of __7_0.distcp, a file missing from the record"),
+])
+def test_bad_record_is_refused_in_one_line_and_the_restore_falls_back(tmp_path, monkeypatch, caplog, edit, message):
+    location = str(tmp_path / "remote")
+    _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
+    store = open_store(location)
+    _edit_record(store, 11, edit)
+    res = restore(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
+    assert res.step == 10 and len(res.skipped) == 1
+    assert "\n" not in res.skipped[0][1]
+    import re
+    assert re.search(message, res.skipped[0][1]), res.skipped[0][1]
+    assert store.exists("step-11/__0_0.distcp") and store.exists(layout.commit_path(11))  # nothing deleted
+
+
+def test_a_bad_range_on_one_node_makes_every_node_fall_back(location, tmp_path, monkeypatch):
+    """Node 0 finds a bad block in its own rank's file that node 1 does not read: node 1 alone would
+    accept step 11, but every node falls back to step 10 and says which file and range was bad."""
+    _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
+    store = open_store(location)
+    _corrupt(store, "step-11/__0_0.distcp", BLOCK + 5)  # block 1: node 1 reads only block 3 of this file
+    results, errors = {}, {}
+
+    def node(k):
+        try:
+            results[k] = restore(open_store(location), str(tmp_path / f"node{k}"), ranks=node_ranks(k, 2, 2),
+                                 world_size=2, agree=NodeAgreement(tmp_path / "job" / "restore", k, 2, timeout_s=60))
+        except Exception as e:  # noqa: BLE001
+            errors[k] = e
+
+    threads = [threading.Thread(target=node, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert results[0].step == results[1].step == 10
+    for k in range(2):
+        why = results[k].skipped[0][1]
+        assert "__0_0.distcp: bytes 8192-16384 (block 1) fail their checksum" in why
+        assert not (tmp_path / f"node{k}" / "step-11").exists()
+    assert "node 0:" in results[1].skipped[0][1]
+
+
+def test_a_node_that_gives_no_verdict_ends_the_restore_everywhere(tmp_path):
+    agree = NodeAgreement(tmp_path / "verdicts", 0, 2, timeout_s=0.5, poll_s=0.05)
+    with pytest.raises(StorageError, match=r"node\(s\) \[1\] gave no verdict on checkpoint step 5"):
+        agree(5, "")
+    NodeAgreement(tmp_path / "verdicts", 1, 2).abort(6, "the store is unreachable")
+    with pytest.raises(StorageError, match="node 1 could not restore checkpoint step 6: the store is unreachable"):
+        agree(6, "")
+
+
+def test_a_node_that_cannot_restore_at_all_tells_the_others_at_once(tmp_path, monkeypatch):
+    location = str(tmp_path / "remote")
+    _commit(location, tmp_path / "local", [12], monkeypatch=monkeypatch)
+    (tmp_path / "dest").write_text("a file where the destination folder goes")  # the disk side fails
+    agree = NodeAgreement(tmp_path / "v", 0, 2, timeout_s=30)
+    with pytest.raises(OSError):
+        restore(open_store(location), str(tmp_path / "dest"), ranks=[0], world_size=2, agree=agree)
+    verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())
+    assert verdict["fatal"] and not verdict["ok"]
+    with pytest.raises(StorageError, match="node 0 could not restore checkpoint step 12"):
+        NodeAgreement(tmp_path / "v", 1, 2, timeout_s=30)(12, "")
+
+
+def test_cli_restores_one_nodes_share(tmp_path, monkeypatch, capsys):
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
+    assert ckpt_main(["ckpt", "restore", location, "--to", str(tmp_path / "n1"), "--node", "1", "--nodes", "2",
+                      "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "the share of ranks 1:" in out
+    assert (tmp_path / "n1" / "step-10" / "__1_0.distcp").read_bytes() == files["__1_0.distcp"]
+    assert ckpt_main(["ckpt", "restore", location, "--to", str(tmp_path / "r"), "--ranks", "0,1", "--quiet"]) == 0
+    assert all((tmp_path / "r" / "step-10" / p).read_bytes() == d for p, d in files.items())
+    assert ckpt_main(["ckpt", "restore", location, "--to", str(tmp_path / "all"), "--quiet"]) == 0
+    assert not (tmp_path / "all" / "step-10" / layout.META_DIR / "share.json").exists()
+    for bad, why in ((["--node", "1"], "--node K needs --nodes N"), (["--ranks", "0", "--node", "0", "--nodes", "2"],
+                     "not both"), (["--ranks", "x"], "expected ranks"), (["--node", "2", "--nodes", "2"], "node 2"),
+                     (["--ranks", "5"], "rank 5 is not one of the 2 ranks")):
+        assert ckpt_main(["ckpt", "restore", location, "--to", str(tmp_path / "b"), "--quiet", *bad]) != 0
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1, err
+
+
+def test_file_entry_round_trip_keeps_blocks():
+    e = FileEntry("__0_0.distcp", 2 * BLOCK + 1, "c", BLOCK, ("a", "b", "c"))
+    assert FileEntry.from_dict(e.to_dict(), "t") == e
+    assert list(e.covering_blocks(BLOCK - 1, 2)) == [0, 1] and list(e.covering_blocks(2 * BLOCK, 1)) == [2]
+    assert "block_size" not in FileEntry("x", 1, "c").to_dict()
+
+
+def test_a_folder_shared_by_two_nodes_ends_up_with_both_shares(tmp_path, monkeypatch):
+    """checkpoint.local on a shared filesystem: the second node's restore must not take away the
+    blocks the first node's ranks read."""
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10], world=4, monkeypatch=monkeypatch)[10]
+    store = open_store(location)
+    first = restore(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4)
+    second = restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4)
+    assert first.share.ranks == [0, 1] and second.share.ranks == [0, 1, 2, 3]
+    assert all((tmp_path / "shared" / "step-10" / p).read_bytes() == d for p, d in files.items())
+    assert restore(store, str(tmp_path / "shared"), ranks=[1], world_size=4).reused
+
+
+def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, monkeypatch):
+    files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch, spans=True)
+    store = open_store(location)
+    entry = next(f for f in read_manifest(store, 10).files if f.path == "__0_0.distcp")
+    data = files[10]["__0_0.distcp"]
+    assert entry.spans == ((*ITEM, hash_bytes(data[ITEM[0]:sum(ITEM)], "xxh3_128")),)
+    res = restore(store, str(tmp_path / "node1"), step=10, ranks=[1], world_size=2)
+    assert res.share.blocks == {} and res.share.spans == {"__0_0.distcp": [ITEM]}
+    assert res.fetched == len(files[10][".metadata"]) + len(files[10]["__1_0.distcp"]) + ITEM[1]
+    partial = (tmp_path / "node1" / "step-10" / "__0_0.distcp").read_bytes()
+    assert partial[ITEM[0]:sum(ITEM)] == data[ITEM[0]:sum(ITEM)] and partial.count(0) >= len(data) - ITEM[1]
+    _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)
+    res = restore(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
+    assert res.step == 10 and f"__0_0.distcp: bytes {ITEM[0]}-{sum(ITEM)} fail their checksum" in res.skipped[0][1]

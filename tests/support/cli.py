@@ -1,0 +1,113 @@
+"""Drive the real `slurm-titan` command: `run` a command, `wait_for` a condition, `Cli` against the bundled
+Slurm cluster and a real S3 store (fixture `cli`), `PROBE` (a CLI run that reports the heavy modules it
+imported). As a plugin it also shows, for a failed test, the log tails of the jobs it submitted."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.paths import REPO
+from tests.support.s3 import S3Server
+
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+SUBMITTED: list[tuple[Path, str]] = []  # (runs folder, job id) of every job the tests submitted, in order
+FIRST_JOB = pytest.StashKey[int]()
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PROBE = """
+import sys, runpy
+sys.argv = ["slurm-titan", *{args!r}]
+try:
+    runpy.run_module("slurm_titan.cli.main", run_name="__main__")
+except SystemExit as done:
+    code = done.code
+heavy = sorted(m for m in ("torch", "torchtitan", "torch_npu", "tokenizers") if m in sys.modules)
+print("HEAVY:", ",".join(heavy), file=sys.stderr)
+"""
+
+
+def run(args: list[Any], env: dict | None = None, timeout: float = 60, check: bool = True,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(a) for a in args], env=env, timeout=timeout, text=True, capture_output=True,
+                            cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    return result
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Cli:
+    """Runs the real `slurm-titan` command against the local cluster and a real S3 store, with a
+    private job registry and runs folder; `submit` gives every job its own remote location."""
+
+    def __init__(self, env: dict, home: Path, s3: S3Server) -> None:
+        self.env = env | s3.env() | {"SLURM_TITAN_HOME": str(home)}
+        self.runs = home / "runs"
+        self.remote = s3.url("runs/{name}/{job_id}")
+
+    def __call__(self, *args: Any, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        return run([sys.executable, "-m", "slurm_titan.cli.main", *args], env=self.env, check=check, timeout=timeout,
+                   cwd=REPO)
+
+    def submit(self, *args: Any) -> str:
+        defaults = ["--set", f"runs_dir={self.runs}", "--set", f"checkpoint.remote={self.remote}"]
+        out = self("submit", *defaults, *args).stdout
+        match = re.search(r"submitted job (\d+)", out)
+        assert match, out
+        SUBMITTED.append((self.runs, match.group(1)))
+        return match.group(1)
+
+    def status(self, job_id: str) -> dict:
+        return json.loads(self("status", job_id, "--json").stdout)
+
+    def wait(self, job_id: str, timeout: float = 600) -> dict:
+        return wait_for(lambda: (s := self.status(job_id))["state"] in FINISHED and s, timeout,
+                        f"job {job_id} to finish", interval=2)
+
+
+@pytest.fixture
+def cli(slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    yield Cli(slurm_env, tmp_path_factory.mktemp("slurm-titan-home"), s3_server)
+
+
+def log_tails(jobs: list[tuple[Path, str]]) -> str:
+    """The last lines of every node and rank log of `jobs`: what a failed end-to-end test shows."""
+    parts = []
+    for runs, job in jobs:
+        for folder in runs.glob(f"*/{job}"):
+            logs = [(log, 40) for log in sorted(folder.glob(f"{job}_*_log.out"))]
+            for log, lines in logs + [(log, 12) for log in sorted(folder.glob("logs/rank-*.log"))]:
+                tail = ANSI.sub("", log.read_text(errors="replace")).splitlines()[-lines:]
+                parts.append(f"--- {log} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[FIRST_JOB] = len(SUBMITTED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test that submitted jobs shows their logs' tails (CI keeps nothing else)."""
+    report = (yield).get_result()
+    jobs = SUBMITTED[item.stash.get(FIRST_JOB, len(SUBMITTED)):]
+    if report.failed and jobs:
+        report.sections.append(("slurm-titan job logs", log_tails(jobs)))

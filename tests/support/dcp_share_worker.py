@@ -1,0 +1,88 @@
+"""One rank of the DCP share tests (tests/integration/ckpt/test_dcp_share.py): ``save`` a small sharded state
+with DCP (gloo, CPU) and upload it with its read map; ``load`` it back from a node's share and from
+the whole checkpoint and write what was loaded. Run as ``python -m tests.support.dcp_share_worker save|load ...``
+with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+
+def state(world: int, rank: int, mesh, filled: bool) -> dict:
+    """A small training state shaped like torchtitan's: sharded parameters and optimizer moments
+    (DTensors), a replicated tensor and train state (deduplicated into one rank's file at save),
+    and a per-rank data loader position."""
+    g = torch.Generator().manual_seed(1234)
+
+    def value(*shape):
+        t = torch.randn(*shape, generator=g)
+        return t if filled else torch.zeros_like(t)
+
+    w1, w2, m1 = value(64 * world, 48), value(40, 24 * world), value(64 * world, 48)
+    return {
+        "model": {"w1": distribute_tensor(w1, mesh, [Shard(0)]), "w2": distribute_tensor(w2, mesh, [Shard(1)]),
+                  "norm": value(700)},
+        "optimizer": {"exp_avg.w1": distribute_tensor(m1, mesh, [Shard(0)])},
+        "train_state": {"step": 7 if filled else 0, "note": "x" * (300 if filled else 1)},
+        "dataloader": {f"dp_rank_{rank}": torch.full((900,), float(rank) if filled else -1.0)},
+    }
+
+
+def plain(sd: dict) -> dict:
+    out = {}
+    for k, v in sd.items():
+        if isinstance(v, dict):
+            out[k] = plain(v)
+        elif isinstance(v, torch.Tensor):
+            t = v.to_local() if hasattr(v, "to_local") else v
+            out[k] = t.flatten().tolist()
+        else:
+            out[k] = v
+    return out
+
+
+def main() -> int:
+    op, local, remote, out = sys.argv[1:5]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (world,))
+    if op == "save":
+        from slurm_titan.rank.dcp_plan import load_reads, small_items
+        from slurm_titan.ckpt.storage import TransferConfig
+        from slurm_titan.ckpt.upload import CheckpointSync
+
+        sd = state(world, rank, mesh, filled=True)
+        md = dcp.save(sd, checkpoint_id=os.path.join(local, "step-1"))
+        reads = load_reads(sd, md)
+        sync = CheckpointSync(remote, local, rank=rank, world_size=world, attempt="t", poll_interval=0.05)
+        sync.submit(1, reads, small_items(md, rank, TransferConfig.from_env().block_size))
+        ok = sync.close(timeout=120)
+        dist.barrier()
+        with open(out, "w") as f:
+            json.dump({"ok": ok, "reads": reads}, f)
+    else:
+        from slurm_titan.rank.dcp_plan import check_share
+
+        share_dir, whole_dir = local, remote
+        loaded = {}
+        for name, folder in (("share", share_dir), ("whole", whole_dir)):
+            sd = state(world, rank, mesh, filled=False)
+            check_share(folder, sd)
+            dcp.load(sd, checkpoint_id=folder)
+            loaded[name] = plain(sd)
+        loaded["saved"] = plain(state(world, rank, mesh, filled=True))
+        with open(out, "w") as f:
+            json.dump(loaded, f)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

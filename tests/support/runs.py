@@ -1,0 +1,58 @@
+"""Helpers shared by the end-to-end tests: read training logs and steer a running job."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.support.cli import Cli, run, wait_for
+
+STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
+
+
+def step_losses(log: Path) -> list[tuple[int, str]]:
+    """Every (step, loss) line of a rank log, in order, across attempts (loss kept as printed)."""
+    return [(int(m.group(1)), m.group(2)) for m in STEP.finditer(log.read_text(errors="replace"))]
+
+
+def job_dir(cli: Cli, job_id: str) -> Path:
+    return Path(cli.status(job_id)["job_dir"])
+
+
+def wait_for_log(path: Path, text: str, timeout: float = 300) -> None:
+    wait_for(lambda: path.exists() and text in path.read_text(errors="replace"), timeout, f"{text!r} in {path}", 0.5)
+
+
+def checkpoints(cli: Cli, location: str) -> list[dict]:
+    return json.loads(cli("ckpt", "list", location, "--json").stdout)["checkpoints"]
+
+
+def scontrol(cli: Cli, *args: str) -> str:
+    return run(["scontrol", *args], env=cli.env).stdout
+
+
+def job_field(cli: Cli, job_id: str, key: str) -> int:
+    """A numeric field of `scontrol show job`: a count (Restarts=1) or a duration in seconds (RunTime=00:01:05)."""
+    value = re.search(rf"\b{key}=(\S+)", scontrol(cli, "show", "job", job_id)).group(1)
+    if ":" not in value:
+        return int(value)
+    days, _, clock = value.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def uninterrupted_losses(cli: Cli, steps: int, *config: str) -> dict[int, str]:
+    """Run `config` to the end without faults; every step's loss (the reference of a faulted run)."""
+    job = cli.submit(*config)
+    assert cli.wait(job)["state"] == "COMPLETED"
+    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
+    assert [step for step, _ in losses] == list(range(1, steps + 1))
+    return dict(losses)
+
+
+def assert_same_training(cli: Cli, job: str, reference: dict[int, str], ranks: int = 2) -> None:
+    """Every step's loss on every rank equals the uninterrupted run's (a retrained step: its last loss)."""
+    for rank in range(ranks):
+        losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))
+        assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"

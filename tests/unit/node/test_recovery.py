@@ -1,0 +1,201 @@
+"""Unplanned failures: attribution from node reports, the nodes of the next attempt, the restart loop
+in the batch shell (with stand-ins for srun and scontrol; the real ones run in tests/e2e/test_recovery.py)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_titan import envvars
+from slurm_titan.records import history, run_folder
+
+from slurm_titan.node import rendezvous
+from slurm_titan.node import allocation, attribution, finish, step_watch
+from tests.support.reports import node_report
+
+
+def test_the_rank_that_died_first_is_blamed_not_its_peers(tmp_path: Path) -> None:
+    node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 100.4})  # a collective error after
+    node_report(tmp_path, 0, 1, "n2", 137, {"rank": 1, "exit_code": -9, "time": 100.1})
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert failure == attribution.NodeFailure("n2", attribution.CRASHED, 1, -9)
+    assert failure.describe() == "crashed on n2 rank 1 with SIGKILL"
+
+
+def test_a_silent_node_that_does_not_answer_was_lost_and_comes_first(tmp_path: Path) -> None:
+    node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 100.4})  # its peer vanished
+    reports = attribution.read_reports(tmp_path, 0, 2)
+    assert attribution.silent_nodes(reports, ["n1", "n2"]) == ["n2"]
+    assert attribution.first_failure(reports, ["n1", "n2"], {"n2"}).describe() == "node n2 lost"
+    # silent but answering: killed by srun after n1's failure, which is the one to blame
+    assert attribution.first_failure(reports, ["n1", "n2"], set()).describe() == "crashed on n1 rank 0 with exit code 1"
+
+
+@pytest.mark.parametrize(("code", "text"), [(-9, "SIGKILL"), (137, "SIGKILL"), (143, "SIGTERM"), (1, "exit code 1"),
+                                            (None, "no exit code")])
+def test_exit_descriptions(code: int | None, text: str) -> None:
+    assert attribution.exit_description(code) == text
+
+
+def test_exclusion_policy() -> None:
+    crash = attribution.NodeFailure("n2", attribution.CRASHED, 1, -9)
+    assert attribution.exclusion_reason(crash, spare_left=False, earlier_culprits=[]) is None  # retry in place
+    assert "spare" in attribution.exclusion_reason(crash, spare_left=True, earlier_culprits=[])
+    assert "failed again" in attribution.exclusion_reason(crash, spare_left=False, earlier_culprits=["n2"])
+    lost = attribution.NodeFailure("n3", attribution.LOST)
+    assert attribution.exclusion_reason(lost, spare_left=False, earlier_culprits=[]) == "lost"
+
+
+def test_nodes_of_the_next_attempt(tmp_path: Path) -> None:
+    allocated = ["n1", "n2", "n3", "n4"]
+    assert allocation.choose_nodes(allocated, 2, set(), set()) == ["n1", "n2"]
+    assert allocation.choose_nodes(allocated, 2, {"n1"}, {"n3"}) == ["n2", "n4"]
+    assert allocation.choose_nodes(allocated, 3, {"n1"}, {"n3"}) == ["n2", "n4"]  # too few: the caller requeues
+    assert [allocation.next_attempt_number(tmp_path) for _ in range(3)] == [0, 1, 2]
+
+
+def test_excluded_nodes_survive_and_a_corrupt_file_is_one_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    allocation.exclude(tmp_path, "n2", "lost")
+    assert allocation.exclude(tmp_path, "n3", "failed again") == {"n2": "lost", "n3": "failed again"}
+    run_folder.excluded_nodes_file(tmp_path).write_text("{not json")
+    assert allocation.read_excluded(tmp_path) == {}
+    assert "is unreadable" in capsys.readouterr().err
+
+
+def test_rendezvous_follows_the_attempts_nodes() -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "3",
+           envvars.NODES: "n2,n4", "SLURMD_NODENAME": "n4"}
+    rdzv = rendezvous.from_slurm_env(env, 2)
+    assert (rdzv.master_addr, rdzv.node_rank, rdzv.world_size) == ("n2", 1, 4)
+    with pytest.raises(rendezvous.RendezvousError, match="SLURMD_NODENAME=n3 is not one of"):
+        rendezvous.from_slurm_env(env | {"SLURMD_NODENAME": "n3"}, 2)
+
+
+def test_history_counts_stalled_failures_and_retrained_steps(tmp_path: Path) -> None:
+    for number, (first, trained, progressed) in enumerate([(1, 12, True), (11, 12, False), (11, 12, False)]):
+        history.append_event(tmp_path, "start", number, hosts=["n1"])
+        history.append_event(tmp_path, "first-step", number, step=first)
+        history.append_event(tmp_path, "end", number, exit_code=1, reason="failed", trained_step=trained,
+                             progressed=progressed, cause="crashed on n1 rank 0 with exit code 1", culprit="n1")
+    attempts = history.read_attempts(tmp_path)
+    assert history.stalled_failures(attempts) == 2
+    assert history.stalled_failures(attempts[:1]) == 0
+    rows = history.as_dicts(attempts)
+    assert [row.get("steps_retrained") for row in rows] == [2, 2, None]  # steps 11 and 12 trained again
+    assert rows[0]["cause"] == "crashed on n1 rank 0 with exit code 1" and rows[0]["culprit"] == "n1"
+
+
+def _stand_ins(folder: Path, fail_attempts: set[int]) -> None:
+    """`srun` that writes node reports for SLURM_TITAN_ATTEMPT_INDEX (a crash on the first node for the
+    attempts in `fail_attempts`, else success), and `scontrol` that knows every node as idle."""
+    fail = " ".join(str(a) for a in sorted(fail_attempts)) or "none"
+    (folder / "srun").write_text(f"""#!/bin/sh
+a=$SLURM_TITAN_ATTEMPT_INDEX; d=$JOB_DIR/attempts/$a; mkdir -p $d
+echo "$SLURM_TITAN_NODES" > $d/nodes
+first=${{SLURM_TITAN_NODES%%,*}}
+case " {fail} " in *" $a "*) f='{{"rank": 0, "exit_code": -9, "time": 1}}'; c=137;; *) f=null; c=0;; esac
+echo "{{\\"host\\": \\"$first\\", \\"exit_code\\": $c, \\"ranks\\": {{}}, \\"first_failure\\": $f}}" > $d/node-0.json
+echo "{{\\"host\\": \\"x\\", \\"exit_code\\": 0, \\"ranks\\": {{}}, \\"first_failure\\": null}}" > $d/node-1.json
+echo $((a + 20)) > $d/trained-step
+exit $c
+""")
+    (folder / "scontrol").write_text("#!/bin/sh\n[ \"$2\" = node ] && for n in n1 n2 n3; do "
+                                     "echo \"NodeName=$n State=IDLE\"; done\nexit 0\n")
+    for name in ("srun", "scontrol"):
+        (folder / name).chmod(0o755)
+
+
+def _failed_attempt_0(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_attempts: set[int]) -> Path:
+    """A job folder whose attempt 0 on n1,n2 of the allocation n1..n3 just failed (n1's rank killed first),
+    with stand-ins for srun and scontrol on PATH and the batch shell's environment set."""
+    job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
+    job_dir.mkdir(), bin_dir.mkdir()
+    _stand_ins(bin_dir, fail_attempts)
+    (job_dir / "42_submission.sh").write_text("#!/bin/bash\n# command\nsrun --nodes=$SLURM_TITAN_NUM_NODES bash -c '\n"
+                                              "true'\n\n# teardown\nexit_code=$?\n")
+    node_report(job_dir, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 5.0})
+    node_report(job_dir, 0, 1, "n2", 1, {"rank": 1, "exit_code": 1, "time": 6.0})
+    run_folder.trained_step_file(job_dir, 0).write_text("12")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("JOB_DIR", str(job_dir))
+    for name, value in {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", envvars.ATTEMPT_INDEX: "0",
+                        envvars.NODES: "n1,n2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(finish.slurm, "time_left_seconds", lambda job_id: 3600)
+    return job_dir
+
+
+def _finish(job_dir: Path, *extra: str) -> int:
+    return finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137", "--nodes", "2", "--max-requeues", "5",
+                        "--max-failures", "5", "--signal-seconds", "60", *extra])
+
+
+def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts={1})
+    assert _finish(job_dir) == 0
+    attempts = history.read_attempts(job_dir)
+    assert [(a.attempt, a.reason, a.action) for a in attempts] == [(0, "failed", "restart"), (1, "failed", "restart"),
+                                                                    (2, "finished", "stop")]
+    assert attempts[0].cause == "crashed on n1 rank 0 with SIGKILL" and attempts[0].excluded == ["n1"]
+    assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2,n3"  # the spare took n1's place
+    # n2 fails next, with no spare left: it is kept (a first failure), and the run goes on on n2,n3
+    assert attempts[1].excluded == [] and (job_dir / "attempts/2/nodes").read_text().strip() == "n2,n3"
+
+
+def test_the_step_of_a_lost_node_is_ended_not_waited_for(tmp_path: Path) -> None:
+    srun = subprocess.Popen(["sleep", "60"])  # stands for an srun waiting on a dead node
+    node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 1.0})
+    probed: list[list[str]] = []
+
+    def probe(hosts: list[str]) -> set[str]:
+        probed.append(hosts)
+        return {"n2"}
+
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=probe) == ["n2"]
+    assert srun.wait(timeout=10) == -9 and probed == [["n2"]]
+
+
+def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
+    srun = subprocess.Popen(["sleep", "1.5"])
+    node_report(tmp_path, 0, 0, "n1", 0, None)  # n2 still uploading its last checkpoint
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=lambda h: set()) == []
+    assert srun.wait(timeout=10) == 0
+
+
+def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from slurm_titan.launch.config import load_config
+    from slurm_titan.launch.plan import shrink_node_counts
+
+    def counts(*sets: tuple[str, object]) -> list[int]:
+        return shrink_node_counts(load_config("configs/debug_cpu.yaml", [("slurm.nodes", 4), *sets]))
+
+    assert counts() == []  # off by default: too few nodes means a requeue
+    assert counts(("preemption.allow_shrink", True)) == [3, 2, 1]
+    assert counts(("preemption.allow_shrink", True), ("preemption.min_nodes", 2)) == [3, 2]
+    tp2 = ("torchtitan.args.parallelism.tensor_parallel_degree", 2)
+    assert counts(("preemption.allow_shrink", True), tp2) == [2]  # world sizes 3 and 1 cannot hold tp 2
+    assert "shrinking stops at 2 node(s)" in capsys.readouterr().err  # min_nodes defaults to 1
+
+
+def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
+    allocation.exclude(job_dir, "n3", "lost")  # the spare is gone already
+    history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True)  # n1 failed before
+    assert _finish(job_dir, "--shrink-to", "1") == 0
+    assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2"  # n1 failed again: left out; n2 goes on alone
+
+
+@pytest.mark.parametrize(("shown", "lost"), [
+    ("JobId=7 JobState=RUNNING NodeList=n2 BatchHost=n1", "n1"),  # Slurm removed the batch host (--no-kill)
+    ("JobId=7 JobState=RUNNING NodeList=n[1-2] BatchHost=n1", None),
+    ("JobId=7 JobState=PENDING NodeList=n2 BatchHost=n1", None),  # requeued already
+])
+def test_a_job_without_its_batch_host_is_found(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shown: str,
+                                               lost: str | None) -> None:
+    from slurm_titan.node import batch_host
+
+    (tmp_path / "scontrol").write_text(f"#!/bin/sh\necho '{shown}'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert batch_host.lost_batch_host("7") == lost

@@ -1,0 +1,250 @@
+"""The progress watchdog: budgets, calibration, the progress record, real stopped processes, hang attribution."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.launch import config as config_module
+from slurm_titan.launch.config import load_config
+from slurm_titan.errors import ExitCode, ConfigError
+from slurm_titan.envvars import PROGRESS_FILE
+from slurm_titan.node import attribution, budgets, stacks, watchdog
+from slurm_titan.records import rank_progress, run_folder
+from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.records.rank_progress import Phase, Progress
+from slurm_titan.launch.plan import plan_job
+from tests.support.reports import node_report
+from tests.support.paths import REPO
+
+LIMITS = Budgets(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=60, step_factor=3, save_s=600,
+                 upload_s=1800, step_cap_s=1140)
+
+
+def test_budgets_per_phase() -> None:
+    assert LIMITS.for_progress(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) == 700  # the first step
+    assert LIMITS.for_progress(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 0.0) == 60  # floor
+    assert LIMITS.for_progress(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 90
+    assert LIMITS.for_progress(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 150  # learned
+    assert LIMITS.for_progress(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=900.0), 0.0) == 1140  # cap
+    assert [LIMITS.for_progress(Progress(phase, 5, 0.0), 0.0) for phase in
+            (Phase.STARTUP, Phase.RESTORE, Phase.SAVE, Phase.UPLOAD, Phase.DONE)] == [900, 800, 600, 1800, None]
+
+
+def test_calibration_survives_to_the_next_attempt(tmp_path: Path) -> None:
+    assert budgets.read_calibration(tmp_path) == Calibration()  # none yet
+    budgets.write_calibration(tmp_path, Calibration(41.5))
+    assert budgets.read_calibration(tmp_path) == Calibration(41.5)
+    run_folder.calibration_file(tmp_path).write_text("{broken")
+    assert budgets.read_calibration(tmp_path) == Calibration()
+
+
+def test_the_watchdog_learns_and_the_next_attempt_starts_calibrated(tmp_path: Path) -> None:
+    first = watchdog.Watchdog(LIMITS, [0], tmp_path, 0, learns=True, say=lambda _: None)
+    writer = rank_progress.ProgressWriter(first.rank_env(0)[PROGRESS_FILE])
+    writer.enter(Phase.STEP, 1)
+    writer.step_done(1)
+    first.arm()
+    writer._slowest = 40.0  # a slow step, without waiting 40 s
+    writer.step_done(2)
+    assert first.overdue({0}) == []
+    first.close()
+    messages: list[str] = []
+    second = watchdog.Watchdog(LIMITS, [0], tmp_path, 1, learns=True, say=messages.append)
+    assert second.learned == 40.0 and "step budget 120 s" in messages[0]
+    second.close()
+
+
+def test_progress_record_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "rank-3.progress"
+    rank_progress.create(path, 100.0)
+    assert rank_progress.read(path) == Progress(Phase.STARTUP, 0, 100.0)
+    writer = rank_progress.ProgressWriter(str(path))
+    writer.enter(Phase.STEP, 7)
+    writer.step_done(7)
+    record = rank_progress.read(path)
+    assert (record.phase, record.step, record.steps_done) == (Phase.STEP, 8, 1)  # step 8 is being trained
+    assert record.slowest_step_s >= 0 and record.since >= 100.0
+    writer.enter(Phase.SAVE, 8)
+    assert rank_progress.read(path).phase == Phase.SAVE
+    torn = bytearray(path.read_bytes())
+    torn[-1] ^= 0xFF  # the end's sequence number differs: a write in progress
+    path.write_bytes(bytes(torn))
+    assert rank_progress.read(path) is None
+    assert rank_progress.read(tmp_path / "missing") is None
+
+
+def test_budget_errors_name_the_key(tmp_path: Path) -> None:
+    config = REPO / "configs" / "debug_cpu.yaml"
+    for key, value, text in [("watchdog.save_s", 0, "must be >= 1, got 0"),
+                             ("watchdog.step_floor_s", -5, "must be >= 1"),
+                             ("watchdog.step_floor_s", 1150, r"before timeouts.collective_s \(1200 s\)"),
+                             ("watchdog.first_step_s", 1790, "before timeouts.startup_s")]:
+        with pytest.raises(ConfigError, match=rf"{key}.*{text}"):
+            load_config(config, [(key, value)])
+
+
+def test_watchdog_off_with_timeouts_past_the_time_limit_warns_once(capsys: pytest.CaptureFixture) -> None:
+    load_config(REPO / "configs" / "debug_cpu.yaml", [("watchdog.enable", False)])
+    assert capsys.readouterr().err.count("WARNING") == 1  # 1800 s start-up timeout >= the 20 min limit
+    load_config(REPO / "configs" / "debug_cpu.yaml", [("watchdog.enable", False), ("slurm.time", "02:00:00")])
+    assert capsys.readouterr().err == ""
+
+
+def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook() -> None:
+    config = REPO / "configs" / "debug_cpu.yaml"
+    assert plan_job(load_config(config)).node.watchdog.step_cap_s == 1200 - config_module.WATCHDOG_MARGIN_S
+    assert plan_job(load_config(config, [("watchdog.enable", False)])).node.watchdog is None
+    assert plan_job(load_config(config, [("checkpoint.enable", False), ("checkpoint.remote", None)])).node.watchdog \
+        is None
+
+
+# ---- real processes ------------------------------------------------------------------------------------
+
+RANK = textwrap.dedent("""
+    import sys, time
+    from slurm_titan.records import rank_progress
+    from slurm_titan.rank import stacks
+    from slurm_titan.records.rank_progress import Phase
+    stacks.register_in_rank()
+    rank_progress.enter(Phase.STEP, 1)
+
+    def train_forever():
+        step = 1
+        while True:
+            time.sleep(0.01)
+            rank_progress.step_done(step)
+            step += 1
+
+    print("ready", flush=True)
+    train_forever()
+""")
+
+
+def _start_rank(dog: watchdog.Watchdog, rank: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO)) | dog.rank_env(rank)
+    child = subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+@pytest.mark.parametrize("method", ["py-spy", "faulthandler"])
+def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if method == "py-spy" and stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed here")
+    if method == "faulthandler":
+        monkeypatch.setattr(stacks, "py_spy", lambda: None)
+    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100)
+    said: list[str] = []
+    dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=said.append)
+    ranks = {rank: _start_rank(dog, rank) for rank in (0, 1)}
+    try:
+        dog.arm()
+        time.sleep(0.5)
+        assert dog.overdue({0, 1}) == []  # both make progress
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        while not (late := dog.overdue({0, 1})):
+            assert time.time() - stopped_at < 30, "the stopped rank was never found late"
+            time.sleep(0.2)
+        assert late == [1]
+        hang = dog.investigate({rank: child.pid for rank, child in ranks.items()}, time.time())
+    finally:
+        for child in ranks.values():
+            child.kill()
+            child.wait()
+        dog.close()
+    assert (hang.rank, hang.phase, hang.frozen, hang.state) == (1, "step", True, "T")
+    assert hang.since <= stopped_at and hang.step > 1
+    text = (tmp_path / "attempts" / "0" / "stacks" / "rank-1.txt").read_text()
+    assert "train_forever" in text, text
+    assert (tmp_path / "attempts" / "0" / "stacks" / "rank-0.txt").is_file()
+    assert f"(by {method}" in said[-1] and (method == "py-spy" or "py-spy missing" in said[-1])
+
+
+def test_the_faulthandler_fallback_is_registered_on_an_unused_signal() -> None:
+    from slurm_titan.signals import STOP_SIGNALS
+
+    assert stacks.DUMP_SIGNAL not in STOP_SIGNALS
+    assert stacks.frozen("T") and stacks.frozen("D") and not stacks.frozen("S")
+    assert stacks.in_collective('  File "/x/torch/distributed/distributed_c10d.py", line 3 in all_reduce')
+
+
+# ---- attribution -----------------------------------------------------------------------------------------
+
+def _hang(rank: int, since: float, at: float, frozen: bool = False, in_collective: bool | None = False) -> dict:
+    return {"rank": rank, "step": 12, "phase": "step", "since": since, "time": at, "budget_s": 60.0,
+            "state": "T" if frozen else "S", "frozen": frozen, "in_collective": in_collective}
+
+
+def _hang_report(job_dir: Path, node: int, host: str, hang: dict | None, failure: dict | None = None) -> None:
+    node_report(job_dir, 0, node, host, ExitCode.HANG if hang else 1, failure)
+    path = job_dir / "attempts" / "0" / f"node-{node}.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"hang": hang}))
+
+
+def test_the_rank_that_stopped_first_is_blamed_across_nodes(tmp_path: Path) -> None:
+    _hang_report(tmp_path, 0, "n1", _hang(0, since=100.0, at=161.0, in_collective=True))  # its peer, waiting
+    _hang_report(tmp_path, 1, "n2", _hang(1, since=100.2, at=160.9, frozen=True))  # stopped
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert failure.describe() == "hung on n2 rank 1 at step 12 (step)"
+    _hang_report(tmp_path, 1, "n2", _hang(1, since=100.2, at=160.9, in_collective=False))  # blocked on a read
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert (failure.host, failure.kind) == ("n2", attribution.HUNG)
+    _hang_report(tmp_path, 1, "n2", _hang(1, since=100.2, at=160.9, in_collective=True))  # both wait: the oldest
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert failure.host == "n1"
+
+
+def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path) -> None:
+    _hang_report(tmp_path, 0, "n1", _hang(0, since=100.0, at=161.0, in_collective=True))
+    _hang_report(tmp_path, 1, "n2", None, {"rank": 1, "exit_code": -9, "time": 130.0})  # died: n1 waited on it
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert failure.describe() == "crashed on n2 rank 1 with SIGKILL"
+    _hang_report(tmp_path, 1, "n2", None, {"rank": 1, "exit_code": 1, "time": 163.0})  # the kill's consequence
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert failure.describe() == "hung on n1 rank 0 at step 12 (step)"
+
+
+def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path) -> None:
+    from slurm_titan.node.rendezvous import Rendezvous
+    from slurm_titan.node.supervisor import RankGroup
+
+    rank_program = RANK.replace('print("ready", flush=True)',
+                                'import os, signal\nif os.environ["RANK"] == "3": os.kill(os.getpid(), signal.SIGSTOP)')
+    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100)
+    rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
+    dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
+    group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
+                      tmp_path, watchdog=dog)
+    seen: list[watchdog.Hang] = []
+    try:
+        codes = group.wait(on_hang=seen.append)
+    finally:
+        dog.close()
+    assert codes == {2: -signal.SIGKILL, 3: -signal.SIGKILL}
+    assert len(seen) == 2 and seen[0].rank == seen[1].rank == 3 == group.hang.rank  # said before the dump, then after
+    assert (tmp_path / "attempts" / "0" / "stacks" / "rank-3.txt").is_file()
+
+
+def test_logs_stacks_prints_the_newest_attempt_that_has_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from slurm_titan.launch import logs
+
+    for attempt, text in ((0, "old"), (1, "new")):
+        folder = run_folder.stacks_folder(tmp_path, attempt)
+        folder.mkdir(parents=True)
+        for rank in (1, 0):
+            (folder / f"rank-{rank}.txt").write_text(f"{text} stack of rank {rank}\n")
+    (tmp_path / "attempts" / "2").mkdir()  # a later attempt without a hang
+    assert [path.read_text() for path in logs.newest_stacks(tmp_path)] == ["new stack of rank 0\n",
+                                                                          "new stack of rank 1\n"]
+    assert logs.newest_stacks(tmp_path / "elsewhere") == []

@@ -1,0 +1,151 @@
+"""The pure parts of tools/local-cluster: its config files, the command line, the state it reads back, the /proc
+readers. Nothing here starts, stops or asks a cluster (tests/e2e/test_local_cluster.py does)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import TOOL
+from tools.local_cluster import cli, procs
+from tools.local_cluster.cluster import (
+    APT_LINE,
+    NODE_LIST,
+    NODES,
+    TEMPLATES,
+    ClusterError,
+    LocalCluster,
+    missing_binary,
+    node_resources,
+    render,
+    search_path,
+)
+
+
+def test_render_fills_every_placeholder_and_refuses_leftovers(tmp_path: Path) -> None:
+    template = tmp_path / "x.tmpl"
+    template.write_text("a=@A@ b=@B@ a again=@A@ & \\1\n\n\n")
+    assert render(template, {"A": "1", "B": "two & \\2"}) == "a=1 b=two & \\2 a again=1 & \\1\n"
+    with pytest.raises(ClusterError, match=rf"^unrendered placeholder in {template}: @B@$"):
+        render(template, {"A": "1"})
+
+
+def _rendered(state: Path, port: int) -> tuple[str, str]:
+    cluster = LocalCluster(state, port)
+    conf = render(TEMPLATES / "slurm.conf.tmpl", {
+        "STATE": str(cluster.state), "CTLD_HOST": "login", "CTLD_PORT": str(port), "NODE_LIST": NODE_LIST,
+        "NODE_PORTS": f"{port + 1}-{port + len(NODES)}", "NODE_CPUS": "2", "NODE_MEM": "4000",
+        "MUNGE_SOCKET": str(cluster.munge_socket), "FIRST_JOB_ID": "42"})
+    hosts = render(TEMPLATES / "hosts.tmpl", {"CTLD_HOST": "login", "NODE_NAMES": " ".join(NODES)})
+    return conf, hosts
+
+
+def test_the_rendered_slurm_conf_names_four_nodes_their_ports_and_the_private_munge(tmp_path: Path) -> None:
+    conf, hosts = _rendered(tmp_path / "state", 17100)
+    lines = conf.splitlines()
+    assert NODE_LIST == "n[1-4]" and NODES == ("n1", "n2", "n3", "n4")
+    assert "SlurmctldHost=login(127.0.0.1)" in lines and "SlurmctldPort=17100" in lines
+    assert any(line.startswith("NodeName=n[1-4] NodeAddr=127.0.0.1 Port=[17101-17104] CPUs=2 ") and
+               "RealMemory=4000" in line for line in lines)
+    assert [line.split()[0:2] for line in lines if line.startswith("PartitionName=")] == [
+        ["PartitionName=low", "Nodes=n[1-4]"], ["PartitionName=high", "Nodes=n[1-4]"]]
+    assert f"AuthInfo=socket={tmp_path}/state/run/munge.socket,cred_expire=10" in lines
+    assert f"SlurmdSpoolDir={tmp_path}/state/spool/%n" in lines and "FirstJobId=42" in lines
+    assert "127.0.0.1\tn1 n2 n3 n4 login" in hosts.splitlines()
+
+
+@pytest.mark.parametrize(("cpus", "memory_kib", "advertised"), [
+    (1, 2 * 1024 * 1024, (1, 1024)), (16, 128 * 1024 * 1024, (2, 4000)), (2, 6000 * 1024, (2, 3000))])
+def test_nodes_advertise_no_more_than_the_machine_has(cpus: int, memory_kib: int, advertised: tuple) -> None:
+    assert node_resources(cpus, memory_kib) == advertised
+
+
+def test_a_missing_program_is_named_in_the_order_needed(tmp_path: Path) -> None:
+    for name in ("slurmctld", "slurmd", "munged", "mungekey", "munge"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    assert missing_binary(str(tmp_path)) == "sinfo"
+    assert search_path({"PATH": "/opt/bin"}) == "/opt/bin:/usr/sbin:/sbin"
+    assert APT_LINE == "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
+
+
+def test_settings_come_from_the_environment_and_bad_numbers_are_one_line(tmp_path: Path) -> None:
+    cluster = LocalCluster.from_env({"SLURM_TITAN_CLUSTER_DIR": str(tmp_path), "SLURM_TITAN_CLUSTER_PORT": "17100",
+                                     "PATH": "/bin"})
+    assert (cluster.state, cluster.port, cluster.timeout_s) == (tmp_path, 17100, 60)
+    assert cluster.path == "/bin:/usr/sbin:/sbin"
+    assert cluster.env() == {"SLURM_CONF": f"{tmp_path}/etc/slurm.conf", "SLURM_TITAN_CLUSTER_DIR": str(tmp_path)}
+    assert cluster.export_lines() == (f"export SLURM_CONF={tmp_path}/etc/slurm.conf\n"
+                                      f"export SLURM_TITAN_CLUSTER_DIR={tmp_path}")
+    default = LocalCluster.from_env({"SLURM_TITAN_CLUSTER_DIR": "", "SLURM_TITAN_CLUSTER_PORT": ""})
+    assert (str(default.state), default.port) == ("/var/tmp/slurm-titan-cluster", 17000)
+    with pytest.raises(ClusterError, match=r"^SLURM_TITAN_CLUSTER_TIMEOUT must be a whole number, not '1m'$"):
+        LocalCluster.from_env({"SLURM_TITAN_CLUSTER_TIMEOUT": "1m"})
+
+
+def test_a_cluster_never_brought_up_is_not_up(tmp_path: Path) -> None:
+    status = LocalCluster(tmp_path / "none").status()
+    assert (status.code, status.text) == (3, f"not up ({tmp_path}/none)")
+
+
+def test_recorded_pids_count_only_while_they_run_the_same_program(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path)
+    pids = tmp_path / "run" / "pids"
+    pids.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10  # Popen may return before exec renamed the child (/proc/PID/comm)
+        while procs.program(sleeper.pid) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (pids / "slurmd-n1.pid").write_text(f"{sleeper.pid}\n")  # another program under our pid
+        (pids / "munged.pid").write_text("12x\n")
+        assert cluster.pid_of("slurmd-n1") is None and cluster.pid_of("munged") is None
+        assert cluster.pid_of("slurmctld") is None and not cluster.alive()
+        assert procs.program(sleeper.pid) == "sleep" and procs.is_running(sleeper.pid)
+        assert os.getpid() in procs.children(os.getppid()) and sleeper.pid in procs.children(os.getpid())
+        (tmp_path / "run" / "ns").mkdir()
+        (tmp_path / "run" / "ns" / "n1.ns").write_text(f"{procs.namespaces(os.getpid())}\n")
+        assert sleeper.pid in cluster.node_processes("n1")  # our namespaces, as if we were node n1
+        assert cluster.node_processes("n2") == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not procs.is_running(sleeper.pid) and procs.wait_gone([sleeper.pid], 1)
+
+
+def test_a_zombie_is_not_running() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert procs.wait_gone([child.pid], 30)  # exited, not reaped yet: a zombie
+    assert procs.program(child.pid) is not None
+    child.wait()
+
+
+@pytest.mark.parametrize(("argv", "code"), [([], 2), (["bogus"], 2), (["up", "now"], 2), (["help"], 0), (["-h"], 0)])
+def test_usage_on_help_and_on_anything_else(argv: list[str], code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == code
+    out, err = capsys.readouterr()
+    usage = out if code == 0 else err
+    assert usage.startswith("tools/local-cluster: a real multi-node Slurm cluster on this one machine.")
+    assert all(f"tools/local-cluster {command}" in usage for command in cli.COMMANDS)
+
+
+def test_env_of_a_cluster_never_up_warns_and_prints_the_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SLURM_TITAN_CLUSTER_DIR", str(tmp_path))
+    assert cli.main(["env"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"export SLURM_CONF={tmp_path}/etc/slurm.conf\nexport SLURM_TITAN_CLUSTER_DIR={tmp_path}\n"
+    assert err == f"local-cluster: warning: no cluster in {tmp_path} (run: tools/local-cluster up)\n"
+
+
+def test_the_shim_runs_the_python_command_from_any_folder(tmp_path: Path) -> None:
+    env = dict(os.environ, SLURM_TITAN_CLUSTER_DIR=str(tmp_path / "state"))
+    status = subprocess.run([TOOL, "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (status.returncode, status.stdout, status.stderr) == (3, f"not up ({tmp_path}/state)\n", "")
+    bad = subprocess.run([TOOL, "nope"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("tools/local-cluster: a real multi-node Slurm cluster")

@@ -1,0 +1,83 @@
+"""Processes as /proc shows them: alive or not (a zombie is gone), their program, parent and namespaces;
+signal a set of them and wait until they are gone. What the local cluster needs to find and stop its daemons
+and everything that runs inside its nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the program name (which may hold spaces and parentheses): state, ppid, ..."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(") ")[2].split()
+
+
+def is_running(pid: int) -> bool:
+    """PID exists and is not a zombie (PID 1 here may reap orphans a second late)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def program(pid: int) -> str | None:
+    """The program name of PID (/proc/PID/comm), or None when it is gone."""
+    try:
+        return (PROC / str(pid) / "comm").read_text().rstrip("\n")
+    except OSError:
+        return None
+
+
+def namespaces(pid: int) -> str | None:
+    """PID's mount and UTS namespaces as one key, "mnt:[N]/uts:[M]" (what tools/local-cluster records per node)."""
+    try:
+        return f"{os.readlink(PROC / str(pid) / 'ns' / 'mnt')}/{os.readlink(PROC / str(pid) / 'ns' / 'uts')}"
+    except OSError:
+        return None
+
+
+def all_pids() -> Iterator[int]:
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+def in_namespaces(keys: set[str]) -> list[int]:
+    """The running processes whose namespaces key (see `namespaces`) is one of `keys`."""
+    if not keys:
+        return []
+    return [pid for pid in all_pids() if namespaces(pid) in keys and is_running(pid)]
+
+
+def children(parent: int) -> list[int]:
+    """The processes whose parent is `parent`."""
+    return [pid for pid in all_pids() if (fields := _stat_fields(pid)) and len(fields) > 1 and fields[1] == str(parent)]
+
+
+def send(pids: Iterable[int], signum: int) -> int:
+    """Send `signum` to each of `pids` that still exists; how many got it."""
+    sent = 0
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+            sent += 1
+    return sent
+
+
+def wait_gone(pids: Iterable[int], seconds: float) -> bool:
+    """Wait until none of `pids` runs; False on timeout."""
+    pids = list(pids)
+    deadline = time.monotonic() + seconds
+    while any(is_running(pid) for pid in pids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
