@@ -13,7 +13,15 @@ from collections.abc import Callable
 import pytest
 
 from tests.support.cli import Cli, run, wait_for
-from tests.support.runs import checkpoints, job_dir, job_field, scontrol, step_losses, uninterrupted_losses, wait_for_log
+from tests.support.runs import (
+    checkpoints,
+    job_dir,
+    job_field,
+    scontrol,
+    step_losses,
+    uninterrupted_losses,
+    wait_for_log,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test d) lands mid-run

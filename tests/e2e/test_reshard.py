@@ -19,6 +19,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+
 from slurm_titan.data.cursor import epoch0_rows, pieces_from_tuples, remaining
 from slurm_titan.launch.debug_assets import ensure_assets
 from tests.support.cli import Cli

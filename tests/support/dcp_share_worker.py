@@ -54,9 +54,9 @@ def main() -> int:
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (world,))
     if op == "save":
-        from slurm_titan.rank.dcp_plan import load_reads, small_items
         from slurm_titan.ckpt.storage import TransferConfig
         from slurm_titan.ckpt.upload import CheckpointSync
+        from slurm_titan.rank.dcp_plan import load_reads, small_items
 
         sd = state(world, rank, mesh, filled=True)
         md = dcp.save(sd, checkpoint_id=os.path.join(local, "step-1"))

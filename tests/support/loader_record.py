@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support.sample_ids import RECORD_DIR
 from torchtitan.config import override
 
 from slurm_titan.overrides.resharding_loader import ReshardingDataLoader
+from tests.support.sample_ids import RECORD_DIR
 
 Iterate = Callable[[ReshardingDataLoader], Iterator[Any]]
 

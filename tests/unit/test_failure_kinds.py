@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.node import attribution
-
 from slurm_titan import failure_kinds
 from slurm_titan.failure_kinds import HARDWARE, NETWORK, OOM, UNKNOWN, USER
+from slurm_titan.node import attribution
 from slurm_titan.records import run_folder
 from tests.support.paths import DATA
 

@@ -9,12 +9,12 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, verify
-from slurm_titan.ckpt.restore import CorruptCheckpoint, restore
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
-from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
+from slurm_titan.ckpt.restore import CorruptCheckpoint, restore
 from slurm_titan.ckpt.storage import LocalStore, open_store
 from slurm_titan.ckpt.upload import CheckpointSync
+from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.errors import StorageError
 from tests.support.ckpt import write_fake_step
 

@@ -12,13 +12,13 @@ import pytest
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.agree import NodeAgreement
 from slurm_titan.ckpt.catalog import read_manifest
-from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
-from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
+from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.share import node_ranks
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
+from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.errors import StorageError
 from tests.support.ckpt import write_fake_step
 

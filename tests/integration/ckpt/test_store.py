@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.ckpt.storage import StoreError, open_store
 from slurm_titan.ckpt.upload import CheckpointSync
+from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.errors import StorageError
 from tests.support.s3 import clean_env
 

@@ -14,8 +14,8 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
-from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.manifest import Receipt
+from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.errors import StorageError

@@ -10,8 +10,8 @@ from torchtitan.models.common.rope import ComplexRoPE
 
 from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES, npu_attention, npu_norm, npu_rope
 from slurm_titan.overrides.kernel_models import MODEL_KERNELS
-from slurm_titan.overrides.npu_capabilities import RefuseAscendUnsupported
 from slurm_titan.overrides.npu_attention import NpuFusedAttention
+from slurm_titan.overrides.npu_capabilities import RefuseAscendUnsupported
 from slurm_titan.overrides.npu_norm import NpuRMSNorm
 from slurm_titan.overrides.npu_rope import NpuComplexRoPE
 

@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from tests.support.sample_ids import ROWS, Samples, check_resumed, recorded, write_dataset  # noqa: E402
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 from torchtitan.config import apply_overrides  # noqa: E402
 from torchtitan.config.manager import ConfigManager  # noqa: E402
@@ -21,6 +20,7 @@ from torchtitan.config.manager import ConfigManager  # noqa: E402
 from slurm_titan.launch.debug_assets import write_tokenizer  # noqa: E402
 from slurm_titan.overrides import RESHARDING_DATALOADER  # noqa: E402
 from slurm_titan.overrides.resharding_loader import ReshardingDataLoader  # noqa: E402
+from tests.support.sample_ids import ROWS, Samples, check_resumed, recorded, write_dataset  # noqa: E402
 
 SEQ, BATCH = 256, 4  # the debug config's sequence and local batch
 RECORDER = "tests.support.loader_record.record_yielded_batches"

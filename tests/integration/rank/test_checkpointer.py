@@ -17,11 +17,11 @@ from torchtitan.components.checkpointer import BaseCheckpointManager, Checkpoint
 from torchtitan.config import Configurable
 from torchtitan.config.override import OverrideConfig, apply_overrides
 
-from slurm_titan.rank import checkpointer
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
+from slurm_titan.rank import checkpointer
 
 
 class _Stateful:

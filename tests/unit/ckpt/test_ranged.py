@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.checksum import hash_bytes
+from slurm_titan.ckpt.storage import ranged
 
 PART = 2 * ranged.ALIGN
 ORDER = [3, 1, 6, 0, 5, 2, 7, 4]  # the ranges' landing order; range 7 is the unaligned tail

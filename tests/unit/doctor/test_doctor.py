@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.launch.config import load_config
-from slurm_titan.doctor import DoctorExpectations, PreflightFailed, exchange, run_preflight
 from slurm_titan.cli.main import main as cli_main
+from slurm_titan.doctor import DoctorExpectations, PreflightFailed, exchange, run_preflight
 from slurm_titan.doctor import facts as facts_module
 from slurm_titan.doctor.checks import compare_nodes, node_findings
 from slurm_titan.doctor.facts import NodeFacts, collect_facts, run_tool
 from slurm_titan.doctor.npu_smi import parse_colon_fields, parse_key_values, parse_npu_smi_info
 from slurm_titan.doctor.report import WARN, Finding, format_table
-from slurm_titan.launch.plan import plan_job
 from slurm_titan.errors import ExitCode
+from slurm_titan.launch.config import load_config
+from slurm_titan.launch.plan import plan_job
 from tests.support.paths import DATA, REPO
 
 SMI = DATA / "npu-smi"

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.doctor import PreflightFailed, hccn_tool, run_preflight, versions
-
 from slurm_titan.cli import doctor as doctor_cli
 from slurm_titan.cli.main import main as cli_main
+from slurm_titan.doctor import PreflightFailed, hccn_tool, run_preflight, versions
 from slurm_titan.doctor import facts as facts_module
 from slurm_titan.doctor.checks import compare_nodes, node_findings, reachability
 from slurm_titan.doctor.expectations import DoctorExpectations

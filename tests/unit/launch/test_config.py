@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.launch.config import load_config, parse_assignment
 from slurm_titan.errors import ConfigError
+from slurm_titan.launch.config import load_config, parse_assignment
 from tests.support.paths import REPO
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.launch.config import load_config
 from slurm_titan.errors import ConfigError
+from slurm_titan.launch.config import load_config
 from tests.support.paths import REPO
 
 

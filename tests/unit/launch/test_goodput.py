@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from slurm_titan.launch import goodput
-
 from slurm_titan.records import history
 from tests.support.recorded import recorded
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.launch import logs
-
 from slurm_titan.records import jobs
 
 # torchtitan's MetricsProcessor.log lines as a rank log records them (colours included)

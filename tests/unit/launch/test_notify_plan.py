@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_titan.launch.config import load_config
-from slurm_titan.errors import ConfigError
 from slurm_titan.envvars import NOTIFY as NOTIFY_ENV
+from slurm_titan.errors import ConfigError
+from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import plan_job
 from tests.support.plans import pinned_debug_cpu
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.launch.config import load_config
 from slurm_titan.errors import ConfigError
+from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import flatten_options, plan_job
 from tests.support.paths import DATA
 from tests.support.plans import pinned_debug_cpu

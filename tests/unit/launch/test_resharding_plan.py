@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_titan.launch.config import load_config, parse_assignment
 from slurm_titan.errors import ConfigError
-from slurm_titan.overrides import RESHARDING_DATALOADER
+from slurm_titan.launch.config import load_config, parse_assignment
 from slurm_titan.launch.plan import _titan_options, default_overrides
+from slurm_titan.overrides import RESHARDING_DATALOADER
 from tests.support.paths import REPO
 
 CONFIG = REPO / "configs/debug_cpu.yaml"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.records import history, run_folder
+from slurm_titan.errors import ExitCode
 from slurm_titan.node.finish import attempt_exit_code
 from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.supervisor import node_exit_code
-from slurm_titan.errors import ExitCode
+from slurm_titan.records import history, run_folder
 
 POLICY = RetryPolicy(max_requeues=3, max_failures=5, max_failures_without_progress=3)
 

@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 
 from slurm_titan import envvars
+from slurm_titan.node import allocation, attribution, finish, rendezvous, step_watch
 from slurm_titan.records import history, run_folder
-
-from slurm_titan.node import rendezvous
-from slurm_titan.node import allocation, attribution, finish, step_watch
 from tests.support.reports import node_report
 
 

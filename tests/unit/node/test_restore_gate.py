@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.envvars import RESTORE_FD
-from slurm_titan.node.supervisor import RankGroup
 from slurm_titan.node.rendezvous import Rendezvous
+from slurm_titan.node.supervisor import RankGroup
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import repo_pythonpath

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from slurm_titan.envvars import PROGRESS_FILE
+from slurm_titan.errors import ConfigError, ExitCode
 from slurm_titan.launch import config as config_module
 from slurm_titan.launch.config import load_config
-from slurm_titan.errors import ExitCode, ConfigError
-from slurm_titan.envvars import PROGRESS_FILE
-from slurm_titan.node import attribution, budgets, stacks, watchdog
-from slurm_titan.records import rank_progress, run_folder
-from slurm_titan.node.budgets import Budgets, Calibration
-from slurm_titan.records.rank_progress import Phase, Progress
 from slurm_titan.launch.plan import plan_job
-from tests.support.reports import node_report
+from slurm_titan.node import attribution, budgets, stacks, watchdog
+from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.records import rank_progress, run_folder
+from slurm_titan.records.rank_progress import Phase, Progress
 from tests.support.paths import REPO
+from tests.support.reports import node_report
 
 LIMITS = Budgets(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=60, step_factor=3, save_s=600,
                  upload_s=1800, step_cap_s=1140)

@@ -18,8 +18,8 @@ from torchtitan.config.manager import ConfigManager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
 from slurm_titan.launch.config import load_config
-from slurm_titan.overrides.npu_selective_ac import NpuSelectiveAC, npu_selective_ac
 from slurm_titan.launch.plan import plan_job
+from slurm_titan.overrides.npu_selective_ac import NpuSelectiveAC, npu_selective_ac
 from tests.support.paths import REPO
 
 CALLS: Counter[str] = Counter()

@@ -18,13 +18,13 @@ from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.kernels import NpuKernels, select_kernels
 from slurm_titan.overrides.npu_attention import npu_attention
 from slurm_titan.overrides.npu_norm import rms_norm_npu
-from slurm_titan.overrides.reference_attention import reference_attention
 from slurm_titan.overrides.npu_rope import (
     deinterleave,
     half_rotation_tables,
     interleave_rotation_tables,
     reinterleave,
 )
+from slurm_titan.overrides.reference_attention import reference_attention
 
 
 def _positions(*rows: list[int]) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torchtitan.tools.logging
 import torchtitan.trainer
 from torchtitan.tools import utils as titan_utils
 
-from slurm_titan.rank import npu_peak_flops, entry
+from slurm_titan.rank import entry, npu_peak_flops
 from slurm_titan.rank.npu_peak_flops import npu_get_peak_flops, peak_flops
 
 DOCUMENTED = [  # torch.npu.get_device_name() on each chip -> torchtitan-npu's figure

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.records import ledger
-
 from slurm_titan import slurm
-from slurm_titan.records.ledger import Entry
 from slurm_titan.failure_kinds import HARDWARE, NETWORK, UNKNOWN, USER
+from slurm_titan.records import ledger
+from slurm_titan.records.ledger import Entry
 from tests.support.paths import REPO
 
 HOUR = 3600.0
