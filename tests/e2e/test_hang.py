@@ -28,7 +28,8 @@ from tools.local_cluster.faults import SignalAtStep, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
-CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=4"]
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
+          "--set", "checkpoint.interval=4"]
 COLLECTIVE_TIMEOUT_S = 1200  # timeouts.collective_s of the default config
 
 

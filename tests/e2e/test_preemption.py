@@ -25,7 +25,8 @@ from tests.support.runs import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test d) lands mid-run
-CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=100"]
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
+          "--set", "checkpoint.interval=100"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,8 @@ def test_c_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, s
     preemptor: list[str] = []
 
     def preempt(job: str) -> None:
-        preemptor.append(run(["sbatch", "--parsable", "-p", "high", "--exclusive", "-N4", "-J", "preemptor", "-o", "/dev/null",
+        preemptor.append(run(["sbatch", "--parsable", "-p", "high", "--exclusive", "-N4", "-J", "preemptor",
+                               "-o", "/dev/null",
                               "--wrap", "sleep 5"], env=cli.env).stdout.strip())
 
     status = interrupted_run(cli, preempt)

@@ -19,7 +19,8 @@ from tools.local_cluster.faults import SignalAtStep, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
-CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}", "--set", "checkpoint.interval=4"]
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
+          "--set", "checkpoint.interval=4"]
 
 
 @pytest.fixture(scope="module")

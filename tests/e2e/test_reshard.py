@@ -10,7 +10,8 @@ their ids (tests/support/sample_ids.py) and record, per rank, the tokens of ever
 (tests/support/loader_record.py): read back as samples, no sample's token was consumed twice over the two jobs and none
 is missing up to the last consumed one. The debug config packs 256-token sequences from documents of 22-238
 tokens, so each checkpoint cuts documents mid-sequence: the cut ones go on at their token offset.
-(tests/integration/overrides/test_loader_record.py runs these jobs' loaders in one process, with the same data, batch for batch.)
+(tests/integration/overrides/test_loader_record.py runs these jobs' loaders in one process, with the same data,
+batch for batch.)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from slurm_titan import envvars
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.spec import CheckpointPlan
 
-PACKAGE = Path(__file__).resolve().parents[1] / "slurm_titan"
+PACKAGE = Path(__file__).resolve().parents[2] / "slurm_titan"
 NAMES = {value for key, value in vars(envvars).items() if key.isupper() and isinstance(value, str)}
 
 

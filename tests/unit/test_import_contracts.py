@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = [contract["id"] for contract in
              tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"

@@ -43,7 +43,8 @@ def test_prepare_resume_lists_the_location_once(tmp_path, monkeypatch):
     assert s.wait(timeout=30) and s.close(timeout=30)
     listings = []
     real = restore_module.list_checkpoints
-    monkeypatch.setattr(restore_module, "list_checkpoints", lambda store: listings.append(store.location) or real(store))
+    monkeypatch.setattr(restore_module, "list_checkpoints",
+                        lambda store: listings.append(store.location) or real(store))
     assert prepare_resume(str(tmp_path / "remote"), str(tmp_path / "node")).step == 10
     assert len(listings) == 1
 

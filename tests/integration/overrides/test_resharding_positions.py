@@ -1,4 +1,5 @@
-"""Positions of a sample cut by the checkpoint, wherever a reshard puts its rest (tests/integration/overrides/test_resharding_loader.py's
+"""Positions of a sample cut by the checkpoint, wherever a reshard puts its rest
+(tests/integration/overrides/test_resharding_loader.py's
 id samples: token j of sample i is i * 1000 + j).
 
 Uninterrupted, the rest of a cut sample starts the next sequence of its rank, and torchtitan's per-sequence

@@ -52,7 +52,8 @@ def test_torchtitan_alone_writes_a_run_per_start_minute(tmp_path, monkeypatch, o
     import torchtitan.components.metrics as metrics
 
     starts = iter(["20250101-1000", "20250101-1130"])
-    monkeypatch.setattr(metrics, "datetime", SimpleNamespace(now=lambda: SimpleNamespace(strftime=lambda f: next(starts))))
+    clock = SimpleNamespace(now=lambda: SimpleNamespace(strftime=lambda f: next(starts)))
+    monkeypatch.setattr(metrics, "datetime", clock)
     config = MetricsProcessor.Config(enable_tensorboard=True)
     _attempt(tmp_path, range(1, 6), config, MetricsProcessor)
     _attempt(tmp_path, range(6, 11), config, MetricsProcessor)
@@ -65,7 +66,8 @@ def test_run_name_is_a_folder_name():
 
 
 @pytest.mark.parametrize(("metrics", "active"), [("{}", False), ("{enable_tensorboard: true}", True),
-                                                 ("{enable_wandb: true}", True), ("{enable_tensorboard: false}", False)])
+                                                 ("{enable_wandb: true}", True),
+                                                 ("{enable_tensorboard: false}", False)])
 def test_plan_activates_the_override_when_a_metrics_sink_is_on(tmp_path, metrics, active):
     path = tmp_path / "job.yaml"
     path.write_text(f"name: x\nenvironment: {{device: cpu}}\ntorchtitan: {{args: {{metrics: {metrics}}}}}\n")

@@ -64,7 +64,8 @@ def test_reshard_gives_every_unconsumed_sample_to_exactly_one_rank(old: int, new
         rests = _cut(rows, old, rng)
         split = reshard(rests, new)
         assert len(split) == new
-        assert sorted(r for plan in split for r in epoch0_rows(plan)) == sorted(r for rest in rests for r in epoch0_rows(rest))
+        assert sorted(r for plan in split for r in epoch0_rows(plan)) == \
+            sorted(r for rest in rests for r in epoch0_rows(rest))
         sizes = [plan_length(p) for p in split]
         assert max(sizes) - min(sizes) <= 1
         cut = {next(epoch0_rows([p])): p.offset for rest in rests for p in rest[:1] if len(p)}

@@ -208,7 +208,8 @@ def test_expectations_of_the_70b_job() -> None:
     assert expect.checkpoint_dir == str(REPO / "runs/llama3-70b-npu/7/dump/checkpoint")
     assert expect.checkpoint_bytes == math.ceil(70_553_706_496 * 12 / 8)
     assert expect.checkpoint_size_source == "estimated: 70.55B parameters x 12 B / 8 node(s)"
-    assert (expect.visible_devices, expect.hccl_port_ranges) == (tuple(range(8)), ((61000, 61127), (61128, 61255), (61256, 61287)))
+    assert (expect.visible_devices, expect.hccl_port_ranges) == \
+        (tuple(range(8)), ((61000, 61127), (61128, 61255), (61256, 61287)))
 
 
 # ---- the exchange between nodes -----------------------------------------------------------

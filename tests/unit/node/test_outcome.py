@@ -85,7 +85,8 @@ def test_history_records_attempts_and_time_lost(tmp_path: Path) -> None:
         out.write("{half a line\n")
     history.append_event(tmp_path, "last-step", 1, step=20)
     first, second = history.as_dicts(history.read_attempts(tmp_path))
-    assert (first["first_step"], first["stopped_at_step"], first["stop_signal"], first["reason"]) == (1, 9, "SIGUSR2", "preempted")
+    assert (first["first_step"], first["stopped_at_step"], first["stop_signal"], first["reason"]) == \
+        (1, 9, "SIGUSR2", "preempted")
     assert first["time_lost_s"] >= 0 and first["last_step"] is None
     assert (second["hosts"], second["first_step"], second["last_step"], second["ended"]) == (["n3", "n4"], 10, 20, None)
 
@@ -119,7 +120,8 @@ def _fake_scontrol(folder: Path, failures: int) -> Path:
     calls = folder / "calls"
     script = folder / "scontrol"
     script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
-                      f"[ $(wc -l < {calls}) -gt {failures} ] || {{ echo 'Socket timed out on send/recv operation' >&2; exit 1; }}\n")
+                      f"[ $(wc -l < {calls}) -gt {failures} ] || "
+                      "{ echo 'Socket timed out on send/recv operation' >&2; exit 1; }\n")
     script.chmod(0o755)
     return calls
 

@@ -53,7 +53,8 @@ def test_nodes_of_the_next_attempt(tmp_path: Path) -> None:
     assert [allocation.next_attempt_number(tmp_path) for _ in range(3)] == [0, 1, 2]
 
 
-def test_excluded_nodes_survive_and_a_corrupt_file_is_one_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_excluded_nodes_survive_and_a_corrupt_file_is_one_warning(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
     allocation.exclude(tmp_path, "n2", "lost")
     assert allocation.exclude(tmp_path, "n3", "failed again") == {"n2": "lost", "n3": "failed again"}
     run_folder.excluded_nodes_file(tmp_path).write_text("{not json")

@@ -136,7 +136,8 @@ def test_nodes_command_prints_the_summary(tmp_path: Path) -> None:
 def test_nodes_command_imports_no_torch(tmp_path: Path) -> None:
     probe = ("import sys, runpy\nsys.argv = ['slurm-titan', 'nodes']\ntry:\n"
              "    runpy.run_module('slurm_titan.cli.main', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('HEAVY:', [m for m in ('torch', 'torchtitan', 'torch_npu') if m in sys.modules], file=sys.stderr)\n")
+             "print('HEAVY:', [m for m in ('torch', 'torchtitan', 'torch_npu') if m in sys.modules],\n"
+             "      file=sys.stderr)\n")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
                             env={"PATH": "/usr/bin:/bin", "SLURM_TITAN_HOME": str(tmp_path), "SLURM_CLUSTER_NAME": "c"})
     assert "HEAVY: []" in result.stderr, result.stderr

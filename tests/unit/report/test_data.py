@@ -100,7 +100,8 @@ def test_log_lines_validation_untimed_and_nan(tmp_path):
     log.write_text("[titan] 2025-01-01 10:01:00,250 - root - INFO - \x1b[33mvalidate step: 10  \x1b[32mloss:  3.1\n"
                    "[titan] 2025-01-01 10:01:00,500 - root - INFO - step: 10  loss:     nan  tps: 12  mfu: 1%\n"
                    "[rank0]: step: 11  loss: 2.5\n"
-                   "[titan] 2025-01-01 10:02:00,000 - slurm_titan.ckpt.commit - INFO - checkpoint step 10 committed: x\n"
+                   "[titan] 2025-01-01 10:02:00,000 - slurm_titan.ckpt.commit - INFO - "
+                   "checkpoint step 10 committed: x\n"
                    "[titan] 2025-01-01 10:02:00,000 - root - INFO - Finished loading the checkpoint in 1.50 seconds.\n")
     facts = data.read_log(log, [SUBMITTED, SUBMITTED + 90])
     assert [(p.step, p.tps, p.time, p.attempt) for p in facts.steps] == [(10, 12.0, SUBMITTED + 60.5, 0),
@@ -118,7 +119,8 @@ def test_a_run_waiting_for_its_next_attempt_has_it_queued(tmp_path):
                                                        if '"attempt": 0' in line))  # requeued, not started again
     report = data.collect(folder, submitted, now)
     assert [(p.attempt, p.name, p.end - p.start) for p in report.phases][-1] == (1, "queued", now - attempts[0].ended)
-    assert sum(report.lost_by_cause().values()) == pytest.approx(report.lost_s) and report.lost_s == now - submitted - 490
+    assert sum(report.lost_by_cause().values()) == pytest.approx(report.lost_s)
+    assert report.lost_s == now - submitted - 490
     nothing = data.collect(tmp_path, submitted, submitted + 30)  # submitted, queued in Slurm
     assert [(p.attempt, p.name, p.seconds) for p in nothing.phases] == [(0, "queued", 30)]
     assert nothing.lost_by_cause()["queue"] == 30 and nothing.steps == [] and nothing.interruptions == []

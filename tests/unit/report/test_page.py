@@ -17,7 +17,8 @@ from slurm_titan.report import browser
 from tests.support.paths import REPO
 from tests.support.recorded import submitted_runs, utc  # noqa: F401  (jobs 101..103: the recorded runs, in UTC)
 
-needs_chromium = pytest.mark.skipif(browser.find() is None, reason="Chromium is not installed (tools/setup installs it)")
+needs_chromium = pytest.mark.skipif(browser.find() is None,
+                                    reason="Chromium is not installed (tools/setup installs it)")
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -82,8 +83,8 @@ try:
     runpy.run_module("slurm_titan.cli.main", run_name="__main__")
 except SystemExit:
     pass
-print("LOADED:", ",".join(sorted(m for m in sys.modules if m.split(".")[0] == "plotly" or m.startswith("slurm_titan.report"))),
-      file=sys.stderr)
+loaded = (m for m in sys.modules if m.split(".")[0] == "plotly" or m.startswith("slurm_titan.report"))
+print("LOADED:", ",".join(sorted(loaded)), file=sys.stderr)
 """
 
 
