@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.cli import Cli, run, wait_for
-from tests.support.runs import assert_same_training, job_dir, job_field, uninterrupted_losses, wait_for_log
+from tests.support.runs import (assert_same_training, job_dir, job_field, step_losses, uninterrupted_losses,
+                                wait_for_log)
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
@@ -116,6 +117,27 @@ def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, heale
     assert lost not in second["hosts"]
     assert f"kept {lost} off the requeued job (ExcNodeList)" in (folder / f"{job}_0_log.out").read_text()
     assert_same_training(cli, job, reference)
+
+
+def test_a_lost_node_without_a_spare_shrinks_inside_the_allocation_when_allowed(cli: Cli,
+                                                                             healed_cluster: LocalCluster) -> None:
+    job = cli.submit(*CONFIG, "--set", "preemption.allow_shrink=true")
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    lost = cli.status(job)["attempts"][0]["hosts"][1]
+    healed_cluster.kill_node(lost)
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    assert job_field(cli, job, "Restarts") == 0, "went through the queue instead of going on in the allocation"
+    first, second = status["attempts"][:2]
+    assert first["cause"] == f"node {lost} lost" and first["action"] == "restart"
+    assert len(second["hosts"]) == 1 and lost not in second["hosts"]
+    assert "healthy nodes left in the allocation: going on with 1 (preemption.allow_shrink)" in \
+        (folder / f"{job}_0_log.out").read_text()
+    rank0 = folder / "logs/rank-0.log"
+    assert "data position resharded from 2 to 1 data-parallel ranks" in rank0.read_text(errors="replace")
+    assert second["first_step"] == 5  # resumed from the checkpoint of step 4, on one node
+    assert step_losses(rank0)[-1][0] == STEPS
 
 
 def test_the_batch_host_lost_whole_is_requeued_by_a_surviving_node(cli: Cli, healed_cluster: LocalCluster,
