@@ -1,5 +1,7 @@
 """Unplanned failures on the real local Slurm cluster: a crashed rank, a node that fails every time, a
-crash that repeats (a restart loop). Faults are real SIGKILLs of the training processes, from outside.
+crash that repeats (a restart loop), a lost node (replaced by a spare, requeued without it, or left out on
+fewer nodes with preemption.allow_shrink), the batch host lost. Faults are real SIGKILLs of the training
+processes and whole nodes killed by their own processes, from outside.
 
 Every run that completes is compared with one uninterrupted run of the same config: every step trained,
 every loss equal, the job COMPLETED.
@@ -13,8 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.cli import Cli, run, wait_for
-from tests.support.runs import (assert_same_training, job_dir, job_field, step_losses, uninterrupted_losses,
-                                wait_for_log)
+from tests.support.runs import assert_same_training, job_dir, job_field, step_losses, uninterrupted_losses, wait_for_log
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
