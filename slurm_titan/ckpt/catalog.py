@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import calendar
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.manifest import Manifest
+from slurm_titan.ckpt.checksum import hash_bytes
+from slurm_titan.ckpt.manifest import FileEntry, Manifest
+from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges
 from slurm_titan.ckpt.storage import Store
 from slurm_titan.errors import StorageError
 
@@ -192,6 +195,8 @@ class VerifyReport:
     bytes: int
     bad: list[tuple[str, str]]
     where: str
+    share: list[int] | None = None
+    """The ranks whose share the folder holds (a node's restore, ``ckpt restore --ranks``); None: all of it."""
 
     @property
     def ok(self) -> bool:
@@ -201,14 +206,18 @@ class VerifyReport:
 def verify(store: Store, step: int | None = None, progress: ByteProgress | None = None) -> VerifyReport:
     """Recompute every checksum of a committed checkpoint (default: the newest complete one).
 
-    The report names each bad file: missing, truncated, or a checksum mismatch."""
+    The report names each bad file: missing, truncated, or a checksum mismatch. A restored folder that holds
+    one node's share (its ``share.json``) is verified for what it holds: its whole files by their checksums,
+    its pieces of the others by their block checksums; what is outside the share is not reported missing."""
     step = _pick_step(store, step)
     m = read_manifest(store, step)
-    bad = check_listing(store, m)
+    share = _held_share(store, step)
+    held = [f for f in m.files if share is None or f.path in share.whole or share.pieces(f)]
+    held_paths = {f.path for f in held}
+    bad = [(path, why) for path, why in check_listing(store, m) if path in held_paths]
     names_bad = {p for p, _ in bad}
-    todo = [f for f in m.files if f.path not in names_bad]
-    total = sum(f.size for f in todo)
-    counter = ByteCounter(total, progress)
+    todo = [f for f in held if f.path not in names_bad and (share is None or f.path in share.whole)]
+    counter = ByteCounter(m.total_bytes if share is None else share.nbytes(m), progress)
     results = store.checksum_many([(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
                                   counter.add)
     for f, r in zip(todo, results):
@@ -218,7 +227,32 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
             bad.append((f.path, f"truncated: read {r[0]} bytes, expected {f.size}"))
         elif r[1] != f.checksum:
             bad.append((f.path, f"checksum mismatch ({m.algorithm} {r[1][:12]}..., expected {f.checksum[:12]}...)"))
-    return VerifyReport(step, len(m.files), m.total_bytes, sorted(bad), store.url(layout.step_dir(step)))
+    if share is not None:
+        for f in held:
+            if f.path not in names_bad and f.path not in share.whole:
+                bad += [(f.path, why) for why in [_bad_pieces(store, step, f, share, m.algorithm, counter)] if why]
+    return VerifyReport(step, len(held), m.total_bytes if share is None else share.nbytes(m), sorted(bad),
+                        store.url(layout.step_dir(step)), None if share is None else share.ranks)
+
+
+def _held_share(store: Store, step: int) -> Share | None:
+    """The share a restored folder holds of `step` (its share.json), None when it holds all of it."""
+    rel = f"{layout.step_dir(step)}/{layout.META_DIR}/{SHARE_FILE}"
+    if not store.exists(rel):
+        return None
+    return Share.from_json(store.cat(rel), store.url(rel))
+
+
+def _bad_pieces(store: Store, step: int, f: FileEntry, share: Share, algorithm: str, counter: ByteCounter) -> str:
+    """Which of the share's pieces of `f` fail their block checksums ("" when none). Shares are only ever
+    restored into local folders, so the pieces are read in place."""
+    failed = []
+    with open(store.full(f"{layout.step_dir(step)}/{f.path}"), "rb", buffering=0) as fin:
+        for off, n, checksum in share.pieces(f):
+            if hash_bytes(os.pread(fin.fileno(), n, off), algorithm) != checksum:
+                failed.append((off, n))
+            counter.add(n)
+    return describe_ranges(f, failed) if failed else ""
 
 
 class ByteCounter:

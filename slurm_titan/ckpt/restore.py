@@ -39,7 +39,7 @@ from slurm_titan.ckpt.catalog import (
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
-from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share
+from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share
 from slurm_titan.ckpt.storage import Store, open_store
 from slurm_titan.errors import StorageError
 
@@ -268,18 +268,7 @@ def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
                if hash_bytes(os.pread(fin.fileno(), f.block_span(b)[1], f.block_span(b)[0]), algorithm) != f.blocks[b]]
     if not bad:
         return "checksum mismatch (though every block matches its own: the record disagrees with itself)"
-    return _describe_ranges(f, [f.block_span(b) for b in bad])
-
-
-def _describe_ranges(f: FileEntry, bad: list[tuple[int, int]]) -> str:
-    """'bytes A-B (block K), ... fail their checksum' for the bad pieces of a file."""
-    def one(off: int, n: int) -> str:
-        block = f" (block {off // f.block_size})" if f.block_size and off % f.block_size == 0 and (
-            n == f.block_size or off + n == f.size) else ""
-        return f"bytes {off}-{off + n}{block}"
-
-    more = f" and {len(bad) - 3} more range(s)" if len(bad) > 3 else ""
-    return ", ".join(one(o, n) for o, n in bad[:3]) + more + " fail their checksum"
+    return describe_ranges(f, [f.block_span(b) for b in bad])
 
 
 def _clean_leftovers(dest: str) -> None:
@@ -406,7 +395,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
                      for f in partial]
             for f, failed in zip(partial, store.download_pieces(parts, m.algorithm, counter.add)):
                 if failed:
-                    bad.append((f.path, _describe_ranges(f, failed)))
+                    bad.append((f.path, describe_ranges(f, failed)))
         if bad:
             raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
         meta = os.path.join(tmp, layout.META_DIR)

@@ -139,3 +139,14 @@ def merged(ranges: list[Range]) -> list[Range]:
         else:
             out.append([path, off, length])
     return [(p, o, n) for p, o, n in out]
+
+
+def describe_ranges(f: FileEntry, bad: list[tuple[int, int]]) -> str:
+    """'bytes A-B (block K), ... fail their checksum' for the bad pieces of a file."""
+    def one(off: int, n: int) -> str:
+        block = f" (block {off // f.block_size})" if f.block_size and off % f.block_size == 0 and (
+            n == f.block_size or off + n == f.size) else ""
+        return f"bytes {off}-{off + n}{block}"
+
+    more = f" and {len(bad) - 3} more range(s)" if len(bad) > 3 else ""
+    return ", ".join(one(o, n) for o, n in bad[:3]) + more + " fail their checksum"

@@ -232,7 +232,9 @@ class Verify(SubCommand):
             finally:
                 bar.close()
             if report.ok:
-                print(f"step {report.step}: OK, {report.files} file(s), {human_bytes(report.bytes)} at {report.where}")
+                share = "" if report.share is None else f" (the share of ranks {','.join(map(str, report.share))})"
+                print(f"step {report.step}: OK, {report.files} file(s), {human_bytes(report.bytes)} at {report.where}"
+                      f"{share}")
             else:
                 status = ExitCode.BAD_CHECKPOINT
                 print(f"step {report.step}: {len(report.bad)} BAD file(s) at {report.where}:")

@@ -15,7 +15,7 @@ from slurm_titan.ckpt.catalog import read_manifest
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
 from slurm_titan.ckpt.restore import restore
-from slurm_titan.ckpt.share import node_ranks
+from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.cli.main import main as ckpt_main
@@ -212,6 +212,28 @@ def test_cli_restores_one_nodes_share(tmp_path, monkeypatch, capsys):
         assert ckpt_main(["ckpt", "restore", location, "--to", str(tmp_path / "b"), "--quiet", *bad]) != 0
         err = capsys.readouterr().err.strip()
         assert why in err and len(err.splitlines()) == 1, err
+
+
+def test_verify_of_a_restored_share_checks_what_it_holds(tmp_path, monkeypatch, capsys):
+    location = str(tmp_path / "remote")
+    _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)
+    folder = tmp_path / "n1"
+    assert ckpt_main(["ckpt", "restore", location, "--to", str(folder), "--node", "1", "--nodes", "2",
+                      "--quiet"]) == 0
+    capsys.readouterr()
+    assert ckpt_main(["ckpt", "verify", str(folder), "--quiet"]) == 0  # the files outside the share are not missing
+    assert "OK" in (out := capsys.readouterr().out) and "(the share of ranks 1)" in out, out
+    share = Share.from_json((folder / "step-10" / layout.META_DIR / SHARE_FILE).read_bytes(), "share.json")
+    path, off = next((f.path, share.pieces(f)[0][0]) for f in read_manifest(open_store(str(folder)), 10).files
+                     if f.path not in share.whole and share.pieces(f))
+    with open(folder / "step-10" / path, "r+b") as f:  # one byte of a piece another rank's file lends rank 1
+        f.seek(off)
+        byte = f.read(1)
+        f.seek(off)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert ckpt_main(["ckpt", "verify", str(folder), "--quiet"]) == 5
+    out = capsys.readouterr().out
+    assert f"{path}: bytes {off}-" in out and "fail their checksum" in out, out
 
 
 def test_file_entry_round_trip_keeps_blocks():
