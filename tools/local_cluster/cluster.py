@@ -384,10 +384,12 @@ class LocalCluster:
 
     def _daemon(self, argv: list[str], log: str) -> subprocess.Popen:
         """Start a daemon in a session of its own, its output appended to STATE/log/`log`; it inherits no
-        descriptor of ours (a caller reading our output until EOF would wait forever)."""
+        descriptor of ours (a caller reading our output until EOF would wait forever) and not our working
+        directory (every job step's slurmstepd would say "Unable to get current working directory" once the
+        folder the cluster was started from is gone)."""
         with open(self.logs / log, "ab") as out:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                       env=self.daemon_env, start_new_session=True)
+                                       env=self.daemon_env, start_new_session=True, cwd="/")
         self._started.append(process)
         return process
 
