@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -88,15 +89,22 @@ def healed_cluster(cluster: LocalCluster, slurm_env: dict) -> Iterator[LocalClus
              120, "every node back")
 
 
-def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: LocalCluster,
-                                                                    reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+def _kill_a_node_at_step_7(cli: Cli, cluster: LocalCluster, node: int, *sets: str) -> tuple[str, Path, str, dict]:
+    """Submit CONFIG (plus `--set`s), kill attempt 0's node `node` whole once rank 0 logged step 7, wait for the
+    end: (job, its folder, the killed host, the final status)."""
+    job = cli.submit(*CONFIG, *(arg for value in sets for arg in ("--set", value)))
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
-    lost = cli.status(job)["attempts"][0]["hosts"][1]
-    assert healed_cluster.kill_node(lost) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
+    host = cli.status(job)["attempts"][0]["hosts"][node]
+    assert cluster.kill_node(host) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
     status = cli.wait(job, timeout=900)
     assert status["state"] == "COMPLETED", status
+    return job, folder, host, status
+
+
+def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: LocalCluster,
+                                                                    reference: dict[int, str]) -> None:
+    job, folder, lost, status = _kill_a_node_at_step_7(cli, healed_cluster, 1, "slurm.spare_nodes=1")
     first, second = status["attempts"][:2]
     assert first["cause"] == f"node {lost} lost" and first["excluded"] == [lost]
     assert lost not in second["hosts"]
@@ -106,13 +114,7 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, he
 
 def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: LocalCluster,
                                                                  reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG)
-    folder = job_dir(cli, job)
-    wait_for_log(folder / "logs/rank-0.log", "step:  7")
-    lost = cli.status(job)["attempts"][0]["hosts"][1]
-    healed_cluster.kill_node(lost)
-    status = cli.wait(job, timeout=900)
-    assert status["state"] == "COMPLETED", status
+    job, folder, lost, status = _kill_a_node_at_step_7(cli, healed_cluster, 1)
     first, second = status["attempts"][:2]
     assert first["cause"] == f"node {lost} lost" and first["action"] == "requeue"
     assert lost not in second["hosts"]
@@ -122,13 +124,7 @@ def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, heale
 
 def test_a_lost_node_without_a_spare_shrinks_inside_the_allocation_when_allowed(cli: Cli,
                                                                              healed_cluster: LocalCluster) -> None:
-    job = cli.submit(*CONFIG, "--set", "preemption.allow_shrink=true")
-    folder = job_dir(cli, job)
-    wait_for_log(folder / "logs/rank-0.log", "step:  7")
-    lost = cli.status(job)["attempts"][0]["hosts"][1]
-    healed_cluster.kill_node(lost)
-    status = cli.wait(job, timeout=900)
-    assert status["state"] == "COMPLETED", status
+    job, folder, lost, status = _kill_a_node_at_step_7(cli, healed_cluster, 1, "preemption.allow_shrink=true")
     assert job_field(cli, job, "Restarts") == 0, "went through the queue instead of going on in the allocation"
     first, second = status["attempts"][:2]
     assert first["cause"] == f"node {lost} lost" and first["action"] == "restart"
@@ -143,13 +139,7 @@ def test_a_lost_node_without_a_spare_shrinks_inside_the_allocation_when_allowed(
 
 def test_the_batch_host_lost_whole_is_requeued_by_a_surviving_node(cli: Cli, healed_cluster: LocalCluster,
                                                                     reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG)
-    folder = job_dir(cli, job)
-    wait_for_log(folder / "logs/rank-0.log", "step:  7")
-    batch_host = cli.status(job)["attempts"][0]["hosts"][0]
-    healed_cluster.kill_node(batch_host)
-    status = cli.wait(job, timeout=900)
-    assert status["state"] == "COMPLETED", status
+    job, folder, batch_host, status = _kill_a_node_at_step_7(cli, healed_cluster, 0)
     assert job_field(cli, job, "Restarts") >= 1
     assert status["attempts"][0]["cause"] == f"node {batch_host} lost (the batch host)"
     assert batch_host not in status["attempts"][-1]["hosts"]
