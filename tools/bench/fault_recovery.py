@@ -97,7 +97,8 @@ def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
 def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, Any]:
     """One long job with a crash or a hang every `every_s` (+-30%) for `minutes`; then its goodput."""
     rng = random.Random(seed)
-    run = bench.submit(f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=10",
+    run = bench.submit(f"checkpoint.remote={bench.args.remote_base}/{{job_id}}",
+                       f"checkpoint.interval={bench.args.soak_checkpoint_interval}",
                        "torchtitan.args.training.steps=100000", "slurm.time=02:00:00")
     log = run.job_dir / "logs" / "rank-0.log"
     bench.wait(run, lambda: log.exists() and step_reached(1)({}, log.read_text(errors="replace")))
@@ -150,6 +151,8 @@ def main() -> int:
     ap.add_argument("--soak-minutes", type=float, default=0, help="then a soak of this many minutes (goal 20)")
     ap.add_argument("--fault-every", type=float, default=150, help="seconds between soak faults (default 150)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--soak-checkpoint-interval", type=int, default=10,
+                    help="the soak's checkpoint.interval (default 10)")
     ap.set_defaults(remote="s3")
     args = ap.parse_args()
     code = run_repeats(args, "bench-faults-", {"at_step": args.at_step, "faults": args.faults}, one_repeat, table)
