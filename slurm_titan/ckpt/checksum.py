@@ -43,22 +43,32 @@ def hash_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:
     return h.hexdigest()
 
 
+class Readable(Protocol):
+    """What :func:`hash_stream` reads from: a local file, an fsspec file."""
+
+    def readinto(self, buffer: bytearray, /) -> int | None: ...
+
+
 def hash_file(path: str, algorithm: str = DEFAULT_ALGORITHM,
               progress: Callable[[int], object] | None = None) -> tuple[int, str]:
     """(size, hex digest) of a local file; `progress(n)` after each chunk of n bytes."""
+    with open(path, "rb", buffering=0) as f:
+        return hash_stream(f, algorithm, progress)
+
+
+def hash_stream(f: Readable, algorithm: str = DEFAULT_ALGORITHM,
+                progress: Callable[[int], object] | None = None) -> tuple[int, str]:
+    """(size, hex digest) of what is left to read of a binary file object (a local file, an fsspec file);
+    `progress(n)` after each chunk of n bytes."""
     h = new_hasher(algorithm)
     size = 0
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
-            if progress is not None:
-                progress(n)
+    while n := f.readinto(buf):
+        h.update(view[:n])
+        size += n
+        if progress is not None:
+            progress(n)
     return size, h.hexdigest()
 
 

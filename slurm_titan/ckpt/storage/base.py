@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_titan import envvars
-from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, new_hasher
+from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, Readable, hash_stream, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.storage.errors import StoreError, TransientStoreError, describe, is_transient, redact, scrub
@@ -414,9 +414,21 @@ class Store(abc.ABC):
     def _download_many(self, items: list[tuple[str, str, int | None]], algorithm: str,
                        progress: Progress) -> list[tuple[int, str]]: ...
 
-    @abc.abstractmethod
     def _checksum_many(self, items: list[tuple[str, int | None]], algorithm: str,
-                       progress: Progress) -> list[tuple[int, str] | Exception]: ...
+                       progress: Progress) -> list[tuple[int, str] | Exception]:
+        """Default: each file hashed as it streams from :meth:`_open_read`; a failure is that file's result."""
+        def one(item: tuple[str, int | None]) -> tuple[int, str] | Exception:
+            try:
+                with self._open_read(item[0]) as fin:
+                    return hash_stream(fin, algorithm, progress)
+            except Exception as e:  # noqa: BLE001 - reported per file
+                return e
+
+        return self._each(one, items)
+
+    def _open_read(self, rel: str) -> contextlib.AbstractContextManager[Readable]:
+        """A binary file object for reading `rel` whole (for the default :meth:`_checksum_many`)."""
+        raise NotImplementedError(f"{type(self).__name__} reads whole files its own way")
 
     @abc.abstractmethod
     def _range_reader(self) -> RangeReader: ...

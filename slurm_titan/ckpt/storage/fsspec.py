@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
-from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
+from slurm_titan.ckpt.checksum import BlockHasher, Readable, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
 from slurm_titan.ckpt.storage.errors import open_local
@@ -144,22 +145,8 @@ class FsspecStore(Store):
 
         return self._each(one, items)
 
-    def _checksum_many(self, items: list[tuple[str, int | None]], algorithm: str,
-                       progress: Progress) -> list[tuple[int, str] | Exception]:
-        def one(item: tuple[str, int | None]) -> tuple[int, str] | Exception:
-            try:
-                h = new_hasher(algorithm)
-                size = 0
-                with self.fs.open(self.full(item[0]), "rb") as fin:
-                    while chunk := fin.read(_CHUNK):
-                        h.update(chunk)
-                        size += len(chunk)
-                        progress(len(chunk))
-                return size, h.hexdigest()
-            except Exception as e:  # noqa: BLE001 - reported per file
-                return e
-
-        return self._each(one, items)
+    def _open_read(self, rel: str) -> AbstractContextManager[Readable]:
+        return self.fs.open(self.full(rel), "rb")
 
     def _range_reader(self) -> RangeReader:
         return _CatReader(self)

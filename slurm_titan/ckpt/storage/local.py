@@ -18,7 +18,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-from slurm_titan.ckpt.checksum import BlockHasher, Hasher, hash_file, new_hasher
+from slurm_titan.ckpt.checksum import BlockHasher, Hasher, Readable, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
@@ -152,15 +152,8 @@ class LocalStore(Store):
 
         return self._each(one, items)
 
-    def _checksum_many(self, items: list[tuple[str, int | None]], algorithm: str,
-                       progress: Progress) -> list[tuple[int, str] | Exception]:
-        def one(item: tuple[str, int | None]) -> tuple[int, str] | Exception:
-            try:
-                return hash_file(self.full(item[0]), algorithm, progress)
-            except Exception as e:  # noqa: BLE001 - reported per file
-                return e
-
-        return self._each(one, items)
+    def _open_read(self, rel: str) -> contextlib.AbstractContextManager[Readable]:
+        return open(self.full(rel), "rb", buffering=0)  # noqa: SIM115 - the caller's with closes it
 
     def _range_reader(self) -> RangeReader:
         return _PreadReader(self)
