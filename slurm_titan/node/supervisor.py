@@ -171,7 +171,7 @@ class RankGroup:
             if all(code is not None for code in codes.values()):
                 return codes  # type: ignore[return-value]
             running = {rank for rank, code in codes.items() if code is None}
-            if self.watchdog and (late := self.watchdog.overdue(running)):
+            if self.watchdog and (late := self.watchdog.overdue({rank: self.processes[rank].pid for rank in running})):
                 return self._hung(late, running, on_hang)
             time.sleep(POLL_S)
         self._note_failure(failure)
@@ -183,7 +183,7 @@ class RankGroup:
     def _hung(self, late: list[int], running: set[int], on_hang: Callable[[Hang], None]) -> dict[int, int]:
         """Name the node's culprit at once (`on_hang` writes it down: srun may end this supervisor soon,
         when another node exits first), then dump the stacks, name it again with them, wait for the other
-        nodes' reports (Watchdog.wait_for_peers), kill the ranks."""
+        nodes' reports (Watchdog.wait_for_peers) unless the culprit is frozen, kill the ranks."""
         assert self.watchdog is not None
         now = time.time()
         pids = {rank: self.processes[rank].pid for rank in sorted(running)}
@@ -194,7 +194,8 @@ class RankGroup:
         on_hang(self.hang)
         self.hang = self.watchdog.investigate(pids, now)
         on_hang(self.hang)
-        self.watchdog.wait_for_peers()
+        if not self.hang.frozen:  # a frozen culprit is the strongest view there is: no other node's can change it
+            self.watchdog.wait_for_peers()
         self.kill()
         return {rank: process.wait() for rank, process in self.processes.items()}
 

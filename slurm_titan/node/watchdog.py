@@ -6,7 +6,9 @@ phase's budget (node.budgets). On a hang it dumps the stacks of every rank of th
 `<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
 uninterruptible sleep) first, then one that is not waiting in a collective, then the one whose last progress
 is the oldest. The supervisor then kills the ranks and reports the hang (ExitCode.HANG); attribution
-compares the hangs of all nodes with the same key.
+compares the hangs of all nodes with the same key. A rank seen frozen (stopped, or in uninterruptible sleep) at
+every poll of a step has a shorter budget (node.budgets), and a node whose culprit is frozen does not wait for
+the other nodes' views: none can be stronger.
 
 When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
 their nodes' watchdogs fire as well (same phase, nearly the same `since`), each reports its own view, and the
@@ -75,6 +77,7 @@ class Watchdog:
         self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
         self.learned = budgets.read_calibration(job_dir).slowest_step_s
         self.armed_at: float | None = None
+        self.frozen_since: dict[int, float] = {}  # rank -> the first of the calls of overdue() that saw it frozen
         now = time.time()
         for path in self.records.values():
             rank_progress.create(path, now)
@@ -92,17 +95,30 @@ class Watchdog:
     def read(self) -> dict[int, Progress]:
         return {rank: record for rank, path in self.records.items() if (record := rank_progress.read(path))}
 
-    def overdue(self, running: set[int], now: float | None = None) -> list[int]:
-        """The running ranks past their phase's budget; learns the slowest step on the way."""
+    def overdue(self, running: dict[int, int], now: float | None = None) -> list[int]:
+        """The running ranks (rank -> pid) past their phase's budget, or frozen past their frozen budget
+        (:meth:`Budgets.frozen_budget`: seen stopped or in uninterruptible sleep at every call since);
+        learns the slowest step on the way."""
         if self.armed_at is None:
             return []
         now = time.time() if now is None else now
+        for rank, pid in running.items():
+            if stacks.frozen(stacks.process_state(pid)):
+                self.frozen_since.setdefault(rank, now)
+            else:
+                self.frozen_since.pop(rank, None)
         progress = self.read()
         self._learn(max((p.slowest_step_s for p in progress.values()), default=0.0))
         late = []
         for rank, record in progress.items():
+            if rank not in running:
+                continue
+            since = max(record.since, self.armed_at)
             budget = self.limits.for_progress(record, self.learned)
-            if rank in running and budget is not None and now - max(record.since, self.armed_at) > budget:
+            frozen = self.limits.frozen_budget(record, self.learned)
+            if (budget is not None and now - since > budget) or (
+                    frozen is not None and rank in self.frozen_since
+                    and now - max(since, self.frozen_since[rank]) >= frozen):
                 late.append(rank)
         return late
 
@@ -131,8 +147,10 @@ class Watchdog:
         views = []
         for rank, state in states.items():
             record = progress.get(rank) or Progress(rank_progress.Phase.STARTUP, 0, self.armed_at or now)
+            budget = (rank in self.frozen_since and self.limits.frozen_budget(record, self.learned)) or (
+                self.limits.for_progress(record, self.learned) or 0.0)
             views.append(Hang(rank, record.step, record.phase.label, max(record.since, self.armed_at or 0.0), now,
-                              self.limits.for_progress(record, self.learned) or 0.0, state, stacks.frozen(state),
+                              budget, state, stacks.frozen(state),
                               stacks.in_collective(taken[rank]) if rank in taken else None))
         return min(views, key=lambda view: culprit_key(view.as_dict()))
 

@@ -13,7 +13,9 @@ Each fault kind runs once per repeat on configs/debug_cpu.yaml (2 nodes), inject
 Reported per fault: detection (fault -> the node log's first word of it), fault -> next trained step, the
 attempts and whether Slurm requeued. With --soak-minutes M, one job then trains for M minutes while a crash
 or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = distinct steps
-trained in the soak x the uninterrupted step time (the soak's own median step interval) / its wall time.
+trained in the soak x the uninterrupted time per step (the mean interval between consecutive steps of one
+attempt in the soak, its checkpoint saves included) / its wall time; `goodput_strict` takes the median interval
+instead, so that saves and the spread of step times count as lost as well.
 References (fault-tolerance-anchors): nvidia-resiliency-ext in-job restart ~1 min; MindCluster detection
 < 5 s + restart ~70 s.
 """
@@ -122,12 +124,23 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
              if start <= ln.t <= end and (m := STEP.match(ln.text))]
     trained = [step for step, _ in steps]
     distinct = len(set(trained))
-    # The uninterrupted step time, from this soak itself (the load of the machine drifts between jobs): the
-    # median interval between consecutive steps of one attempt; saves and recoveries count as lost time.
-    step_s = statistics.median(t1 - t0 for (s0, t0), (s1, t1) in zip(steps, steps[1:]) if s1 == s0 + 1)
+    per_step = uninterrupted_intervals(steps, [a.started for a in history.read_attempts(run.job_dir) if a.started])
+    wall = end - start
     return {"minutes": minutes, "faults": faults, "steps_trained": len(trained), "distinct_steps": distinct,
-            "steps_retrained": len(trained) - distinct, "step_s": rounded(step_s, 2),
-            "goodput": rounded(distinct * step_s / (end - start), 3)}
+            "steps_retrained": len(trained) - distinct, "step_s": rounded(statistics.mean(per_step), 3),
+            "median_step_s": rounded(statistics.median(per_step), 3),
+            "goodput": rounded(distinct * statistics.mean(per_step) / wall, 3),
+            "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3)}
+
+
+def uninterrupted_intervals(steps: list[tuple[int, float]], attempt_starts: list[float]) -> list[float]:
+    """The soak's own uninterrupted time per step (the machine's load drifts between jobs, so it is taken
+    from the soak itself): the intervals between consecutive steps of one attempt (none spanning an attempt's
+    start). Their mean is what an uninterrupted run of the job pays per step, its checkpoint saves included:
+    `goodput` = distinct steps x that mean / wall time. Their median leaves the saves and the spread of step
+    times out: `goodput_strict` counts them as lost too."""
+    return [t1 - t0 for (s0, t0), (s1, t1) in zip(steps, steps[1:])
+            if s1 == s0 + 1 and not any(t0 < started <= t1 for started in attempt_starts)]
 
 
 def one_repeat(bench: Bench, runs: list[Run], _index: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from tests.support.paths import REPO
 from tests.support.reports import node_report
 
 LIMITS = Budgets(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=60, step_factor=3, save_s=600,
-                 upload_s=1800, step_cap_s=1140)
+                 upload_s=1800, step_cap_s=1140, frozen_s=15)
 
 
 def test_budgets_per_phase() -> None:
@@ -37,6 +37,20 @@ def test_budgets_per_phase() -> None:
     assert LIMITS.for_progress(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=900.0), 0.0) == 1140  # cap
     assert [LIMITS.for_progress(Progress(phase, 5, 0.0), 0.0) for phase in
             (Phase.STARTUP, Phase.RESTORE, Phase.SAVE, Phase.UPLOAD, Phase.DONE)] == [900, 800, 600, 1800, None]
+
+
+def test_a_frozen_rank_has_a_shorter_budget_in_later_steps_only() -> None:
+    frozen = LIMITS.frozen_budget
+    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 0.0) == 15
+    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=10.0), 0.0) == 30  # 3 x the slowest
+    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 90  # = the step budget
+    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 150  # learned
+    assert frozen(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
+    assert [frozen(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
+                                                                Phase.UPLOAD, Phase.DONE)] == [None] * 5  # I/O
+    slow = Budgets(900, 800, 700, step_floor_s=10, step_factor=3, save_s=600, upload_s=1800, step_cap_s=1140,
+                   frozen_s=20)
+    assert slow.frozen_budget(Progress(Phase.STEP, 5, 0.0, steps_done=4), 0.0) == 10  # never past the step budget
 
 
 def test_calibration_survives_to_the_next_attempt(tmp_path: Path) -> None:
@@ -55,7 +69,7 @@ def test_the_watchdog_learns_and_the_next_attempt_starts_calibrated(tmp_path: Pa
     first.arm()
     writer._slowest = 40.0  # a slow step, without waiting 40 s
     writer.step_done(2)
-    assert first.overdue({0}) == []
+    assert first.overdue({0: os.getpid()}) == []
     first.close()
     messages: list[str] = []
     second = watchdog.Watchdog(LIMITS, [0], tmp_path, 1, learns=True, say=messages.append)
@@ -129,9 +143,9 @@ RANK = textwrap.dedent("""
 """)
 
 
-def _start_rank(dog: watchdog.Watchdog, rank: int) -> subprocess.Popen:
+def _start_rank(dog: watchdog.Watchdog, rank: int, program: str = RANK) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO)) | dog.rank_env(rank)
-    child = subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline() == "ready\n"
     return child
 
@@ -143,17 +157,18 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
         pytest.skip("py-spy is not installed here")
     if method == "faulthandler":
         monkeypatch.setattr(stacks, "py_spy", lambda: None)
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100)
+    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, frozen_s=100)
     said: list[str] = []
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=said.append)
     ranks = {rank: _start_rank(dog, rank) for rank in (0, 1)}
     try:
         dog.arm()
         time.sleep(0.5)
-        assert dog.overdue({0, 1}) == []  # both make progress
+        pids = {rank: child.pid for rank, child in ranks.items()}
+        assert dog.overdue(pids) == []  # both make progress
         os.kill(ranks[1].pid, signal.SIGSTOP)
         stopped_at = time.time()
-        while not (late := dog.overdue({0, 1})):
+        while not (late := dog.overdue(pids)):
             assert time.time() - stopped_at < 30, "the stopped rank was never found late"
             time.sleep(0.2)
         assert late == [1]
@@ -169,6 +184,35 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
     assert "train_forever" in text, text
     assert (tmp_path / "attempts" / "0" / "stacks" / "rank-0.txt").is_file()
     assert f"(by {method}" in said[-1] and (method == "py-spy" or "py-spy missing" in said[-1])
+
+
+def test_a_frozen_rank_is_hung_after_the_frozen_budget_a_sleeping_one_only_after_the_step_floor(
+        tmp_path: Path) -> None:
+    limits = Budgets(5, 5, 5, step_floor_s=60, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, frozen_s=1)
+    dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=lambda _: None)
+    sleeper = RANK.replace("train_forever()\n", "rank_progress.step_done(1)\ntime.sleep(600)\n")
+    ranks = {0: _start_rank(dog, 0, sleeper), 1: _start_rank(dog, 1)}  # 0: no progress, but sleeping (S)
+    pids = {rank: child.pid for rank, child in ranks.items()}
+    try:
+        dog.arm()
+        time.sleep(0.5)
+        assert dog.overdue(pids) == []
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped_at = time.time()
+        while not (late := dog.overdue(pids)):
+            assert time.time() - stopped_at < 30, "the frozen rank was never found late"
+            time.sleep(0.2)
+        assert late == [1]  # long before rank 0's 60 s floor
+        hang = dog.first_view(pids, time.time())
+        assert (hang.rank, hang.frozen, hang.budget_s) == (1, True, 1.0)
+        os.kill(pids[1], signal.SIGCONT)  # running again: its frozen time starts over
+        time.sleep(0.3)
+        assert dog.overdue(pids) == [] and dog.frozen_since == {}
+    finally:
+        for child in ranks.values():
+            child.kill()
+            child.wait()
+        dog.close()
 
 
 def test_the_faulthandler_fallback_is_registered_on_an_unused_signal() -> None:
@@ -221,17 +265,20 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
 
     rank_program = RANK.replace('print("ready", flush=True)',
                                 'import os, signal\nif os.environ["RANK"] == "3": os.kill(os.getpid(), signal.SIGSTOP)')
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100)
+    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, frozen_s=100)
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
     dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
                       tmp_path, watchdog=dog)
     seen: list[watchdog.Hang] = []
+    waited: list[bool] = []
+    dog.wait_for_peers = lambda: waited.append(True)  # type: ignore[method-assign]
     try:
         codes = group.wait(on_hang=seen.append)
     finally:
         dog.close()
     assert codes == {2: -signal.SIGKILL, 3: -signal.SIGKILL}
+    assert not waited  # its culprit is frozen: no other node's view could be stronger
     assert len(seen) == 2 and seen[0].rank == seen[1].rank == 3 == group.hang.rank  # said before the dump, then after
     assert (tmp_path / "attempts" / "0" / "stacks" / "rank-3.txt").is_file()
 
