@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, ClassVar, TextIO
 
+from slurm_titan import table
 from slurm_titan.cli.base import SubCommand, add_subcommands, run_chosen
 from slurm_titan.errors import ExitCode, StorageError
 
@@ -103,14 +104,10 @@ class ListCheckpoints(SubCommand):
         if not infos:
             print(f"no checkpoints at {store.location}")
             return 0
-        rows = [("STEP", "STATUS", "TIME (UTC)", "SIZE", "FILES", "WORLD", "WHERE")]
-        for i in infos:
-            rows.append((str(i.step), i.status, _when(i.time), human_bytes(i.size),
-                         "?" if i.files is None else str(i.files), "?" if i.world_size is None else str(i.world_size),
-                         i.where + (f"  ({i.detail})" if i.detail and not i.complete else "")))
-        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
-        for r in rows:
-            print("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+        print(table.render(("STEP", "STATUS", "TIME (UTC)", "SIZE", "FILES", "WORLD", "WHERE"), [
+            (str(i.step), i.status, _when(i.time), human_bytes(i.size), "?" if i.files is None else str(i.files),
+             "?" if i.world_size is None else str(i.world_size),
+             i.where + (f"  ({i.detail})" if i.detail and not i.complete else "")) for i in infos]))
         return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from slurm_titan import table
 from slurm_titan.errors import ExitCode, SlurmTitanError
 
 FAIL = "fail"
@@ -34,11 +35,7 @@ def failures(findings: Iterable[Finding]) -> list[Finding]:
 
 def format_table(findings: list[Finding]) -> str:
     """An aligned plain-text table with a header row, one line per finding."""
-    rows = [_COLUMNS, *((f.node, f.severity, f.check, f.found, f.expected) for f in findings)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return table.render(_COLUMNS, [(f.node, f.severity, f.check, f.found, f.expected) for f in findings], rule=True)
 
 
 class PreflightFailed(SlurmTitanError):

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from slurm_titan import table
 from slurm_titan.launch import goodput, status
 from slurm_titan.records import history, jobs, run_folder
 
@@ -65,12 +66,9 @@ def show(limit: int = 20, as_json: bool = False) -> int:
     if not rows:
         print("no jobs submitted from here yet")
         return 0
-    table = [("JOB", "NAME", "STATE", "STEP", "CHECKPOINT", "GOODPUT")]
-    table += [(r["job_id"], r["name"], r["state"], _dash(r["step"]), _dash(r["last_checkpoint"]),
-               "-" if r["goodput"] is None else f"{r['goodput'] * 100:.1f}%") for r in rows]
-    widths = [max(len(line[c]) for line in table) for c in range(len(table[0]))]
-    for line in table:
-        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+    print(table.render(("JOB", "NAME", "STATE", "STEP", "CHECKPOINT", "GOODPUT"), [
+        (r["job_id"], r["name"], r["state"], _dash(r["step"]), _dash(r["last_checkpoint"]),
+         "-" if r["goodput"] is None else f"{r['goodput'] * 100:.1f}%") for r in rows]))
     return 0
 
 

@@ -54,6 +54,7 @@ from torchtitan.models.common.attention import (
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import ComplexRoPE
 
+from slurm_titan import table
 from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.kernels import NpuKernels, torch_npu_kernels
 from slurm_titan.overrides.npu_attention import npu_fused_attention
@@ -382,14 +383,10 @@ def run_device_checks(target: Target, seed: int = 0, quick: bool = False) -> lis
 
 def format_table(results: Sequence[CheckResult]) -> str:
     """The results as an aligned text table."""
-    header = ("check", "dtype", "shape", "max error", "tolerance", "ok")
-    rows = [
+    return table.render(("check", "dtype", "shape", "max error", "tolerance", "ok"), [
         (r.check, r.dtype, r.shape, f"{r.max_error:.3g}", f"{r.tolerance:.3g}", "ok" if r.ok else f"FAIL {r.raised}")
         for r in results
-    ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows])
-    return "\n".join(line.rstrip() for line in lines)
+    ])
 
 
 def format_verdicts(results: Sequence[CheckResult]) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from slurm_titan import slurm
+from slurm_titan import slurm, table
 from slurm_titan.errors import ClusterError
 from slurm_titan.failure_kinds import HARDWARE, USER
 from slurm_titan.records import jobs
@@ -209,10 +209,7 @@ def show(cluster: str | None, as_json: bool = False) -> int:
     if not rows:
         print(f"no node failures recorded on cluster {name} ({path})")
         return 0
-    table = [("NODE", "FAILURES", "KINDS", "LAST SEEN", "EXCLUDED UNTIL")]
-    table += [(row.node, str(row.failures), ",".join(f"{kind}:{count}" for kind, count in sorted(row.kinds.items())),
-               _clock(row.last_seen), _clock(row.excluded_until)) for row in rows]
-    widths = [max(len(line[column]) for line in table) for column in range(len(table[0]))]
-    for line in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    print(table.render(("NODE", "FAILURES", "KINDS", "LAST SEEN", "EXCLUDED UNTIL"), [
+        (row.node, str(row.failures), ",".join(f"{kind}:{count}" for kind, count in sorted(row.kinds.items())),
+         _clock(row.last_seen), _clock(row.excluded_until)) for row in rows]))
     return 0
