@@ -47,7 +47,7 @@ def parse_line(line: bytes) -> RestoreVerdict | PlanRequest:
         if "plan" in message:
             return PlanRequest(**message["plan"])
         return RestoreVerdict(**message["verdict"])
-    except (KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"not a restore gate message: {line[:200]!r} ({e})") from None
 
 
@@ -65,8 +65,10 @@ def read_reads(path: str) -> Reads:
     try:
         with open(path, "rb") as f:
             answer = json.load(f)
-        if "error" in answer:
-            raise ValueError(str(answer["error"]))
-        return [(str(p), int(o), int(n)) for p, o, n in answer["reads"]]
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        error = answer.get("error")
+        reads = [] if error is not None else [(str(p), int(o), int(n)) for p, o, n in answer["reads"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: not a reads file ({e})") from None
+    if error is not None:
+        raise ValueError(str(error))
+    return reads

@@ -1,6 +1,7 @@
 """Restore at scale end to end: on 2 and 4 Slurm nodes each node fetches its share of the checkpoint
 (its ranks' files and only the ranges of other files its ranks' DCP load reads), the losses after
 the resume are the uninterrupted run's, a bad range in one node's share makes every node fall back.
+On another node count each node fetches what its new ranks' load reads (planned at the restore gate).
 Bytes fetched per node come from the node logs (the restore's transfer line), never from timings.
 
 Needs the supervisor to pass the node's ranks, node index and node count and a verdict folder of
@@ -87,7 +88,7 @@ def test_same_world_size_each_node_fetches_its_share_and_losses_match(run, s3_se
     assert sum(got for got, _ in fetched) < 1.5 * total
 
 
-def test_another_world_size_fetches_the_whole_checkpoint(run, s3_server: S3Server) -> None:
+def test_another_world_size_each_node_fetches_what_its_new_ranks_read(run, s3_server: S3Server) -> None:
     nodes, cli, job = run
     other = 4 if nodes == 2 else 2
     remote = _remote(cli, job)
@@ -96,9 +97,15 @@ def test_another_world_size_fetches_the_whole_checkpoint(run, s3_server: S3Serve
     resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={other}", "--set", "torchtitan.args.training.steps=12",
                          "--set", f"checkpoint.remote={only10}")
     assert cli.wait(resumed)["state"] == "COMPLETED"
+    total = _record(cli, remote, 10)["total_bytes"]
     for k in range(other):
         log = (job_dir(cli, resumed) / f"{resumed}_{k}_log.out").read_text()
-        assert "resharded by DCP" in log and not FETCHED.search(log)
+        assert "resharded by DCP" in log, f"node {k}"
+        m = FETCHED.search(log)
+        assert m, f"node {k} did not restore a share"
+        assert (int(m.group(1)), int(m.group(2))) == (k, k)  # one rank per node: the new world's rank k
+        got, of = int(m.group(3)), int(m.group(4))
+        assert of == total and got < total, f"node {k}"
     assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [11, 12]
 
 
