@@ -43,7 +43,7 @@ from slurm_titan.signals import ignore_signals, take_stop_signals
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
-PLAN_POLL_S = 0.05  # planning a load takes the ranks well under a second
+PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
 
 
 def say(message: str) -> None:
