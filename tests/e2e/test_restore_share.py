@@ -15,6 +15,7 @@ import re
 import pytest
 import s3fs
 
+from slurm_titan.ckpt.share import is_data, merged
 from tests.support.cli import Cli
 from tests.support.runs import job_dir, step_losses
 from tests.support.s3 import S3Server
@@ -83,9 +84,18 @@ def test_same_world_size_each_node_fetches_its_share_and_losses_match(run, s3_se
         assert of == total
         own = sizes[".metadata"] + sizes[f"__{k}_0.distcp"]  # one rank per node
         assert own <= got < total  # its own files and the ranges of others its load reads, never the whole
-    # today: nodes x total. The debug model's replicated items and .metadata are a large part of its
-    # checkpoint (measured here: 1.08x total/nodes per node on 2 nodes, 1.23x on 4)
+        assert got <= 1.02 * _read_bytes(record, k)  # what its rank's load reads, give or take block rounding
+    # today: nodes x total. Each node's share is more than total/nodes by what every rank's load reads: the
+    # debug model's replicated tensors (kept once, in one rank's file) and .metadata (1.08x total/nodes per
+    # node on 2 nodes, 1.23x on 4)
     assert sum(got for got, _ in fetched) < 1.5 * total
+
+
+def _read_bytes(record: dict, rank: int) -> int:
+    """The bytes the load of `rank` reads (its read map, overlaps counted once) and the files that are not DCP
+    data: the least a node of one rank can fetch."""
+    return sum(n for _, _, n in merged([tuple(r) for r in record["read_map"][rank]])) + sum(
+        f["size"] for f in record["files"] if not is_data(f["path"]))
 
 
 def test_another_world_size_each_node_fetches_what_its_new_ranks_read(run, s3_server: S3Server) -> None:
