@@ -124,7 +124,7 @@ def _inspect_step(store: Store, step: int, where: str) -> CheckpointInfo | None:
                               detail="no catalog entry")
     if receipts:
         detail = f"{len(receipts)} rank receipt(s); upload in progress or interrupted"
-    elif any(e.path == prefix + ".metadata" for e in data):
+    elif any(e.path == prefix + layout.DCP_METADATA for e in data):
         detail = "torchtitan checkpoint without a commit record"
     else:
         detail = "no commit record"

@@ -22,6 +22,9 @@ CATALOG_DIR = f"{META_DIR}/catalog"
 COMMIT_RECORD = f"{META_DIR}/commit.json"
 """The commit record's path inside a step folder (remote, or a restored local copy)."""
 
+DCP_METADATA = ".metadata"
+"""DCP's metadata file inside a step folder (what a load plans from)."""
+
 _STEP_DIR_RE = re.compile(r"^step-(\d+)$")
 _CATALOG_RE = re.compile(r"^step-(\d+)\.w(\d+)\.f(\d+)\.b(\d+)$")
 _RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")

@@ -242,7 +242,8 @@ class Manifest:
     read_map: list[list[Range]] | None = None
     """Per rank of the saving world size: the byte ranges (file, offset, length) that rank's DCP
     load reads, worked out by DCP's load planner on the saving rank (:mod:`slurm_titan.rank.dcp_plan`); None in
-    records without one (every node then fetches the whole checkpoint)."""
+    records without one (every node of the saving world size then fetches the whole checkpoint; on another
+    world size the loading ranks work out their reads at restore time: :mod:`.share`)."""
 
     @property
     def total_bytes(self) -> int:

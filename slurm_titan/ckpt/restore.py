@@ -18,6 +18,7 @@ step folders newer than the restored one that carry no commit record are moved a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -38,8 +39,8 @@ from slurm_titan.ckpt.catalog import (
 )
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
-from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range
+from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share, reads_share
 from slurm_titan.ckpt.storage import Store, open_store
 from slurm_titan.errors import StorageError
 
@@ -76,6 +77,12 @@ Ranks = list[int] | Callable[[int], list[int]]
 """Global ranks, or a function of the saving world size giving them (``ckpt restore --node K --nodes N``)."""
 
 
+Planner = Callable[[str], dict[int, list[Range]] | None]
+"""Given a folder holding a checkpoint's ``.metadata``: per rank of this node (of the world size that will load
+it), the byte ranges its DCP load reads, worked out by that rank (node.supervisor's ``RankGroup.plan``);
+None when some rank cannot tell (the whole checkpoint is then fetched)."""
+
+
 class Agreement(Protocol):
     """The nodes' verdict on each candidate checkpoint (:class:`.agree.NodeAgreement`)."""
 
@@ -90,10 +97,11 @@ class Agreement(Protocol):
 def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
                    progress: ByteProgress | None = None, ranks: list[int] | None = None,
-                   world_size: int | None = None, agree: Agreement | None = None) -> RestoreResult | None:
+                   world_size: int | None = None, agree: Agreement | None = None,
+                   planner: Planner | None = None) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
     of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``ranks``,
-    ``world_size``, ``agree``: see :func:`restore` (one node's share; one verdict for all).
+    ``world_size``, ``agree``, ``planner``: see :func:`restore` (one node's share; one verdict for all).
 
     Returns what was restored (step, world size, ...), or None when the remote holds no complete
     checkpoint (a fresh start; local uncommitted steps are then hidden too). Raises StorageError
@@ -103,7 +111,7 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
     infos = None if step is not None else list_checkpoints(store)
     if infos is None or newest_complete(infos) is not None:
         result = restore(store, local_folder, step=step, progress=progress, notify=lambda msg: log.warning("%s", msg),
-                         ranks=ranks, world_size=world_size, agree=agree, infos=infos)
+                         ranks=ranks, world_size=world_size, agree=agree, infos=infos, planner=planner)
         log.info("checkpoint step %d %s %s", result.step, "already in" if result.reused else "restored to",
                  result.path)
     hide_uncommitted(local_folder, newer_than=result.step if result else None)
@@ -133,7 +141,7 @@ def hide_uncommitted(local_folder: str, newer_than: int | None) -> list[str]:
 def restore(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
             notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
             world_size: int | None = None, agree: Agreement | None = None,
-            infos: list[CheckpointInfo] | None = None) -> RestoreResult:
+            infos: list[CheckpointInfo] | None = None, planner: Planner | None = None) -> RestoreResult:
     """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
 
     ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete
@@ -144,7 +152,9 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
 
     ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
     size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
-    (:mod:`.share`) when the record has a read map of that world size; else the whole checkpoint.
+    (:mod:`.share`) when the record has a read map of that world size. On another world size,
+    ``planner`` (the loading ranks) says what they read of each candidate, from its ``.metadata``
+    (fetched first); without one, or a record without a read map, the whole checkpoint is fetched.
     ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
     rejection anywhere is a fallback everywhere. ``infos``: the location's listing when the caller
     has one (:func:`.catalog.list_checkpoints`; None: list it).
@@ -167,7 +177,7 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
     for n, s in enumerate(candidates):
         fetched: _Fetched | None = None
         try:
-            fetched = _fetch(store, s, dest, progress, ranks, world_size)
+            fetched = _fetch(store, s, dest, progress, ranks, world_size, planner)
             why = ""
         except (CorruptCheckpoint, ManifestError) as e:
             why = str(e)
@@ -213,13 +223,14 @@ def _inside(base: str, rel: str) -> str:
     return path
 
 
-def _read_share(folder: str) -> Share | None:
+def _read_share(folder: str, m: Manifest) -> Share | None:
     path = os.path.join(folder, layout.META_DIR, SHARE_FILE)
     try:
         with open(path, "rb") as f:
-            return Share.from_json(f.read(), path)
+            share = Share.from_json(f.read(), path)
     except FileNotFoundError:
         return None
+    return share if share.world_size is not None else dataclasses.replace(share, world_size=m.world_size)
 
 
 def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
@@ -227,11 +238,13 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
     try:
         with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as record:
             local = Manifest.from_json(record.read(), step=m.step)
-        held = _read_share(folder)
+        held = _read_share(folder, m)
     except (OSError, StorageError):
         return False
     if {(f.path, f.size, f.checksum) for f in local.files} != {(f.path, f.size, f.checksum) for f in m.files}:
         return False
+    if share is not None and held is not None and held.world_size != share.world_size:
+        return False  # the share of other ranks' loads: fetched anew
     for f in m.files:
         whole = share is None or f.path in share.whole
         wanted = [] if share is None or whole else share.pieces(f)
@@ -274,7 +287,7 @@ def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
 def _clean_leftovers(dest: str) -> None:
     """Remove temporary folders of restores that were killed (their process is gone)."""
     for name in os.listdir(dest):
-        if not name.startswith((".restoring-", ".replaced-")):
+        if not name.startswith((".restoring-", ".replaced-", ".planning-")):
             continue
         try:
             pid = int(name.rsplit("-", 1)[1])
@@ -326,13 +339,16 @@ class _Fetched:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _wanted_share(store: Store, m: Manifest, ranks: Ranks | None, world_size: int | None) -> Share | None:
-    if ranks is None:
-        return None
+def _wanted_share(store: Store, m: Manifest, dest: str, ranks: Ranks | None, world_size: int | None,
+                  planner: Planner | None) -> Share | None:
     where = store.url(layout.commit_path(m.step))
     if world_size is not None and world_size != m.world_size:
+        if planner is not None:
+            return _planned_share(store, m, dest, world_size, planner)
         log.info("checkpoint step %d was saved by %d ranks, loaded by %d: fetching all of it", m.step,
                  m.world_size, world_size)
+        return None
+    if ranks is None:
         return None
     if callable(ranks):
         try:
@@ -346,24 +362,61 @@ def _wanted_share(store: Store, m: Manifest, ranks: Ranks | None, world_size: in
     return share
 
 
+def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planner: Planner) -> Share | None:
+    """The share of the node's ranks of another world size than the save's: its ``.metadata`` is fetched
+    (verified) into a folder torchtitan does not pick up, and the ranks work out what their load reads of it."""
+    bad = check_listing(store, m)
+    if bad:
+        raise CorruptCheckpoint(_describe_bad(store, m.step, bad), bad)
+    meta = next((f for f in m.files if f.path == layout.DCP_METADATA), None)
+    if meta is None:
+        raise ManifestError(f"{store.url(layout.commit_path(m.step))}: no {layout.DCP_METADATA} in the record")
+    folder = os.path.join(dest, f".planning-{m.step}-{os.getpid()}")  # no "step-N" in it, as for .restoring-
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    try:
+        local = os.path.join(folder, meta.path)
+        [(size, digest)] = store.download_many([(f"{layout.step_dir(m.step)}/{meta.path}", local, meta.size)],
+                                               None, m.algorithm)
+        why = _download_problem(local, meta, size, digest, m.algorithm)
+        if why:
+            raise CorruptCheckpoint(_describe_bad(store, m.step, [(meta.path, why)]), [(meta.path, why)])
+        reads = planner(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if reads is None:
+        log.info("checkpoint step %d: the ranks could not tell what their load reads: fetching all of it", m.step)
+        return None
+    return reads_share(m, reads, world_size, store.url(layout.commit_path(m.step)))
+
+
+def _download_problem(path: str, f: FileEntry, size: int, digest: str, algorithm: str) -> str:
+    """Why a downloaded file (``size`` bytes read, checksum ``digest``) is bad; "" when it is not."""
+    if size != f.size:
+        return f"truncated: read {size} bytes, expected {f.size}"
+    return _bad_blocks(path, f, algorithm) if digest != f.checksum else ""
+
+
 def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: Ranks | None,
-           world_size: int | None) -> _Fetched:
+           world_size: int | None, planner: Planner | None) -> _Fetched:
     m = read_manifest(store, step)
-    share = _wanted_share(store, m, ranks, world_size)
     dest = os.path.abspath(dest)
+    share = _wanted_share(store, m, dest, ranks, world_size, planner)
     final = os.path.join(dest, layout.step_dir(step))
-    held = _read_share(final) if share is not None and os.path.isdir(final) else None
-    if share is not None and held is not None and not set(share.ranks) <= set(held.ranks):
+    held = _read_share(final, m) if share is not None and os.path.isdir(final) else None
+    if (share is not None and held is not None and held.world_size == share.world_size
+            and not set(share.ranks) <= set(held.ranks)):
         # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
-        # ranks may be loading from it: the new copy holds both shares
-        share = node_share(m, sorted(set(share.ranks) | set(held.ranks)), store.url(layout.commit_path(step)))
+        # ranks may be loading from it: the new copy holds both shares (a share of another world size
+        # is of no rank that loads now)
+        share = share.joined(held, m)
     need = m.total_bytes if share is None else share.nbytes(m)
     if os.path.isdir(final) and _local_copy_ok(final, m, share):
         log.info("checkpoint step %d is already intact in %s", step, final)
         if progress:
             progress(need, need)
         return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, reused=True,
-                                      share=_read_share(final)), None)
+                                      share=_read_share(final, m)), None)
     bad = check_listing(store, m)
     if bad:
         raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
@@ -383,12 +436,8 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
         items: list[tuple[str, str, int | None]] = [
             (f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
         results = store.download_many(items, counter.add, m.algorithm)
-        bad = []
-        for f, (size, digest) in zip(whole, results):
-            if size != f.size:
-                bad.append((f.path, f"truncated: read {size} bytes, expected {f.size}"))
-            elif digest != f.checksum:
-                bad.append((f.path, _bad_blocks(_inside(tmp, f.path), f, m.algorithm)))
+        bad = [(f.path, why) for f, (size, digest) in zip(whole, results)
+               if (why := _download_problem(_inside(tmp, f.path), f, size, digest, m.algorithm))]
         if share is not None:
             partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
             parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size, share.pieces(f))
@@ -408,8 +457,8 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    parts_txt = "" if share is None else (f" for ranks {_ranks_text(share.ranks)}: {len(share.whole)} file(s) whole, "
-                                          f"{len(share.blocks)} in part")
+    parts_txt = "" if share is None else (f" for ranks {_ranks_text(share.ranks)} of {share.world_size}: "
+                                          f"{len(share.whole)} file(s) whole, {len(share.blocks)} in part")
     log.info("checkpoint step %d: fetched %d of %d bytes%s", step, need, m.total_bytes, parts_txt)
     return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, fetched=need, share=share), tmp)
 

@@ -1,15 +1,18 @@
 """A node's share of a checkpoint: the files and blocks its ranks' DCP load reads (torch-free).
 
-The commit record's read map (:attr:`.manifest.Manifest.read_map`) says, per rank of the saving
-world size, which byte ranges that rank's load reads; DCP's load planner worked them out on the
-saving rank (:mod:`slurm_titan.rank.dcp_plan`). On the same world size a node needs only the union of its ranks'
-ranges, each widened to the blocks that cover it (a block is the unit the record has a checksum
-for). Files that are not DCP data (``.metadata``, anything torchtitan adds) are always fetched
-whole, and so is a data file read in part whose record has no block checksums.
+On the world size that saved it, the commit record's read map (:attr:`.manifest.Manifest.read_map`)
+says, per rank, which byte ranges that rank's load reads; DCP's load planner worked them out on the
+saving rank (:mod:`slurm_titan.rank.dcp_plan`). On another world size the node's new ranks work
+them out with the same planner at restore time, from the candidate's ``.metadata`` (asked through
+their gate: node.restore). Either way a node needs only the union of its ranks' ranges, each widened
+to the blocks that cover it (a block is the unit the record has a checksum for): :func:`reads_share`.
+Files that are not DCP data (``.metadata``, anything torchtitan adds) are always fetched whole, and
+so is a data file read in part whose record has no block checksums.
 
-The restored step folder records what it holds in ``.slurm-titan/share.json``; the blocks not
-fetched are holes in sparse files, at the offsets DCP's FileSystemReader reads, and the rank's
-checkpointer checks its own load plan against that record before torchtitan loads.
+The restored step folder records what it holds, and for which ranks of which world size, in
+``.slurm-titan/share.json``; the blocks not fetched are holes in sparse files, at the offsets DCP's
+FileSystemReader reads, and the rank's checkpointer checks its own load plan against that record
+before torchtitan loads.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class Share:
     """Files fetched in part: the blocks fetched (the rest are holes)."""
     spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     """Files fetched in part: the spans (offset, length) fetched outside those blocks."""
+    world_size: int | None = None
+    """The world size ``ranks`` belong to (None in records written before shares of another world size
+    than the save's: the saving one)."""
 
     def pieces(self, f: FileEntry) -> list[tuple[int, int, str]]:
         """(offset, length, checksum) of what this share holds of a file fetched in part."""
@@ -55,8 +61,21 @@ class Share:
             return True
         return bool(self.blocks.get(path)) and set(f.covering_blocks(offset, length)) <= set(self.blocks[path])
 
+    def joined(self, other: Share, m: Manifest) -> Share:
+        """One share holding what this one and ``other`` (of ranks of the same world size) hold."""
+        wanted: dict[str, set[int]] = {}
+        spans: dict[str, set[tuple[int, int]]] = {}
+        for share in (self, other):
+            for f in m.files:
+                blocks = set(range(len(f.blocks))) if f.path in share.whole else set(share.blocks.get(f.path, ()))
+                if blocks or f.path in share.whole or f.path in share.spans:
+                    wanted.setdefault(f.path, set()).update(blocks)
+                    spans.setdefault(f.path, set()).update(share.spans.get(f.path, ()))
+        ranks = sorted(set(self.ranks) | set(other.ranks))
+        return _normalized(m, Share(ranks, world_size=self.world_size), wanted, spans)
+
     def to_json(self) -> bytes:
-        return (json.dumps({"ranks": self.ranks, "whole": sorted(self.whole),
+        return (json.dumps({"ranks": self.ranks, "world_size": self.world_size, "whole": sorted(self.whole),
                             "blocks": {p: b for p, b in sorted(self.blocks.items())},
                             "spans": {p: [list(s) for s in v] for p, v in sorted(self.spans.items())}},
                            indent=1) + "\n").encode()
@@ -65,9 +84,11 @@ class Share:
     def from_json(cls, data: bytes, where: str) -> Share:
         try:
             obj = json.loads(data)
+            world = obj.get("world_size")
             return cls([int(r) for r in obj["ranks"]], [str(p) for p in obj["whole"]],
                        {str(p): [int(b) for b in bs] for p, bs in obj["blocks"].items()},
-                       {str(p): [(int(o), int(n)) for o, n in v] for p, v in obj.get("spans", {}).items()})
+                       {str(p): [(int(o), int(n)) for o, n in v] for p, v in obj.get("spans", {}).items()},
+                       None if world is None else int(world))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ManifestError(f"{where}: not a share record ({e})") from None
 
@@ -88,19 +109,25 @@ def node_ranks(node: int, nodes: int, world_size: int) -> list[int]:
 
 
 def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
-    """The share of ``ranks`` (ranks of the saving world size), or None when the record has no
-    read map (the whole checkpoint is needed). StorageError (one line) for a rank outside the
-    world size; ManifestError for a read of a file missing from the record or outside its file."""
+    """The share of ``ranks`` (ranks of the saving world size) from the record's read map, or None when
+    the record has none (the whole checkpoint is needed). StorageError (one line) for a rank outside the
+    world size; ManifestError as :func:`reads_share`."""
     if m.read_map is None:
         return None
     bad = [r for r in ranks if not 0 <= r < m.world_size]
     if bad:
         raise StorageError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
+    return reads_share(m, {r: m.read_map[r] for r in ranks}, m.world_size, where)
+
+
+def reads_share(m: Manifest, reads: dict[int, list[Range]], world_size: int, where: str) -> Share:
+    """The share of the ranks (of ``world_size``) whose DCP loads read ``reads`` (per rank). ManifestError
+    for a read of a file missing from the record or outside its file."""
     files = {f.path: f for f in m.files}
     wanted: dict[str, set[int]] = {}
     spans: dict[str, set[tuple[int, int]]] = {}
-    for r in ranks:
-        for path, off, length in m.read_map[r]:
+    for r, ranges in reads.items():
+        for path, off, length in ranges:
             f = files.get(path)
             if f is None:
                 raise ManifestError(f"{where}: rank {r} reads bytes {off}-{off + length} of {path}, a file "
@@ -113,7 +140,14 @@ def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
                 wanted[path] = set(range(len(f.blocks)))
             else:
                 wanted.setdefault(path, set()).update(f.covering_blocks(off, length, where))
-    share = Share(sorted(ranks))
+    return _normalized(m, Share(sorted(reads), world_size=world_size), wanted, spans)
+
+
+def _normalized(m: Manifest, share: Share, wanted: dict[str, set[int]],
+                spans: dict[str, set[tuple[int, int]]]) -> Share:
+    """``share`` filled with the files its ranks read (``wanted``: the blocks of each, ``spans``: items
+    fetched exactly): whole where that is all of a file (or it is not DCP data, or has no block
+    checksums), blocks and the spans outside them otherwise."""
     for f in m.files:
         blocks = wanted.get(f.path)
         if not is_data(f.path) or (blocks is not None and (not f.block_size or len(blocks) == len(f.blocks))):

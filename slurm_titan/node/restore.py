@@ -10,6 +10,9 @@ position; with `checkpoint.on_world_size_change: restart_data` the data restarts
 The supervisor starts the ranks first and restores while they import torch and build the model:
 each rank's checkpoint hook waits at rank.restore_gate (a pipe from the supervisor) before
 torchtitan looks at the folder, and takes the restore's verdict (records.restore_verdict) from it.
+On another world size than the save's the node's ranks first answer, at that gate, which byte ranges
+their load of the candidate reads (DCP's planner on their state dicts and its `.metadata`), and the
+node fetches only those.
 """
 
 from __future__ import annotations
@@ -17,21 +20,28 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_titan.node.spec import CheckpointPlan
 from slurm_titan.records.restore_verdict import RestoreVerdict
 
+if TYPE_CHECKING:
+    from slurm_titan.ckpt.restore import Planner
+
 
 def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
             ranks: list[int] | None = None, node: int = 0, nodes: int = 1,
-            verdicts: str | os.PathLike | None = None) -> RestoreVerdict:
+            verdicts: str | os.PathLike | None = None,
+            planner: Planner | None = None) -> RestoreVerdict:
     """Restore what this node needs; returns what the ranks' checkpoint hook must know of it.
     Raises StorageError (one line) when the remote location cannot be reached.
 
     ``ranks``: this node's global ranks: on the world size that saved the checkpoint only their
-    share is fetched (whole checkpoint otherwise, or without them). ``verdicts``: a folder of the
-    job attempt on the shared filesystem through which the ``nodes`` nodes agree on each
-    candidate before any rank loads it (:class:`slurm_titan.ckpt.agree.NodeAgreement`)."""
+    share is fetched (whole checkpoint otherwise, or without them). ``planner``: on another world
+    size, what these ranks' loads read of a candidate (the supervisor's ``RankGroup.plan``): only
+    that is fetched (the whole checkpoint without it). ``verdicts``: a folder of the job attempt on
+    the shared filesystem through which the ``nodes`` nodes agree on each candidate before any rank
+    loads it (:class:`slurm_titan.ckpt.agree.NodeAgreement`)."""
     remote = plan.remote_for(job_id)
     if not remote:
         return RestoreVerdict()
@@ -43,7 +53,7 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         restored = prepare_resume(remote, local, endpoint_url=plan.endpoint_url, ranks=ranks, world_size=world_size,
-                                  agree=agree)
+                                  agree=agree, planner=planner)
     if restored is None:
         say(f"no complete checkpoint in {remote}: training starts at step 1")
         return RestoreVerdict()

@@ -38,11 +38,12 @@ from slurm_titan.node import batch_host, rendezvous, restore
 from slurm_titan.node.spec import NodeSpec
 from slurm_titan.node.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
-from slurm_titan.records.restore_verdict import RestoreVerdict
+from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
 from slurm_titan.signals import ignore_signals, take_stop_signals
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
+PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
 
 
 def say(message: str) -> None:
@@ -60,8 +61,9 @@ def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
 
 class RankGroup:
     """The training processes of this node. With `gated`, each rank's checkpoint hook waits on a
-    pipe (rank.restore_gate) until :meth:`release` says how the node's restore went. With a
-    `watchdog`, :meth:`wait` also ends on a hang (from the release on, or from the start ungated)."""
+    pipe (rank.restore_gate) until :meth:`release` says how the node's restore went; meanwhile
+    :meth:`plan` may ask it what its load reads. With a `watchdog`, :meth:`wait` also ends on a hang
+    (from the release on, or from the start ungated)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, job_dir: Path,
                  gated: bool = False, watchdog: Watchdog | None = None) -> None:
@@ -69,7 +71,8 @@ class RankGroup:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
         self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
-        self.gates: list[int] = []  # write ends of the ranks' pipes
+        self.gates: dict[int, int] = {}  # write ends of the ranks' pipes, by rank
+        self.gate_lock = threading.Lock()  # the restore's thread plans, the supervisor's may release
         self.watchdog = watchdog
         self.hang: Hang | None = None  # the hang that ended wait(), once the watchdog saw one
         for local_rank in range(rdzv.procs_per_node):
@@ -80,7 +83,7 @@ class RankGroup:
             gate = os.pipe() if gated else None
             if gate:
                 rank_env[envvars.RESTORE_FD] = str(gate[0])
-                self.gates.append(gate[1])
+                self.gates[rank] = gate[1]
             with run_folder.rank_log(job_dir, rank).open("ab") as log:
                 self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
                                                         preexec_fn=ignore_signals, pass_fds=gate[:1] if gate else ())
@@ -99,14 +102,54 @@ class RankGroup:
     def release(self, verdict: RestoreVerdict | None) -> None:
         """Let the ranks go on: with the restore's verdict, or with None when it failed (each rank
         then stops with an error at its gate)."""
-        data = verdict.to_bytes() if verdict is not None else b""
-        for fd in self.gates:
-            with contextlib.suppress(BrokenPipeError):  # that rank has exited already
-                os.write(fd, data)
-            os.close(fd)
-        self.gates.clear()
+        data = verdict.to_line() if verdict is not None else b""
+        with self.gate_lock:
+            for fd in self.gates.values():
+                with contextlib.suppress(BrokenPipeError):  # that rank has exited already
+                    os.write(fd, data)
+                os.close(fd)
+            self.gates.clear()
         if self.watchdog:
             self.watchdog.arm()
+
+    def plan(self, folder: str) -> dict[int, Reads] | None:
+        """Ask every rank, at its gate, which byte ranges its DCP load reads of the checkpoint whose
+        `.metadata` is in `folder` (saved by another world size), and wait for every answer (each rank
+        writes `folder/reads-R.json`). None, with a line saying why, when some rank cannot tell: it
+        failed to plan, exited, was released meanwhile, or has not answered within the watchdog's
+        start-up budget (a rank that hangs before its gate: the whole checkpoint is fetched, and the
+        watchdog, armed at the release, sees the hang as without a plan)."""
+        with self.gate_lock:
+            if not self.gates:
+                return None
+            paths = {rank: os.path.join(folder, f"reads-{rank}.json") for rank in self.gates}
+            for rank, fd in self.gates.items():
+                with contextlib.suppress(BrokenPipeError):  # that rank has exited: seen below
+                    os.write(fd, PlanRequest(folder, paths[rank]).to_line())
+        deadline = time.monotonic() + self.watchdog.limits.startup_s if self.watchdog else None
+        reads: dict[int, Reads] = {}
+        while True:
+            for rank, path in paths.items():
+                if rank not in reads and os.path.exists(path):
+                    try:
+                        reads[rank] = read_reads(path)
+                    except ValueError as error:
+                        say(f"rank {rank} cannot tell what its checkpoint load reads ({error}): fetching all of it")
+                        return None
+            if len(reads) == len(paths):
+                return reads
+            exited = [rank for rank, code in self.poll().items() if code is not None and rank not in reads]
+            if exited:
+                why = f"rank {exited[0]} exited"
+            elif not self.gates:
+                why = "the ranks were released"
+            elif deadline is not None and time.monotonic() > deadline:
+                why = f"ranks {sorted(set(paths) - set(reads))} did not answer within the start-up budget"
+            else:
+                time.sleep(PLAN_POLL_S)
+                continue
+            say(f"{why} before every rank said what its checkpoint load reads: fetching all of it")
+            return None
 
     def release_after(self, restore: Callable[[], RestoreVerdict]) -> None:
         """Run `restore` (in a thread) while the ranks start, then :meth:`release` them with its
@@ -289,8 +332,9 @@ class NodeSupervisor:
         self._finish(report, code, rank_codes, self.ranks.failed_first, hang)
 
     def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path) -> None:
-        """Restore this node's share of the newest complete checkpoint (its ranks' reads), agreeing with the
-        other nodes through `verdicts` (the attempt's folder) before any rank loads it."""
+        """Restore this node's share of the newest complete checkpoint (its ranks' reads: from the commit
+        record, or from the ranks themselves on another world size), agreeing with the other nodes through
+        `verdicts` (the attempt's folder) before any rank loads it."""
         checkpoint, ranks = self.spec.checkpoint, self.ranks
         assert checkpoint is not None and ranks is not None
         local = self.spec.fill(checkpoint.local, job_id)
@@ -299,7 +343,7 @@ class NodeSupervisor:
         try:  # a failed restore kills the ranks: they have trained nothing yet
             ranks.release_after(lambda: restore.restore(checkpoint, local, job_id, rdzv.world_size, say,
                                                        ranks=node_ranks, node=rdzv.node_rank, nodes=rdzv.num_nodes,
-                                                       verdicts=verdicts))
+                                                       verdicts=verdicts, planner=ranks.plan))
         except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: checkpoint restore: {error}")
             self._finish(report, ExitCode.STORAGE_UNREACHABLE, {})

@@ -34,13 +34,14 @@ from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
 
 from slurm_titan import envvars
+from slurm_titan.ckpt.manifest import Range
 from slurm_titan.ckpt.storage import TransferConfig
 from slurm_titan.ckpt.upload import Uploader
 from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.rank import preemption, progress
-from slurm_titan.rank.dcp_plan import check_share, load_reads, small_items
+from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
 from slurm_titan.rank.restore_gate import wait_for_restore
 from slurm_titan.records import rank_progress
 from slurm_titan.records.rank_progress import Phase
@@ -73,16 +74,18 @@ class SyncedCheckpointManager(CheckpointManager):
     exclude_from_loading: list[str]  # set by torchtitan's __init__, from its config
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
-        verdict = wait_for_restore()  # the node restores the checkpoint folder while the model is built
-        rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
         self.sync: Uploader | None = None
         self._sync_closed = False
         self._force_save = False
         self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
-        super().__init__(config, **kwargs)
-        resharding = getattr(self.states.get(DATALOADER), "reshards", False)  # overrides.resharding_loader
-        if verdict and verdict.world_size_changed and not resharding and DATALOADER not in self.exclude_from_loading:
-            self.exclude_from_loading = [*self.exclude_from_loading, DATALOADER]
+        super().__init__(config, **kwargs)  # reads nothing of the checkpoint folder
+        # the node restores the checkpoint folder while the model is built; on another world size it first
+        # asks what this rank's load will read (torchtitan's states to load exist from here on)
+        verdict = wait_for_restore(self._plan_load)
+        rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
+        excluded = self._resharded_exclusions() if verdict and verdict.world_size_changed else None
+        if excluded is not None and excluded != self.exclude_from_loading:
+            self.exclude_from_loading = excluded
             logger.warning("slurm-titan: the world size changed since the checkpoint was saved: model and optimizer "
                            "are resharded; the data loader state is NOT loaded (data restarts from the beginning)")
         if not self.enable or self.load_only:
@@ -109,6 +112,26 @@ class SyncedCheckpointManager(CheckpointManager):
         log.info("checkpoints of %s are uploaded to %s in the background by process %d (keep %s local, %s remote; "
                  "on %s)", self.folder, uploader.location, uploader.pid, keep_local or "all",
                  settings.keep_remote or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
+
+    def _resharded_exclusions(self) -> list[str]:
+        """What torchtitan must not load of a checkpoint saved by another world size: its
+        ``exclude_from_loading`` and the data loader, unless that reshards its position
+        (overrides.resharding_loader)."""
+        resharding = getattr(self.states.get(DATALOADER), "reshards", False)
+        if resharding or DATALOADER in self.exclude_from_loading:
+            return self.exclude_from_loading
+        return [*self.exclude_from_loading, DATALOADER]
+
+    def _plan_load(self, folder: str) -> list[Range]:
+        """The byte ranges this rank's load reads of the checkpoint whose ``.metadata`` is in ``folder``, saved
+        by another world size (the node's restore asks at the gate): DCP's planner on the states that
+        torchtitan's ``_load`` will hand to :meth:`dcp_load`."""
+        kept, self.exclude_from_loading = self.exclude_from_loading, self._resharded_exclusions()
+        try:
+            states = self._states_to_load(model_only=False)
+        finally:
+            self.exclude_from_loading = kept
+        return folder_reads(states, folder)
 
     # -- preemption: every step boundary -------------------------------------------------
     def save(self, curr_step: int, last_step: bool = False) -> bool:

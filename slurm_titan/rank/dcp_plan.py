@@ -8,14 +8,16 @@ names (``relative_path``, ``offset``, ``length``: a whole saved chunk, narrowed 
 ``read_data``). :func:`load_reads` runs the same calls without reading anything. Run on the
 saving rank right after its save, with the state dict it saved and the metadata DCP returned,
 it says which ranges that rank's load on the same world size reads: the read map of the
-commit record (:mod:`.share`).
+commit record (:mod:`.share`). On another world size the loading ranks run it at restore time, on the
+state dict they will load and the candidate's metadata (:func:`folder_reads`, asked by the node's
+restore through rank.restore_gate).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch.distributed.checkpoint import DefaultLoadPlanner, Metadata
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, Metadata
 from torch.distributed.checkpoint.stateful import Stateful
 
 from slurm_titan.ckpt import layout
@@ -35,6 +37,11 @@ def load_reads(state_dict: dict[str, Any], metadata: Metadata) -> list[Range]:
         info = metadata.storage_data[item.storage_index]
         out.append((info.relative_path, int(info.offset), int(info.length)))
     return merged(out)
+
+
+def folder_reads(state_dict: dict[str, Any], folder: str) -> list[Range]:
+    """:func:`load_reads` of the checkpoint whose ``.metadata`` is in ``folder``."""
+    return load_reads(state_dict, FileSystemReader(folder).read_metadata())
 
 
 def small_items(metadata: Metadata, rank: int, limit: int) -> dict[str, list[tuple[int, int]]]:
@@ -57,8 +64,6 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
     range) otherwise, so that a hole of a sparse file is never loaded as zeros."""
     import os
 
-    from torch.distributed.checkpoint import FileSystemReader
-
     from slurm_titan.ckpt.manifest import Manifest
     from slurm_titan.ckpt.share import SHARE_FILE, Share
     from slurm_titan.errors import StorageError
@@ -71,12 +76,13 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
         return  # the whole checkpoint is here
     with open(os.path.join(checkpoint_dir, layout.COMMIT_RECORD), "rb") as f:
         m = Manifest.from_json(f.read(), where=checkpoint_dir)
-    reads = load_reads(state_dict, FileSystemReader(checkpoint_dir).read_metadata())
+    reads = folder_reads(state_dict, checkpoint_dir)
+    of = f" of world size {share.world_size}" if share.world_size else ""
     for path, off, length in reads:
         known = any(f.path == path for f in m.files)
         if not known or not share.covers(m, path, off, length):
             raise StorageError(
                 f"{checkpoint_dir}: this rank's load reads bytes {off}-{off + length} of {path}, "
                 + ("a file missing from the commit record" if not known else
-                   f"which this node did not fetch (it holds the share of ranks {share.ranks})")
+                   f"which this node did not fetch (it holds the share of ranks {share.ranks}{of})")
                 + ": refusing to load")

@@ -1,6 +1,7 @@
 """Restore at scale end to end: on 2 and 4 Slurm nodes each node fetches its share of the checkpoint
 (its ranks' files and only the ranges of other files its ranks' DCP load reads), the losses after
 the resume are the uninterrupted run's, a bad range in one node's share makes every node fall back.
+On another node count each node fetches what its new ranks' load reads (planned at the restore gate).
 Bytes fetched per node come from the node logs (the restore's transfer line), never from timings.
 
 Needs the supervisor to pass the node's ranks, node index and node count and a verdict folder of
@@ -14,6 +15,7 @@ import re
 import pytest
 import s3fs
 
+from slurm_titan.ckpt.share import is_data, merged
 from tests.support.cli import Cli
 from tests.support.runs import job_dir, step_losses
 from tests.support.s3 import S3Server
@@ -82,12 +84,21 @@ def test_same_world_size_each_node_fetches_its_share_and_losses_match(run, s3_se
         assert of == total
         own = sizes[".metadata"] + sizes[f"__{k}_0.distcp"]  # one rank per node
         assert own <= got < total  # its own files and the ranges of others its load reads, never the whole
-    # today: nodes x total. The debug model's replicated items and .metadata are a large part of its
-    # checkpoint (measured here: 1.08x total/nodes per node on 2 nodes, 1.23x on 4)
+        assert got <= 1.02 * _read_bytes(record, k)  # what its rank's load reads, give or take block rounding
+    # today: nodes x total. Each node's share is more than total/nodes by what every rank's load reads: the
+    # debug model's replicated tensors (kept once, in one rank's file) and .metadata (1.08x total/nodes per
+    # node on 2 nodes, 1.23x on 4)
     assert sum(got for got, _ in fetched) < 1.5 * total
 
 
-def test_another_world_size_fetches_the_whole_checkpoint(run, s3_server: S3Server) -> None:
+def _read_bytes(record: dict, rank: int) -> int:
+    """The bytes the load of `rank` reads (its read map, overlaps counted once) and the files that are not DCP
+    data: the least a node of one rank can fetch."""
+    return sum(n for _, _, n in merged([tuple(r) for r in record["read_map"][rank]])) + sum(
+        f["size"] for f in record["files"] if not is_data(f["path"]))
+
+
+def test_another_world_size_each_node_fetches_what_its_new_ranks_read(run, s3_server: S3Server) -> None:
     nodes, cli, job = run
     other = 4 if nodes == 2 else 2
     remote = _remote(cli, job)
@@ -96,9 +107,15 @@ def test_another_world_size_fetches_the_whole_checkpoint(run, s3_server: S3Serve
     resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={other}", "--set", "torchtitan.args.training.steps=12",
                          "--set", f"checkpoint.remote={only10}")
     assert cli.wait(resumed)["state"] == "COMPLETED"
+    total = _record(cli, remote, 10)["total_bytes"]
     for k in range(other):
         log = (job_dir(cli, resumed) / f"{resumed}_{k}_log.out").read_text()
-        assert "resharded by DCP" in log and not FETCHED.search(log)
+        assert "resharded by DCP" in log, f"node {k}"
+        m = FETCHED.search(log)
+        assert m, f"node {k} did not restore a share"
+        assert (int(m.group(1)), int(m.group(2))) == (k, k)  # one rank per node: the new world's rank k
+        got, of = int(m.group(3)), int(m.group(4))
+        assert of == total and got < total, f"node {k}"
     assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [11, 12]
 
 

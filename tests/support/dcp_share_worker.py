@@ -1,7 +1,10 @@
 """One rank of the DCP share tests (tests/integration/ckpt/test_dcp_share.py): ``save`` a small sharded state
 with DCP (gloo, CPU) and upload it with its read map; ``load`` it back from a node's share and from
-the whole checkpoint and write what was loaded. Run as ``python -m tests.support.dcp_share_worker save|load ...``
-with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set."""
+the whole checkpoint and write what was loaded; ``reshard``: the same load on another world size than the
+save's (``SAVED_WORLD``), as a rank of a gated RankGroup: answer the node's plan requests at the restore
+gate first, then write what it planned, what ``dcp.load`` read and what was loaded. Run as
+``python -m tests.support.dcp_share_worker save|load|reshard ...`` with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT set."""
 
 from __future__ import annotations
 
@@ -12,13 +15,14 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
 
 def state(world: int, rank: int, mesh, filled: bool) -> dict:
     """A small training state shaped like torchtitan's: sharded parameters and optimizer moments
     (DTensors), a replicated tensor and train state (deduplicated into one rank's file at save),
-    and a per-rank data loader position."""
+    and a per-rank data loader position. ``world``: the saving world size (the global shapes)."""
     g = torch.Generator().manual_seed(1234)
 
     def value(*shape):
@@ -48,6 +52,55 @@ def plain(sd: dict) -> dict:
     return out
 
 
+class RecordingReader(FileSystemReader):
+    """FileSystemReader noting the byte ranges ``dcp.load`` reads."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.read: list[tuple[str, int, int]] = []
+
+    def read_data(self, plan, planner):  # noqa: ANN001, ANN201
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            self.read.append((info.relative_path, int(info.offset), int(info.length)))
+        return super().read_data(plan, planner)
+
+
+def reshard(rank: int, mesh, share_dir: str, whole_dir: str, out: str) -> None:  # noqa: ANN001
+    """Load a checkpoint saved by SAVED_WORLD ranks as torchtitan does on another world size (the data
+    loader excluded): plan at the gate, then load from the node's share and from the whole checkpoint."""
+    from slurm_titan.ckpt.share import merged
+    from slurm_titan.rank.dcp_plan import check_share, folder_reads
+    from slurm_titan.rank.restore_gate import wait_for_restore
+
+    saved = int(os.environ["SAVED_WORLD"])
+
+    def fresh() -> dict:
+        sd = state(saved, rank, mesh, filled=False)
+        del sd["dataloader"]
+        return sd
+
+    sd = fresh()
+    planned: list = []
+
+    def plan(folder: str) -> list:
+        planned.append(folder_reads(sd, folder))
+        return planned[-1]
+
+    verdict = wait_for_restore(plan)
+    assert verdict is not None and verdict.world_size_changed
+    check_share(share_dir, sd)
+    reader = RecordingReader(share_dir)
+    dcp.load(sd, storage_reader=reader)
+    whole = fresh()
+    dcp.load(whole, checkpoint_id=whole_dir)
+    filled = state(saved, rank, mesh, filled=True)
+    del filled["dataloader"]
+    with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
+        json.dump({"planned": planned, "read": merged(reader.read), "share": plain(sd), "whole": plain(whole),
+                   "saved": plain(filled)}, f)
+
+
 def main() -> int:
     op, local, remote, out = sys.argv[1:5]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -67,7 +120,7 @@ def main() -> int:
         dist.barrier()
         with open(out, "w") as f:
             json.dump({"ok": ok, "reads": reads}, f)
-    else:
+    elif op == "load":
         from slurm_titan.rank.dcp_plan import check_share
 
         share_dir, whole_dir = local, remote
@@ -80,6 +133,8 @@ def main() -> int:
         loaded["saved"] = plain(state(world, rank, mesh, filled=True))
         with open(out, "w") as f:
             json.dump(loaded, f)
+    else:
+        reshard(rank, mesh, local, remote, out)
     dist.destroy_process_group()
     return 0
 

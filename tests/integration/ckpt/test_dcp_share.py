@@ -1,7 +1,9 @@
 """Each node restores its share of a real DCP checkpoint: saved by 2 and 4 ranks (gloo on the CPU,
 one process per rank), its read map worked out by DCP's planner on each saving rank, restored per
 node as sparse files with verified blocks; a load from a node's share gives the same tensors as a
-load from the whole checkpoint, and the bytes fetched are each node's share only."""
+load from the whole checkpoint, and the bytes fetched are each node's share only. On another world
+size the new ranks (a gated RankGroup per node) plan their load at the restore gate, and each node
+fetches what they read: what their dcp.load then reads."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,8 +22,14 @@ import pytest
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import read_manifest
 from slurm_titan.ckpt.restore import restore
-from slurm_titan.ckpt.share import node_ranks, node_share
+from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks, node_share, reads_share
 from slurm_titan.ckpt.storage import TransferConfig, open_store
+from slurm_titan.node import restore as node_restore
+from slurm_titan.node.rendezvous import Rendezvous
+from slurm_titan.node.spec import CheckpointPlan
+from slurm_titan.node.supervisor import RankGroup
+from slurm_titan.records import run_folder
+from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import REPO, repo_pythonpath
 
 WORKER = [sys.executable, "-m", "tests.support.dcp_share_worker"]
@@ -137,3 +146,72 @@ def test_a_rank_whose_load_reads_outside_its_nodes_share_is_refused(saved):
     bad = logs[1]  # rank 0 may pass its own check and then fail in the load's collectives
     assert procs[1].returncode != 0 and "__1_0.distcp" in bad and "did not fetch" in bad and "refusing to load" in bad
     assert layout.META_DIR in os.listdir(res.path)
+
+
+FETCHED = re.compile(r"this node's share \(ranks (\d+)-(\d+)\) fetched: (\d+) of (\d+) bytes")
+
+
+@pytest.mark.parametrize(("new_world", "nodes"), [(1, 1), (2, 2), (4, 2)])
+def test_another_world_size_each_node_fetches_what_its_new_ranks_dcp_load_reads(saved, new_world, nodes, tmp_path):
+    world, _tmp, remote, _ = saved
+    if new_world == world:
+        pytest.skip("the world size that saved it")
+    store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
+    m = read_manifest(store, 1)
+    whole = restore(store, str(tmp_path / "whole"), step=1)
+    per = new_world // nodes
+    port = _free_port()
+    env = dict(repo_pythonpath(), SAVED_WORLD=str(world), OMP_NUM_THREADS="1")
+    plan = CheckpointPlan(local="", remote=str(remote), endpoint_url=None, keep_local=0, keep_remote=0, keep_every=0,
+                          config_digest="")
+    out = tmp_path / "out"
+    out.mkdir()
+    said: dict[int, list[str]] = {k: [] for k in range(nodes)}
+    groups, verdicts, errors = {}, {}, {}
+    for k in range(nodes):
+        rdzv = Rendezvous("127.0.0.1", port, node_rank=k, num_nodes=nodes, procs_per_node=per,
+                          hosts=tuple(f"n{i}" for i in range(nodes)))
+        argv = [*WORKER, "reshard", str(tmp_path / f"node{k}" / "step-1"), whole.path, str(out)]
+        groups[k] = RankGroup(argv, env, rdzv, tmp_path / "job", gated=True)
+
+    def node(k: int) -> None:
+        def restore_node() -> RestoreVerdict:
+            verdicts[k] = node_restore.restore(plan, str(tmp_path / f"node{k}"), "job", new_world, said[k].append,
+                                               ranks=node_ranks(k, nodes, new_world), node=k, nodes=nodes,
+                                               verdicts=tmp_path / "verdicts", planner=groups[k].plan)
+            return verdicts[k]
+        try:
+            groups[k].release_after(restore_node)
+        except Exception as e:  # noqa: BLE001
+            errors[k] = e
+
+    threads = [threading.Thread(target=node, args=(k,)) for k in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors
+    codes = {r: c for g in groups.values() for r, c in g.wait().items()}
+    logs = {r: run_folder.rank_log(tmp_path / "job", r).read_text() for r in codes}
+    assert set(codes.values()) == {0}, {r: logs[r][-3000:] for r, c in codes.items() if c}
+    for k in range(nodes):
+        assert verdicts[k] == RestoreVerdict(world_size_changed=True)
+        text = "\n".join(said[k])
+        assert f"saved by {world} ranks on {new_world} ranks: model and optimizer are resharded by DCP" in text
+        line = FETCHED.search(text)
+        assert line, text
+        ranks = node_ranks(k, nodes, new_world)
+        got, total = int(line.group(3)), int(line.group(4))
+        assert (int(line.group(1)), int(line.group(2))) == (ranks[0], ranks[-1]) and total == m.total_bytes
+        share = Share.from_json((tmp_path / f"node{k}" / "step-1" / layout.META_DIR / SHARE_FILE).read_bytes(), "t")
+        assert (share.ranks, share.world_size) == (ranks, new_world)
+        results = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in ranks}
+        planned = {r: [tuple(x) for x in res["planned"][0]] for r, res in results.items()}
+        assert all(len(res["planned"]) == 1 for res in results.values())  # one candidate, planned once
+        assert share == reads_share(m, planned, new_world, "t") and got == share.nbytes(m)
+        if nodes > 1:
+            assert got < m.total_bytes
+        for r, res in results.items():
+            assert [tuple(x) for x in res["read"]] == planned[r], f"rank {r}"  # what dcp.load read: the plan
+            assert all(share.covers(m, *x) for x in planned[r])
+            assert res["share"] == res["whole"] == res["saved"], f"rank {r}"  # no hole was loaded as zeros

@@ -270,3 +270,81 @@ def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, mo
     _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)
     res = restore(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
     assert res.step == 10 and f"__0_0.distcp: bytes {ITEM[0]}-{sum(ITEM)} fail their checksum" in res.skipped[0][1]
+
+
+# what ranks 2 and 3 of a new world size of 4 read of a checkpoint saved by 2 ranks: parts of rank 1's file
+NEW_READS = {2: [("__1_0.distcp", 0, 2 * BLOCK)], 3: [("__1_0.distcp", 2 * BLOCK + 5, 10)]}
+
+
+class _Planner:
+    """The node's new ranks, as RankGroup.plan answers for them: what they read, noting each candidate's
+    .metadata as the restore handed it over."""
+
+    def __init__(self, reads=NEW_READS):
+        self.reads, self.seen = reads, []
+
+    def __call__(self, folder):
+        assert ".planning-" in folder and "step-" not in os.path.basename(folder)
+        with open(os.path.join(folder, ".metadata"), "rb") as f:
+            self.seen.append(f.read())
+        return self.reads
+
+
+def test_another_world_size_fetches_what_the_new_ranks_plan_against_each_candidate(tmp_path, monkeypatch):
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
+    store = open_store(location)
+    _corrupt(store, "step-11/__1_0.distcp", BLOCK + 5)  # in a block the new ranks read: a fallback
+    planner = _Planner()
+    res = restore(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
+    assert res.step == 10 and "__1_0.distcp: bytes 8192-16384 (block 1) fail their checksum" in res.skipped[0][1]
+    assert planner.seen == [files[11][".metadata"], files[10][".metadata"]]  # planned again, against step 10
+    assert (res.share.ranks, res.share.world_size) == ([2, 3], 4)
+    assert res.share.whole == [".metadata"] and res.share.blocks == {"__1_0.distcp": [0, 1, 2]}
+    assert res.fetched == len(files[10][".metadata"]) + 3 * BLOCK < read_manifest(store, 10).total_bytes
+    partial = (tmp_path / "node1" / "step-10" / "__1_0.distcp").read_bytes()
+    assert partial[:3 * BLOCK] == files[10]["__1_0.distcp"][:3 * BLOCK] and partial[3 * BLOCK:].count(0) == len(
+        partial) - 3 * BLOCK
+    assert not (tmp_path / "node1" / "step-10" / "__0_0.distcp").exists()
+    assert not [n for n in os.listdir(tmp_path / "node1") if n.startswith(".planning-")]
+    held = json.loads((tmp_path / "node1" / "step-10" / layout.META_DIR / SHARE_FILE).read_bytes())
+    assert (held["ranks"], held["world_size"]) == ([2, 3], 4)
+
+
+def test_a_corrupt_metadata_is_refused_before_any_rank_plans_against_it(tmp_path, monkeypatch):
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
+    store = open_store(location)
+    _corrupt(store, "step-11/.metadata", 3)
+    planner = _Planner()
+    res = restore(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
+    assert res.step == 10 and ".metadata: bytes 0-" in res.skipped[0][1] and "fail their checksum" in res.skipped[0][1]
+    assert planner.seen == [files[10][".metadata"]]
+
+
+def test_ranks_that_cannot_tell_what_they_read_get_the_whole_checkpoint(tmp_path, monkeypatch):
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
+    res = restore(open_store(location), str(tmp_path / "n"), ranks=[2, 3], world_size=4, planner=_Planner(None))
+    assert res.share is None and res.fetched == sum(map(len, files.values()))
+
+
+def test_a_share_of_another_world_size_is_replaced_and_one_of_the_same_joined(tmp_path, monkeypatch):
+    """checkpoint.local on a shared filesystem: a share left by the old world size serves no rank that
+    loads now; the share another node of the new world size restored there does."""
+    location = str(tmp_path / "remote")
+    files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
+    store = open_store(location)
+    old = restore(store, str(tmp_path / "shared"), ranks=[1], world_size=2)
+    assert old.share.whole == [".metadata", "__1_0.distcp"]  # holds all the new ranks 2, 3 read, of world size 2
+    second = restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner())
+    assert not second.reused and (second.share.ranks, second.share.world_size) == ([2, 3], 4)
+    assert second.share.blocks == {"__1_0.distcp": [0, 1, 2]}
+    first = {0: [("__0_0.distcp", 0, SIZE)], 1: [("__0_0.distcp", 0, 10)]}
+    both = restore(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4, planner=_Planner(first))
+    assert (both.share.ranks, both.share.world_size) == ([0, 1, 2, 3], 4)
+    assert both.share.whole == [".metadata", "__0_0.distcp"] and both.share.blocks == {"__1_0.distcp": [0, 1, 2]}
+    folder = tmp_path / "shared" / "step-10"
+    assert (folder / "__0_0.distcp").read_bytes() == files["__0_0.distcp"]
+    assert (folder / "__1_0.distcp").read_bytes()[:3 * BLOCK] == files["__1_0.distcp"][:3 * BLOCK]
+    assert restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner()).reused

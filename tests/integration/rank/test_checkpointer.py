@@ -4,6 +4,8 @@ saved, uploaded, committed, restored and loaded back."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -13,7 +15,7 @@ pytest.importorskip("torchtitan")
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torchtitan.components.checkpointer import BaseCheckpointManager, CheckpointManager
+from torchtitan.components.checkpointer import DATALOADER, BaseCheckpointManager, CheckpointManager
 from torchtitan.config import Configurable
 from torchtitan.config.override import OverrideConfig, apply_overrides
 
@@ -21,7 +23,12 @@ from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.restore import restore
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
+from slurm_titan.envvars import PROGRESS_FILE, RESTORE_FD
 from slurm_titan.rank import checkpointer
+from slurm_titan.rank.dcp_plan import folder_reads
+from slurm_titan.records import rank_progress
+from slurm_titan.records.rank_progress import Phase
+from slurm_titan.records.restore_verdict import PlanRequest, RestoreVerdict, read_reads
 
 
 class _Stateful:
@@ -127,3 +134,41 @@ def test_real_dcp_save_round_trip(location, tmp_path, one_rank):
     loaded = {"w": torch.zeros(1000), "b": torch.zeros(10)}
     dcp.load(loaded, checkpoint_id=out.path)
     assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["b"], state["b"])
+
+
+def test_the_gate_plans_the_load_torchtitan_will_do_then_takes_the_verdict(tmp_path, monkeypatch, one_rank):
+    """On another world size the node asks each rank, at the gate, what its load of the candidate reads: the
+    hook answers with DCP's planner on torchtitan's states to load (the data loader excluded, as the verdict
+    will have it), still in the start-up phase for the watchdog; the restore phase begins at the verdict."""
+    monkeypatch.delenv("SLURM_TITAN_CKPT_REMOTE", raising=False)
+    saver, _ = _manager(tmp_path / "old", interval=1)
+    saver.save(3)
+    saver.close()
+    candidate = str(tmp_path / "old" / "dump" / "ckpt" / "step-3")
+    progress = tmp_path / "rank-0.progress"
+    rank_progress.create(progress, time.time())
+    monkeypatch.setenv(PROGRESS_FILE, str(progress))
+    monkeypatch.setattr(rank_progress, "_writer", None)
+    gate, supervisor = os.pipe()
+    monkeypatch.setenv(RESTORE_FD, str(gate))
+    answers: dict = {}
+
+    def node() -> None:
+        os.write(supervisor, PlanRequest(candidate, str(tmp_path / "reads-0.json")).to_line())
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "reads-0.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answers["reads"] = read_reads(str(tmp_path / "reads-0.json"))
+        answers["phase"] = rank_progress.read(progress).phase
+        os.write(supervisor, RestoreVerdict(world_size_changed=True).to_line())
+        os.close(supervisor)
+
+    thread = threading.Thread(target=node)
+    thread.start()
+    mgr, _ = _manager(tmp_path / "new", interval=1)
+    thread.join(60)
+    assert answers["phase"] == Phase.STARTUP and rank_progress.read(progress).phase == Phase.RESTORE
+    assert DATALOADER in mgr.exclude_from_loading
+    expected = folder_reads(mgr._states_to_load(model_only=False), candidate)
+    assert answers["reads"] == expected and {p for p, _, _ in expected} == {"__0_0.distcp"}
+    mgr.close()

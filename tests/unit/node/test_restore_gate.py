@@ -1,4 +1,5 @@
-"""The ranks start while their node restores the checkpoint, and wait for it at a pipe."""
+"""The ranks start while their node restores the checkpoint, and wait for it at a pipe, answering the
+node's plan requests (what their load of a candidate of another world size reads) on the way."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.envvars import RESTORE_FD
+from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.rendezvous import Rendezvous
 from slurm_titan.node.supervisor import RankGroup
+from slurm_titan.node.watchdog import Watchdog
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import repo_pythonpath
@@ -22,9 +25,22 @@ RANK = ("import os; from slurm_titan.rank.restore_gate import wait_for_restore; 
         f"print('resharded', verdict and verdict.world_size_changed, {RESTORE_FD!r} in os.environ)")
 
 
-def _group(tmp_path: Path, gated: bool = True) -> RankGroup:
+# each rank's "load" reads one byte of a file named after the planning folder, at its rank
+PLANNING = ("import os; from slurm_titan.rank.restore_gate import wait_for_restore; "
+            "verdict = wait_for_restore(lambda folder: [(os.path.basename(folder), int(os.environ['RANK']), 1)]); "
+            "print('resharded', verdict.world_size_changed)")
+
+
+def _group(tmp_path: Path, gated: bool = True, rank: str = RANK, watchdog: Watchdog | None = None) -> RankGroup:
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
-    return RankGroup([sys.executable, "-c", RANK], repo_pythonpath(), rdzv, tmp_path, gated=gated)
+    return RankGroup([sys.executable, "-c", rank], repo_pythonpath(), rdzv, tmp_path, gated=gated, watchdog=watchdog)
+
+
+def _folder(tmp_path: Path, name: str) -> str:
+    """A planning folder, as the node's restore makes one (the candidate's .metadata in it)."""
+    (tmp_path / name).mkdir()
+    (tmp_path / name / ".metadata").write_bytes(b"metadata")
+    return str(tmp_path / name)
 
 
 def _logs(tmp_path: Path) -> list[str]:
@@ -80,3 +96,67 @@ def test_a_restore_error_kills_the_ranks_and_is_raised(tmp_path):
     with pytest.raises(OSError, match="store unreachable"):
         ranks.release_after(restore)
     assert all(process.returncode is not None for process in ranks.processes.values())
+
+
+def test_ranks_answer_every_plan_request_then_take_the_verdict(tmp_path):
+    ranks = _group(tmp_path, rank=PLANNING)
+    for name in ("plan-12", "plan-10"):  # a fallback to an older candidate plans again, against its metadata
+        folder = _folder(tmp_path, name)
+        assert ranks.plan(folder) == {2: [(name, 2, 1)], 3: [(name, 3, 1)]}
+        assert sorted(os.listdir(folder)) == [".metadata", "reads-2.json", "reads-3.json"]  # written whole: no .tmp
+    assert all(p.poll() is None for p in ranks.processes.values())  # still at the gate
+    ranks.release(RestoreVerdict(world_size_changed=True))
+    assert ranks.wait() == {2: 0, 3: 0}
+    assert all(log.endswith("resharded True\n") for log in _logs(tmp_path))
+
+
+@pytest.mark.parametrize(("rank", "why"), [
+    (RANK, "RuntimeError: this rank has no load planner"),
+    (PLANNING.replace("lambda folder: [", "lambda folder: 1 / 0 or ["), "ZeroDivisionError"),
+])
+def test_a_rank_that_cannot_plan_makes_the_node_fetch_all_and_still_takes_the_verdict(tmp_path, capsys, rank, why):
+    ranks = _group(tmp_path, rank=rank)
+    assert ranks.plan(_folder(tmp_path, "plan")) is None
+    said = capsys.readouterr().out
+    assert "cannot tell what its checkpoint load reads" in said and why in said and "fetching all of it" in said
+    ranks.release(RestoreVerdict(world_size_changed=True))
+    assert ranks.wait() == {2: 0, 3: 0}
+    assert all("resharded True" in log for log in _logs(tmp_path))
+
+
+def test_a_rank_that_dies_before_answering_ends_the_plan_and_the_restore(tmp_path, capsys):
+    ranks = _group(tmp_path, rank="import os, sys; os.environ['RANK'] == '3' and sys.exit(3); " + PLANNING)
+    restore_done = threading.Event()
+    planned: dict[str, object] = {}
+
+    def restore() -> RestoreVerdict:
+        planned["reads"] = ranks.plan(_folder(tmp_path, "plan"))
+        restore_done.wait(60)  # the fetch that would follow
+        return RestoreVerdict(world_size_changed=True)
+
+    started = time.monotonic()
+    ranks.release_after(restore)  # abandoned once rank 3 is seen dead
+    assert time.monotonic() - started < 30
+    assert ranks.wait()[3] == 3
+    deadline = time.monotonic() + 10
+    while "reads" not in planned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert planned == {"reads": None}
+    assert "rank 3 exited" in capsys.readouterr().out
+    restore_done.set()
+
+
+def test_a_rank_that_never_reaches_its_gate_ends_the_plan_after_the_startup_budget(tmp_path, capsys):
+    limits = Budgets(startup_s=2, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5,
+                     step_cap_s=100, frozen_s=15)
+    dog = Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
+    hung = "import os, time; os.environ['RANK'] == '3' and time.sleep(120); " + PLANNING
+    ranks = _group(tmp_path, rank=hung, watchdog=dog)
+    try:
+        started = time.monotonic()
+        assert ranks.plan(_folder(tmp_path, "plan")) is None
+        assert 2 <= time.monotonic() - started < 30
+        assert "ranks [3] did not answer within the start-up budget" in capsys.readouterr().out
+    finally:
+        ranks.kill()
+        dog.close()
