@@ -42,6 +42,7 @@ from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.rank import preemption, progress
 from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
+from slurm_titan.rank.replicated import sharded
 from slurm_titan.rank.restore_gate import wait_for_restore
 from slurm_titan.records import rank_progress
 from slurm_titan.records.rank_progress import Phase
@@ -131,7 +132,7 @@ class SyncedCheckpointManager(CheckpointManager):
             states = self._states_to_load(model_only=False)
         finally:
             self.exclude_from_loading = kept
-        return folder_reads(states, folder)
+        return folder_reads(sharded(states), folder)
 
     # -- preemption: every step boundary -------------------------------------------------
     def save(self, curr_step: int, last_step: bool = False) -> bool:
@@ -181,8 +182,10 @@ class SyncedCheckpointManager(CheckpointManager):
         """torchtitan's save, plus this rank's read map of it: which byte ranges its load on the same
         world size reads (DCP's load planner on the state dict just saved and the metadata the save
         returns: :func:`.dcp_plan.load_reads`). Sent with the upload, it lets a restore fetch each
-        node's share only."""
+        node's share only. Replicated tensors are saved as shards (:func:`.replicated.sharded`)."""
         self._reads = None
+        if not to_hf:
+            state_dict = sharded(state_dict)
         ret = super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
         if not to_hf and self.sync is not None:
             resolved = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state_dict.items()}
@@ -207,8 +210,10 @@ class SyncedCheckpointManager(CheckpointManager):
 
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:  # noqa: ANN001
         """torchtitan's load, after checking that a folder holding this node's share of the checkpoint
-        holds every range this rank's load reads (:func:`.dcp_plan.check_share`)."""
+        holds every range this rank's load reads (:func:`.dcp_plan.check_share`); replicated tensors are
+        read as the shards they are saved as (:func:`.replicated.sharded`)."""
         if not from_hf:
+            state_dict = sharded(state_dict)
             check_share(checkpoint_id, state_dict)
         super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
 

@@ -1,6 +1,7 @@
 """One rank of the DCP share tests (tests/integration/ckpt/test_dcp_share.py): ``save`` a small sharded state
 with DCP (gloo, CPU) and upload it with its read map; ``load`` it back from a node's share and from
-the whole checkpoint and write what was loaded; ``reshard``: the same load on another world size than the
+the whole checkpoint and write what was loaded; ``replicated``: a replicated DTensor saved and loaded as is and as
+shards; ``reshard``: the same load on another world size than the
 save's (``SAVED_WORLD``), as a rank of a gated RankGroup: answer the node's plan requests at the restore
 gate first, then write what it planned, what ``dcp.load`` read and what was loaded. Run as
 ``python -m tests.support.dcp_share_worker save|load|reshard ...`` with RANK, WORLD_SIZE, MASTER_ADDR,
@@ -101,6 +102,35 @@ def reshard(rank: int, mesh, share_dir: str, whole_dir: str, out: str) -> None: 
                    "saved": plain(filled)}, f)
 
 
+def replicated(rank: int, mesh, old_dir: str, new_dir: str, out: str) -> None:  # noqa: ANN001
+    """A replicated DTensor saved as DCP keeps it (one copy, read whole by every rank) and as
+    slurm_titan.rank.replicated.sharded gives it (each rank's rows); both loaded back through ``sharded`` into a
+    replicated tensor, as torchtitan's load hooks and ``copy_`` take them: the chunks saved, the bytes each rank
+    read and whether the values came back."""
+    from torch.distributed.tensor import Replicate
+
+    from slurm_titan.rank.replicated import sharded
+
+    full = torch.randn(50, 64, generator=torch.Generator().manual_seed(7))
+    saved = {"wq": distribute_tensor(full, mesh, [Replicate()]), "norm": torch.ones(3)}
+    dcp.save(saved, checkpoint_id=old_dir)
+    dcp.save(sharded(saved), checkpoint_id=new_dir)
+    result: dict = {}
+    for name, folder in (("old", old_dir), ("new", new_dir)):
+        target = {"wq": distribute_tensor(torch.zeros_like(full), mesh, [Replicate()]), "norm": torch.zeros(3)}
+        loading = sharded(target)
+        reader = RecordingReader(folder)
+        dcp.load(loading, storage_reader=reader)
+        with torch.no_grad():
+            target["wq"].copy_(loading["wq"])
+        chunks = FileSystemReader(folder).read_metadata().state_dict_metadata["wq"].chunks
+        equal = torch.equal(target["wq"].to_local(), full) and torch.equal(loading["norm"], saved["norm"])
+        result[name] = {"chunks": len(chunks), "read": sum(n for _, _, n in reader.read), "equal": equal,
+                        "placements": [str(p) for p in loading["wq"].placements]}
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
 def main() -> int:
     op, local, remote, out = sys.argv[1:5]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -133,6 +163,8 @@ def main() -> int:
         loaded["saved"] = plain(state(world, rank, mesh, filled=True))
         with open(out, "w") as f:
             json.dump(loaded, f)
+    elif op == "replicated":
+        replicated(rank, mesh, local, remote, out)
     else:
         reshard(rank, mesh, local, remote, out)
     dist.destroy_process_group()

@@ -215,3 +215,13 @@ def test_another_world_size_each_node_fetches_what_its_new_ranks_dcp_load_reads(
             assert [tuple(x) for x in res["read"]] == planned[r], f"rank {r}"  # what dcp.load read: the plan
             assert all(share.covers(m, *x) for x in planned[r])
             assert res["share"] == res["whole"] == res["saved"], f"rank {r}"  # no hole was loaded as zeros
+
+
+def test_a_replicated_tensor_saved_as_shards_is_read_in_part_by_each_rank_and_loads_either_way(tmp_path: Path) -> None:
+    results = _ranks("replicated", 2, lambda r: (tmp_path / "old", tmp_path / "new"), tmp_path)
+    for r, res in enumerate(results):
+        old, new = res["old"], res["new"]
+        assert (old["chunks"], new["chunks"]) == (1, 2)  # DCP keeps one copy; sharded, each rank's rows
+        assert old["equal"] and new["equal"], f"rank {r}"  # either checkpoint loads into the replicated tensor
+        assert new["placements"] == ["S(0)"]
+        assert new["read"] < 0.6 * old["read"], res  # each rank reads its half, not the whole tensor
