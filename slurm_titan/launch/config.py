@@ -198,9 +198,10 @@ class WatchdogSpec:
     `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
     the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
     checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
-    kernel shows stopped or in uninterruptible sleep (a stuck device, mount or driver call) at every poll of a
-    later step is hung after max(`frozen_s`, `step_factor` x the slowest step) instead: such a rank is not
-    computing nor waiting for a peer, and its node names it without waiting for the other nodes' views.
+    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step is hung after
+    max(`stopped_s`, `step_factor` x the slowest step) instead: a stopped process neither computes nor waits
+    for a peer, and its node names it without waiting for the other nodes' views. Uninterruptible sleep (D)
+    keeps the step budget: a rank waiting on its device or on a slow mount can show it while healthy.
 
     Order of firing (checked here): a budget ends at least WATCHDOG_MARGIN_S before the torch process-group
     timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
@@ -217,7 +218,7 @@ class WatchdogSpec:
     step_factor: int = 3
     save_s: int = 600
     upload_s: int = 1800
-    frozen_s: int = 15
+    stopped_s: int = 15
 
 
 @dataclass

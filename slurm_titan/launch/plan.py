@@ -233,7 +233,7 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
         return None
     return Budgets(watchdog.startup_s, watchdog.restore_s, watchdog.first_step_s, watchdog.step_floor_s,
                    watchdog.step_factor, watchdog.save_s, watchdog.upload_s,
-                   config.timeouts.collective_s - WATCHDOG_MARGIN_S, watchdog.frozen_s)
+                   config.timeouts.collective_s - WATCHDOG_MARGIN_S, watchdog.stopped_s)
 
 
 def model_parallel_degree(config: JobConfig) -> int:

@@ -2,9 +2,9 @@
 
 Steps: a generous `first_step_s` for the first step of an attempt (compilation, warm-up), then
 max(`step_floor_s`, `step_factor` x the slowest step seen), capped `WATCHDOG_MARGIN_S` before torch's
-collective timeout (config.WatchdogSpec gives the order of firing). A rank the kernel shows frozen (stopped,
-or in uninterruptible sleep) at every poll has a shorter step budget: max(`frozen_s`, `step_factor` x the
-slowest step), never longer than the step budget. The slowest step is learned: node 0's
+collective timeout (config.WatchdogSpec gives the order of firing). A rank the kernel shows stopped at every
+poll has a shorter step budget: max(`stopped_s`, `step_factor` x the slowest step), never longer than the
+step budget. The slowest step is learned: node 0's
 supervisor keeps it in `<job>/watchdog.json`, and the next attempt starts from it, calibrated (the way
 nvidia-resiliency-ext keeps its section timeouts in `ft_state.json`).
 """
@@ -32,18 +32,18 @@ class Budgets:
     save_s: int
     upload_s: int
     step_cap_s: int  # timeouts.collective_s - WATCHDOG_MARGIN_S
-    frozen_s: int
+    stopped_s: int
 
     def step_budget(self, slowest_step_s: float) -> float:
         return min(max(float(self.step_floor_s), self.step_factor * slowest_step_s), float(self.step_cap_s))
 
-    def frozen_budget(self, progress: Progress, learned_step_s: float) -> float | None:
-        """Seconds a rank may stay frozen (seen stopped or in uninterruptible sleep at every poll) in a
-        step after the first; None in every other phase (a save's or a start-up's D state is normal I/O)."""
+    def stopped_budget(self, progress: Progress, learned_step_s: float) -> float | None:
+        """Seconds a rank may stay stopped (seen stopped at every poll) in a step after the first; None in
+        every other phase (the first step, start-up, restore and saves keep their own budgets)."""
         if progress.phase != Phase.STEP or progress.steps_done == 0:
             return None
         slowest = max(progress.slowest_step_s, learned_step_s)
-        return min(max(float(self.frozen_s), self.step_factor * slowest), self.step_budget(slowest))
+        return min(max(float(self.stopped_s), self.step_factor * slowest), self.step_budget(slowest))
 
     def for_progress(self, progress: Progress, learned_step_s: float) -> float | None:
         """Seconds allowed since `progress.since`; None when the phase is not watched (the rank is done)."""

@@ -44,6 +44,11 @@ def frozen(state: str) -> bool:
     return state in ("T", "t", "D")
 
 
+def stopped(state: str) -> bool:
+    """A process stopped by a signal (T: SIGSTOP, SIGTSTP) or by its tracer (t): it runs again only when told."""
+    return state in ("T", "t")
+
+
 def in_collective(stack: str) -> bool:
     return any(name in stack for name in COLLECTIVE_FRAMES)
 

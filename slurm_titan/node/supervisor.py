@@ -226,7 +226,7 @@ class RankGroup:
     def _hung(self, late: list[int], running: set[int], on_hang: Callable[[Hang], None]) -> dict[int, int]:
         """Name the node's culprit at once (`on_hang` writes it down: srun may end this supervisor soon,
         when another node exits first), then dump the stacks, name it again with them, wait for the other
-        nodes' reports (Watchdog.wait_for_peers) unless the culprit is frozen, kill the ranks."""
+        nodes' reports (Watchdog.wait_for_peers) unless the culprit was found stopped, kill the ranks."""
         assert self.watchdog is not None
         now = time.time()
         pids = {rank: self.processes[rank].pid for rank in sorted(running)}
@@ -237,7 +237,7 @@ class RankGroup:
         on_hang(self.hang)
         self.hang = self.watchdog.investigate(pids, now)
         on_hang(self.hang)
-        if not self.hang.frozen:  # a frozen culprit is the strongest view there is: no other node's can change it
+        if self.hang.rank not in self.watchdog.late_stopped:  # a stopped culprit: no other node's view is stronger
             self.watchdog.wait_for_peers()
         self.kill()
         return {rank: process.wait() for rank, process in self.processes.items()}

@@ -6,9 +6,9 @@ phase's budget (node.budgets). On a hang it dumps the stacks of every rank of th
 `<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
 uninterruptible sleep) first, then one that is not waiting in a collective, then the one whose last progress
 is the oldest. The supervisor then kills the ranks and reports the hang (ExitCode.HANG); attribution
-compares the hangs of all nodes with the same key. A rank seen frozen (stopped, or in uninterruptible sleep) at
-every poll of a step has a shorter budget (node.budgets), and a node whose culprit is frozen does not wait for
-the other nodes' views: none can be stronger.
+compares the hangs of all nodes with the same key. A rank seen stopped at every poll of a step has a shorter
+budget (node.budgets), and a node whose culprit was found on it does not wait for the other nodes' views: none
+can be stronger.
 
 When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
 their nodes' watchdogs fire as well (same phase, nearly the same `since`), each reports its own view, and the
@@ -77,7 +77,8 @@ class Watchdog:
         self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
         self.learned = budgets.read_calibration(job_dir).slowest_step_s
         self.armed_at: float | None = None
-        self.frozen_since: dict[int, float] = {}  # rank -> the first of the calls of overdue() that saw it frozen
+        self.stopped_since: dict[int, float] = {}  # rank -> the first of the calls of overdue() that saw it stopped
+        self.late_stopped: set[int] = set()  # the ranks the last overdue() found late by the stopped budget
         now = time.time()
         for path in self.records.values():
             rank_progress.create(path, now)
@@ -96,30 +97,32 @@ class Watchdog:
         return {rank: record for rank, path in self.records.items() if (record := rank_progress.read(path))}
 
     def overdue(self, running: dict[int, int], now: float | None = None) -> list[int]:
-        """The running ranks (rank -> pid) past their phase's budget, or frozen past their frozen budget
-        (:meth:`Budgets.frozen_budget`: seen stopped or in uninterruptible sleep at every call since);
-        learns the slowest step on the way."""
+        """The running ranks (rank -> pid) past their phase's budget, or stopped past their stopped budget
+        (:meth:`Budgets.stopped_budget`: seen stopped at every call since); learns the slowest step on the
+        way. The ranks late by the stopped budget alone are kept in `late_stopped`."""
         if self.armed_at is None:
             return []
         now = time.time() if now is None else now
         for rank, pid in running.items():
-            if stacks.frozen(stacks.process_state(pid)):
-                self.frozen_since.setdefault(rank, now)
+            if stacks.stopped(stacks.process_state(pid)):
+                self.stopped_since.setdefault(rank, now)
             else:
-                self.frozen_since.pop(rank, None)
+                self.stopped_since.pop(rank, None)
         progress = self.read()
         self._learn(max((p.slowest_step_s for p in progress.values()), default=0.0))
-        late = []
+        late, self.late_stopped = [], set()
         for rank, record in progress.items():
             if rank not in running:
                 continue
             since = max(record.since, self.armed_at)
             budget = self.limits.for_progress(record, self.learned)
-            frozen = self.limits.frozen_budget(record, self.learned)
-            if (budget is not None and now - since > budget) or (
-                    frozen is not None and rank in self.frozen_since
-                    and now - max(since, self.frozen_since[rank]) >= frozen):
+            stopped = self.limits.stopped_budget(record, self.learned)
+            if budget is not None and now - since > budget:
                 late.append(rank)
+            elif (stopped is not None and rank in self.stopped_since
+                  and now - max(since, self.stopped_since[rank]) >= stopped):
+                late.append(rank)
+                self.late_stopped.add(rank)
         return late
 
     def _learn(self, slowest: float) -> None:
@@ -147,7 +150,7 @@ class Watchdog:
         views = []
         for rank, state in states.items():
             record = progress.get(rank) or Progress(rank_progress.Phase.STARTUP, 0, self.armed_at or now)
-            budget = (rank in self.frozen_since and self.limits.frozen_budget(record, self.learned)) or (
+            budget = (rank in self.late_stopped and self.limits.stopped_budget(record, self.learned)) or (
                 self.limits.for_progress(record, self.learned) or 0.0)
             views.append(Hang(rank, record.step, record.phase.label, max(record.since, self.armed_at or 0.0), now,
                               budget, state, stacks.frozen(state),

@@ -148,7 +148,7 @@ def test_a_rank_that_dies_before_answering_ends_the_plan_and_the_restore(tmp_pat
 
 def test_a_rank_that_never_reaches_its_gate_ends_the_plan_after_the_startup_budget(tmp_path, capsys):
     limits = Budgets(startup_s=2, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5,
-                     step_cap_s=100, frozen_s=15)
+                     step_cap_s=100, stopped_s=15)
     dog = Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     hung = "import os, time; os.environ['RANK'] == '3' and time.sleep(120); " + PLANNING
     ranks = _group(tmp_path, rank=hung, watchdog=dog)

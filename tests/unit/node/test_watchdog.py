@@ -26,7 +26,7 @@ from tests.support.paths import REPO
 from tests.support.reports import node_report
 
 LIMITS = Budgets(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=60, step_factor=3, save_s=600,
-                 upload_s=1800, step_cap_s=1140, frozen_s=15)
+                 upload_s=1800, step_cap_s=1140, stopped_s=15)
 
 
 def test_budgets_per_phase() -> None:
@@ -39,18 +39,18 @@ def test_budgets_per_phase() -> None:
             (Phase.STARTUP, Phase.RESTORE, Phase.SAVE, Phase.UPLOAD, Phase.DONE)] == [900, 800, 600, 1800, None]
 
 
-def test_a_frozen_rank_has_a_shorter_budget_in_later_steps_only() -> None:
-    frozen = LIMITS.frozen_budget
-    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 0.0) == 15
-    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=10.0), 0.0) == 30  # 3 x the slowest
-    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 90  # = the step budget
-    assert frozen(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 150  # learned
-    assert frozen(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
-    assert [frozen(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
+def test_a_stopped_rank_has_a_shorter_budget_in_later_steps_only() -> None:
+    stopped = LIMITS.stopped_budget
+    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 0.0) == 15
+    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=10.0), 0.0) == 30  # 3 x the slowest
+    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 90  # = the step budget
+    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 150  # learned
+    assert stopped(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
+    assert [stopped(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
                                                                 Phase.UPLOAD, Phase.DONE)] == [None] * 5  # I/O
     slow = Budgets(900, 800, 700, step_floor_s=10, step_factor=3, save_s=600, upload_s=1800, step_cap_s=1140,
-                   frozen_s=20)
-    assert slow.frozen_budget(Progress(Phase.STEP, 5, 0.0, steps_done=4), 0.0) == 10  # never past the step budget
+                   stopped_s=20)
+    assert slow.stopped_budget(Progress(Phase.STEP, 5, 0.0, steps_done=4), 0.0) == 10  # never past the step budget
 
 
 def test_calibration_survives_to_the_next_attempt(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
         pytest.skip("py-spy is not installed here")
     if method == "faulthandler":
         monkeypatch.setattr(stacks, "py_spy", lambda: None)
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, frozen_s=100)
+    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=100)
     said: list[str] = []
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=said.append)
     ranks = {rank: _start_rank(dog, rank) for rank in (0, 1)}
@@ -186,9 +186,9 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
     assert f"(by {method}" in said[-1] and (method == "py-spy" or "py-spy missing" in said[-1])
 
 
-def test_a_frozen_rank_is_hung_after_the_frozen_budget_a_sleeping_one_only_after_the_step_floor(
+def test_a_stopped_rank_is_hung_after_the_stopped_budget_a_sleeping_one_only_after_the_step_floor(
         tmp_path: Path) -> None:
-    limits = Budgets(5, 5, 5, step_floor_s=60, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, frozen_s=1)
+    limits = Budgets(5, 5, 5, step_floor_s=60, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=1)
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=lambda _: None)
     sleeper = RANK.replace("train_forever()\n", "rank_progress.step_done(1)\ntime.sleep(600)\n")
     ranks = {0: _start_rank(dog, 0, sleeper), 1: _start_rank(dog, 1)}  # 0: no progress, but sleeping (S)
@@ -200,14 +200,14 @@ def test_a_frozen_rank_is_hung_after_the_frozen_budget_a_sleeping_one_only_after
         os.kill(pids[1], signal.SIGSTOP)
         stopped_at = time.time()
         while not (late := dog.overdue(pids)):
-            assert time.time() - stopped_at < 30, "the frozen rank was never found late"
+            assert time.time() - stopped_at < 30, "the stopped rank was never found late"
             time.sleep(0.2)
-        assert late == [1]  # long before rank 0's 60 s floor
+        assert late == [1] and dog.late_stopped == {1}  # long before rank 0's 60 s floor
         hang = dog.first_view(pids, time.time())
         assert (hang.rank, hang.frozen, hang.budget_s) == (1, True, 1.0)
         os.kill(pids[1], signal.SIGCONT)  # running again: its frozen time starts over
         time.sleep(0.3)
-        assert dog.overdue(pids) == [] and dog.frozen_since == {}
+        assert dog.overdue(pids) == [] and dog.stopped_since == {}
     finally:
         for child in ranks.values():
             child.kill()
@@ -220,6 +220,7 @@ def test_the_faulthandler_fallback_is_registered_on_an_unused_signal() -> None:
 
     assert stacks.DUMP_SIGNAL not in STOP_SIGNALS
     assert stacks.frozen("T") and stacks.frozen("D") and not stacks.frozen("S")
+    assert stacks.stopped("T") and stacks.stopped("t") and not stacks.stopped("D")
     assert stacks.in_collective('  File "/x/torch/distributed/distributed_c10d.py", line 3 in all_reduce')
 
 
@@ -265,7 +266,7 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
 
     rank_program = RANK.replace('print("ready", flush=True)',
                                 'import os, signal\nif os.environ["RANK"] == "3": os.kill(os.getpid(), signal.SIGSTOP)')
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, frozen_s=100)
+    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=100)
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
     dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
@@ -278,7 +279,7 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
     finally:
         dog.close()
     assert codes == {2: -signal.SIGKILL, 3: -signal.SIGKILL}
-    assert not waited  # its culprit is frozen: no other node's view could be stronger
+    assert waited  # stopped in its first step: found by the first step's budget, so it hears the other nodes
     assert len(seen) == 2 and seen[0].rank == seen[1].rank == 3 == group.hang.rank  # said before the dump, then after
     assert (tmp_path / "attempts" / "0" / "stacks" / "rank-3.txt").is_file()
 
