@@ -7,6 +7,11 @@ waits for every node's. If any node rejects the candidate (a bad range: file and
 every node falls back to the previous complete checkpoint; a node that does not report within
 the timeout (it died) ends the restore on every node, so that no rank loads a checkpoint one
 node rejected or never checked.
+
+A candidate saved by another world size has a round before that one (stage ``plan``, in
+``<folder>/plan-N/``): whether every node holds its verified ``.metadata``, so that the ranks of every node
+plan their load of it, or none do (planning runs collectives: torchtitan's fused-QKV state-dict hook gathers
+over the data-parallel mesh; slurm_titan.ckpt.restore).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from slurm_titan.errors import StorageError
 
 DEFAULT_TIMEOUT_S = 900.0
 POLL_S = 0.2
+STAGES = ("plan", "step")
+"""The rounds of a candidate, in their order: ``plan`` (resharding restores only), then ``step``, the verdict."""
 
 
 class NodeAgreement:
@@ -35,8 +42,8 @@ class NodeAgreement:
         self.folder, self.node, self.nodes = Path(folder), node, nodes
         self.timeout_s, self.poll_s = timeout_s, poll_s
 
-    def _say(self, step: int, verdict: dict) -> Path:
-        d = self.folder / f"step-{int(step)}"
+    def _say(self, step: int, verdict: dict, stage: str) -> Path:
+        d = self.folder / f"{stage}-{int(step)}"
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".node-{self.node}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(dict(verdict, node=self.node)), encoding="utf-8")
@@ -45,12 +52,13 @@ class NodeAgreement:
 
     def abort(self, step: int, why: str) -> None:
         """This node cannot restore at all (the store is unreachable, the disk is full): every node
-        waiting on ``step`` stops at once instead of at the timeout."""
-        self._say(step, {"ok": False, "fatal": True, "why": why})
+        waiting on ``step``, in either round, stops at once instead of at the timeout."""
+        for stage in STAGES:
+            self._say(step, {"ok": False, "fatal": True, "why": why}, stage)
 
-    def __call__(self, step: int, why: str) -> str:
-        """Why some node rejects ``step`` ("node K: ..."), or "" when every node accepts it."""
-        d = self._say(step, {"ok": not why, "why": why})
+    def __call__(self, step: int, why: str, stage: str = "step") -> str:
+        """Why some node rejects ``step`` in round ``stage`` ("node K: ..."), or "" when every node accepts it."""
+        d = self._say(step, {"ok": not why, "why": why}, stage)
         deadline = time.monotonic() + self.timeout_s
         verdicts: dict[int, dict] = {}
         while True:

@@ -77,18 +77,35 @@ Ranks = list[int] | Callable[[int], list[int]]
 """Global ranks, or a function of the saving world size giving them (``ckpt restore --node K --nodes N``)."""
 
 
-Planner = Callable[[str], dict[int, list[Range]] | None]
+NodePlanner = Callable[[str], dict[int, list[Range]] | None]
 """Given a folder holding a checkpoint's ``.metadata``: per rank of this node (of the world size that will load
 it), the byte ranges its DCP load reads, worked out by that rank (node.supervisor's ``RankGroup.plan``);
 None when some rank cannot tell (the whole checkpoint is then fetched)."""
 
 
+class _PlanRound:
+    """The nodes' round on a candidate saved by another world size before any rank plans its load of it
+    (:data:`.agree.STAGES`): planning runs collectives across the nodes (torchtitan's fused-QKV state-dict
+    hook gathers), so the ranks of every node plan a candidate, or none do. A node votes once: yes when its
+    ``.metadata`` is verified, no when anything before that failed."""
+
+    def __init__(self, agree: Agreement, step: int) -> None:
+        self.agree, self.step = agree, step
+        self.answer: str | None = None
+
+    def vote(self, why: str) -> str:
+        """Why some node rejects the candidate ("" when none does); the first vote's answer ever after."""
+        if self.answer is None:
+            self.answer = self.agree(self.step, why, stage="plan")
+        return self.answer
+
+
 class Agreement(Protocol):
     """The nodes' verdict on each candidate checkpoint (:class:`.agree.NodeAgreement`)."""
 
-    def __call__(self, step: int, why: str) -> str:
-        """This node's verdict (why it rejects ``step``, or "") out; why some node rejects it, or ""
-        when every node accepts it, back. Raises StorageError when the nodes cannot agree."""
+    def __call__(self, step: int, why: str, stage: str = "step") -> str:
+        """This node's verdict in round ``stage`` (why it rejects ``step``, or "") out; why some node
+        rejects it, or "" when every node accepts it, back. Raises StorageError when the nodes cannot agree."""
 
     def abort(self, step: int, why: str) -> None:
         """This node cannot restore at all: tell the others now."""
@@ -98,7 +115,7 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
                    progress: ByteProgress | None = None, ranks: list[int] | None = None,
                    world_size: int | None = None, agree: Agreement | None = None,
-                   planner: Planner | None = None) -> RestoreResult | None:
+                   planner: NodePlanner | None = None) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
     of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``ranks``,
     ``world_size``, ``agree``, ``planner``: see :func:`restore` (one node's share; one verdict for all).
@@ -141,7 +158,7 @@ def hide_uncommitted(local_folder: str, newer_than: int | None) -> list[str]:
 def restore(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
             notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
             world_size: int | None = None, agree: Agreement | None = None,
-            infos: list[CheckpointInfo] | None = None, planner: Planner | None = None) -> RestoreResult:
+            infos: list[CheckpointInfo] | None = None, planner: NodePlanner | None = None) -> RestoreResult:
     """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
 
     ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete
@@ -176,11 +193,16 @@ def restore(store: Store, dest: str, step: int | None = None, progress: ByteProg
     skipped: list[tuple[int, str]] = []
     for n, s in enumerate(candidates):
         fetched: _Fetched | None = None
+        saved_by = by_step[s].world_size
+        plan_round = (_PlanRound(agree, s) if agree is not None and planner is not None and world_size is not None
+                      and saved_by is not None and saved_by != world_size else None)
         try:
-            fetched = _fetch(store, s, dest, progress, ranks, world_size, planner)
+            fetched = _fetch(store, s, dest, progress, ranks, world_size, planner, plan_round)
             why = ""
         except (CorruptCheckpoint, ManifestError) as e:
             why = str(e)
+            if plan_round is not None:
+                plan_round.vote(why)  # a no, when this node failed before it voted
         except BaseException as e:
             if agree is not None:
                 agree.abort(s, str(e) or type(e).__name__)
@@ -340,11 +362,11 @@ class _Fetched:
 
 
 def _wanted_share(store: Store, m: Manifest, dest: str, ranks: Ranks | None, world_size: int | None,
-                  planner: Planner | None) -> Share | None:
+                  planner: NodePlanner | None, plan_round: _PlanRound | None) -> Share | None:
     where = store.url(layout.commit_path(m.step))
     if world_size is not None and world_size != m.world_size:
         if planner is not None:
-            return _planned_share(store, m, dest, world_size, planner)
+            return _planned_share(store, m, dest, world_size, planner, plan_round)
         log.info("checkpoint step %d was saved by %d ranks, loaded by %d: fetching all of it", m.step,
                  m.world_size, world_size)
         return None
@@ -362,9 +384,11 @@ def _wanted_share(store: Store, m: Manifest, dest: str, ranks: Ranks | None, wor
     return share
 
 
-def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planner: Planner) -> Share | None:
+def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planner: NodePlanner,
+                   plan_round: _PlanRound | None) -> Share | None:
     """The share of the node's ranks of another world size than the save's: its ``.metadata`` is fetched
-    (verified) into a folder torchtitan does not pick up, and the ranks work out what their load reads of it."""
+    (verified) into a folder torchtitan does not pick up, every node says so (``plan_round``), and the ranks
+    work out what their load reads of it."""
     bad = check_listing(store, m)
     if bad:
         raise CorruptCheckpoint(_describe_bad(store, m.step, bad), bad)
@@ -381,6 +405,9 @@ def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planne
         why = _download_problem(local, meta, size, digest, m.algorithm)
         if why:
             raise CorruptCheckpoint(_describe_bad(store, m.step, [(meta.path, why)]), [(meta.path, why)])
+        other = plan_round.vote("") if plan_round is not None else ""
+        if other:
+            raise CorruptCheckpoint(other, [])
         reads = planner(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -398,10 +425,10 @@ def _download_problem(path: str, f: FileEntry, size: int, digest: str, algorithm
 
 
 def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: Ranks | None,
-           world_size: int | None, planner: Planner | None) -> _Fetched:
+           world_size: int | None, planner: NodePlanner | None, plan_round: _PlanRound | None) -> _Fetched:
     m = read_manifest(store, step)
     dest = os.path.abspath(dest)
-    share = _wanted_share(store, m, dest, ranks, world_size, planner)
+    share = _wanted_share(store, m, dest, ranks, world_size, planner, plan_round)
     final = os.path.join(dest, layout.step_dir(step))
     held = _read_share(final, m) if share is not None and os.path.isdir(final) else None
     if (share is not None and held is not None and held.world_size == share.world_size

@@ -26,13 +26,13 @@ from slurm_titan.node.spec import CheckpointPlan
 from slurm_titan.records.restore_verdict import RestoreVerdict
 
 if TYPE_CHECKING:
-    from slurm_titan.ckpt.restore import Planner
+    from slurm_titan.ckpt.restore import NodePlanner
 
 
 def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
             ranks: list[int] | None = None, node: int = 0, nodes: int = 1,
             verdicts: str | os.PathLike | None = None,
-            planner: Planner | None = None) -> RestoreVerdict:
+            planner: NodePlanner | None = None) -> RestoreVerdict:
     """Restore what this node needs; returns what the ranks' checkpoint hook must know of it.
     Raises StorageError (one line) when the remote location cannot be reached.
 

@@ -117,8 +117,8 @@ class RankGroup:
         `.metadata` is in `folder` (saved by another world size), and wait for every answer (each rank
         writes `folder/reads-R.json`). None, with a line saying why, when some rank cannot tell: it
         failed to plan, exited, was released meanwhile, or has not answered within the watchdog's
-        start-up budget (a rank that hangs before its gate: the whole checkpoint is fetched, and the
-        watchdog, armed at the release, sees the hang as without a plan)."""
+        start-up budget (no limit without a watchdog). After that the node fetches the whole checkpoint,
+        and a rank that hung before its gate is the watchdog's once the ranks are released."""
         with self.gate_lock:
             if not self.gates:
                 return None

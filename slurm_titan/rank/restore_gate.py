@@ -16,11 +16,11 @@ from collections.abc import Callable
 from slurm_titan import envvars
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, parse_line, write_reads
 
-Planner = Callable[[str], Reads]
+RankPlanner = Callable[[str], Reads]
 """Given a folder holding a checkpoint's ``.metadata``: the byte ranges this rank's load of it reads."""
 
 
-def wait_for_restore(plan: Planner | None = None) -> RestoreVerdict | None:
+def wait_for_restore(plan: RankPlanner | None = None) -> RestoreVerdict | None:
     """Block until the node's restore is done; returns its verdict, None when the rank was started without
     a restore to wait for. Meanwhile each plan request is answered with ``plan`` (a rank without one, or
     whose ``plan`` raises, answers why it cannot tell: the node then fetches the whole checkpoint). The

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 
 import pytest
@@ -320,6 +321,36 @@ def test_a_corrupt_metadata_is_refused_before_any_rank_plans_against_it(tmp_path
     res = restore(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
     assert res.step == 10 and ".metadata: bytes 0-" in res.skipped[0][1] and "fail their checksum" in res.skipped[0][1]
     assert planner.seen == [files[10][".metadata"]]
+
+
+def test_when_one_node_cannot_verify_the_metadata_no_node_plans_against_it(tmp_path, monkeypatch):
+    """Planning runs collectives across the nodes (torchtitan's fused-QKV state-dict hook gathers): node 1 sees a
+    bad .metadata of step 11 (its own copy of the location), node 0 a good one, and neither node's ranks plan
+    step 11; both fall back to step 10 and plan that."""
+    good = str(tmp_path / "remote")
+    files = _commit(good, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
+    shutil.copytree(good, tmp_path / "remote-seen-by-node-1")
+    bad = open_store(str(tmp_path / "remote-seen-by-node-1"))
+    _corrupt(bad, "step-11/.metadata", 3)
+    planners, results, errors = {0: _Planner(), 1: _Planner()}, {}, {}
+
+    def node(k: int, location: str) -> None:
+        try:
+            results[k] = restore(open_store(location), str(tmp_path / f"node{k}"), ranks=[2 * k, 2 * k + 1],
+                                 world_size=4, planner=planners[k],
+                                 agree=NodeAgreement(tmp_path / "job" / "restore", k, 2, timeout_s=60))
+        except Exception as e:  # noqa: BLE001
+            errors[k] = e
+
+    threads = [threading.Thread(target=node, args=(0, good)), threading.Thread(target=node, args=(1, bad.location))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert results[0].step == results[1].step == 10
+    assert planners[0].seen == planners[1].seen == [files[10][".metadata"]]  # step 11: no node's ranks planned
+    assert "node 1:" in results[0].skipped[0][1] and ".metadata" in results[0].skipped[0][1]
 
 
 def test_ranks_that_cannot_tell_what_they_read_get_the_whole_checkpoint(tmp_path, monkeypatch):
