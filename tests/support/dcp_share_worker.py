@@ -167,6 +167,7 @@ def main() -> int:
         replicated(rank, mesh, local, remote, out)
     else:
         reshard(rank, mesh, local, remote, out)
+    dist.barrier()  # no rank tears the group down while another still finishes its last collective
     dist.destroy_process_group()
     return 0
 
