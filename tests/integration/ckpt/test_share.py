@@ -144,27 +144,34 @@ def test_bad_record_is_refused_in_one_line_and_the_restore_falls_back(tmp_path, 
     assert store.exists("step-11/__0_0.distcp") and store.exists(layout.commit_path(11))  # nothing deleted
 
 
+def _restore_on_nodes(tmp_path, locations, options):
+    """Node k restores from ``locations[k]`` into ``node<k>`` with ``options(k)``, all at once (threads), agreeing
+    through one job folder; their results by node (an error on any node fails the test)."""
+    results, errors = {}, {}
+
+    def node(k):
+        try:
+            results[k] = restore(open_store(locations[k]), str(tmp_path / f"node{k}"), **options(k),
+                                 agree=NodeAgreement(tmp_path / "job" / "restore", k, len(locations), timeout_s=60))
+        except Exception as e:  # noqa: BLE001
+            errors[k] = e
+
+    threads = [threading.Thread(target=node, args=(k,)) for k in range(len(locations))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    return results
+
+
 def test_a_bad_range_on_one_node_makes_every_node_fall_back(location, tmp_path, monkeypatch):
     """Node 0 finds a bad block in its own rank's file that node 1 does not read: node 1 alone would
     accept step 11, but every node falls back to step 10 and says which file and range was bad."""
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
     _corrupt(store, "step-11/__0_0.distcp", BLOCK + 5)  # block 1: node 1 reads only block 3 of this file
-    results, errors = {}, {}
-
-    def node(k):
-        try:
-            results[k] = restore(open_store(location), str(tmp_path / f"node{k}"), ranks=node_ranks(k, 2, 2),
-                                 world_size=2, agree=NodeAgreement(tmp_path / "job" / "restore", k, 2, timeout_s=60))
-        except Exception as e:  # noqa: BLE001
-            errors[k] = e
-
-    threads = [threading.Thread(target=node, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    results = _restore_on_nodes(tmp_path, [location] * 2, lambda k: {"ranks": node_ranks(k, 2, 2), "world_size": 2})
     assert results[0].step == results[1].step == 10
     for k in range(2):
         why = results[k].skipped[0][1]
@@ -332,22 +339,9 @@ def test_when_one_node_cannot_verify_the_metadata_no_node_plans_against_it(tmp_p
     shutil.copytree(good, tmp_path / "remote-seen-by-node-1")
     bad = open_store(str(tmp_path / "remote-seen-by-node-1"))
     _corrupt(bad, "step-11/.metadata", 3)
-    planners, results, errors = {0: _Planner(), 1: _Planner()}, {}, {}
-
-    def node(k: int, location: str) -> None:
-        try:
-            results[k] = restore(open_store(location), str(tmp_path / f"node{k}"), ranks=[2 * k, 2 * k + 1],
-                                 world_size=4, planner=planners[k],
-                                 agree=NodeAgreement(tmp_path / "job" / "restore", k, 2, timeout_s=60))
-        except Exception as e:  # noqa: BLE001
-            errors[k] = e
-
-    threads = [threading.Thread(target=node, args=(0, good)), threading.Thread(target=node, args=(1, bad.location))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    planners = {0: _Planner(), 1: _Planner()}
+    results = _restore_on_nodes(tmp_path, [good, bad.location],
+                                lambda k: {"ranks": [2 * k, 2 * k + 1], "world_size": 4, "planner": planners[k]})
     assert results[0].step == results[1].step == 10
     assert planners[0].seen == planners[1].seen == [files[10][".metadata"]]  # step 11: no node's ranks planned
     assert "node 1:" in results[0].skipped[0][1] and ".metadata" in results[0].skipped[0][1]
