@@ -8,6 +8,7 @@ the job COMPLETED with every loss equal to an uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -156,6 +157,13 @@ class Feeder(threading.Thread):
             finally:
                 os.close(fd)
 
+    def stop(self) -> None:
+        """End the thread; a writer still blocked in open() is let go by a reader that opens and leaves."""
+        self.done.set()
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK))
+        self.join(10)
+
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
@@ -172,7 +180,7 @@ def test_a_rank_blocked_in_its_data_loader_is_found_and_the_run_recovers(cli: Cl
         wait_for(feeder.held.is_set, 600, "rank 1 to read its shard", 1)
         status = cli.wait(job, timeout=900)
     finally:
-        feeder.done.set()
+        feeder.stop()
     assert status["state"] == "COMPLETED", status
     first = status["attempts"][0]
     host = cli.status(job)["attempts"][0]["hosts"][1]

@@ -97,7 +97,7 @@ def _kill_a_node_at_step_7(cli: Cli, cluster: LocalCluster, node: int, *sets: st
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     host = cli.status(job)["attempts"][0]["hosts"][node]
     assert cluster.kill_node(host) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
-    status = cli.wait(job, timeout=900)
+    status = cli.wait(job, timeout=600)  # ~2.5 min; within the test's own timeout, so that it says why
     assert status["state"] == "COMPLETED", status
     return job, folder, host, status
 

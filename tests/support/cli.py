@@ -1,6 +1,7 @@
 """Drive the real `slurm-titan` command: `run` a command, `wait_for` a condition, `Cli` against the bundled
 Slurm cluster and a real S3 store (fixture `cli`), `PROBE` (a CLI run that reports the heavy modules it
-imported). As a plugin it also shows, for a failed test, the log tails of the jobs it submitted."""
+imported). As a plugin it also shows, for a failed test, the log tails of the jobs it submitted and what Slurm's
+daemons logged about them."""
 
 from __future__ import annotations
 
@@ -100,6 +101,20 @@ def log_tails(jobs: list[tuple[Path, str]]) -> str:
     return "\n".join(parts)
 
 
+def slurm_log_lines(jobs: list[tuple[Path, str]], lines: int = 30) -> str:
+    """The last lines of the bundled cluster's daemon logs that name one of `jobs` (what Slurm did to them)."""
+    from tools.local_cluster.cluster import LocalCluster
+
+    ids = [job for _, job in jobs]
+    parts = []
+    for log in sorted(LocalCluster.from_env().logs.glob("slurm*.log")):
+        named = [line for line in log.read_text(errors="replace").splitlines() if any(job in line for job in ids)]
+        if named:
+            tail = named[-lines:]
+            parts.append(f"--- {log} (last {len(tail)} lines naming the jobs)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[FIRST_JOB] = len(SUBMITTED)
 
@@ -111,3 +126,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     jobs = SUBMITTED[item.stash.get(FIRST_JOB, len(SUBMITTED)):]
     if report.failed and jobs:
         report.sections.append(("slurm-titan job logs", log_tails(jobs)))
+        report.sections.append(("Slurm's logs of the jobs", slurm_log_lines(jobs)))

@@ -48,6 +48,7 @@ SBIN = "/usr/sbin:/sbin"
 TEMPLATES = Path(__file__).parent
 USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "resv"}
 LOCK_WAIT_S = 300
+FREEZE_ROUNDS, FREEZE_WAIT_S = 20, 5.0  # kill_node: rounds of SIGSTOP for processes forked meanwhile; wait per round
 # A node: its hostname, /etc/hosts, /etc/slurm and node-local scratch are private to it (mount propagation is
 # private under unshare); then slurmd, in place of this shell. $1 node, $2 state, $3 scratch, $4 /etc/slurm or "".
 NODE_SHELL = """
@@ -203,8 +204,23 @@ class LocalCluster:
     def kill_node(self, node: str) -> int:
         """Kill `node` whole, as a lost machine: its slurmd and every process of its namespaces (slurmstepd, the
         supervisor, the ranks, their uploaders). Returns how many processes were killed. `up` heals the cluster
-        (a node gone makes its state stale: everything starts afresh)."""
-        return procs.send(self.node_processes(node), signal.SIGKILL)
+        (a node gone makes its state stale: everything starts afresh).
+
+        A machine that is lost tells nobody, so no process of the node may see another one die: the node is
+        frozen first (SIGSTOP, again for any process forked meanwhile, until all show stopped), then killed
+        children first. Killed one by one while running, its first dead processes were reported by the
+        others: srun saw its task die and its --kill-on-bad-exit killed the job's step on every other node
+        before srun died itself. Killed parents first, a dead parent left its stopped children's process
+        group orphaned, and the kernel woke them with SIGHUP and SIGCONT (srun then ended the step too)."""
+        frozen: set[int] = set()
+        for _ in range(FREEZE_ROUNDS):
+            new = set(self.node_processes(node)) - frozen
+            if not new:
+                break
+            procs.send(new, signal.SIGSTOP)
+            frozen |= new
+            procs.wait_stopped(new, FREEZE_WAIT_S)
+        return procs.send(procs.children_first(frozen), signal.SIGKILL)
 
     # ---- health ----------------------------------------------------------------------------------------------
     def _slurm(self, *args: str, timeout: float, stderr: int = subprocess.STDOUT) -> subprocess.CompletedProcess[str]:

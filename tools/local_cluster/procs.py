@@ -1,6 +1,6 @@
-"""Processes as /proc shows them: alive or not (a zombie is gone), their program, parent and namespaces;
-signal a set of them and wait until they are gone. What the local cluster needs to find and stop its daemons
-and everything that runs inside its nodes."""
+"""Processes as /proc shows them: alive, stopped or gone (a zombie is gone), their program, parent and
+namespaces; signal a set of them (children first, when a node is killed) and wait until they stop or are gone.
+What the local cluster needs to find and stop its daemons and everything that runs inside its nodes."""
 
 from __future__ import annotations
 
@@ -22,10 +22,15 @@ def _stat_fields(pid: int) -> list[str] | None:
     return stat.rpartition(") ")[2].split()
 
 
+def state(pid: int) -> str | None:
+    """PID's state letter as the kernel shows it (R, S, D, T, t, Z, ...), or None when it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
 def is_running(pid: int) -> bool:
     """PID exists and is not a zombie (PID 1 here may reap orphans a second late)."""
-    fields = _stat_fields(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")
+    return state(pid) not in (None, "Z", "X")
 
 
 def program(pid: int) -> str | None:
@@ -57,9 +62,26 @@ def in_namespaces(keys: set[str]) -> list[int]:
     return [pid for pid in all_pids() if namespaces(pid) in keys and is_running(pid)]
 
 
-def children(parent: int) -> list[int]:
-    """The processes whose parent is `parent`."""
-    return [pid for pid in all_pids() if (fields := _stat_fields(pid)) and len(fields) > 1 and fields[1] == str(parent)]
+def parent(pid: int) -> int | None:
+    """PID's parent, or None when it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
+
+
+def children(of: int) -> list[int]:
+    """The processes whose parent is `of`."""
+    return [pid for pid in all_pids() if parent(pid) == of]
+
+
+def children_first(pids: Iterable[int]) -> list[int]:
+    """`pids`, each after every one of its descendants (deepest in the process tree first)."""
+    def depth(pid: int) -> int:
+        count, seen = 0, {pid}
+        while (up := parent(pid)) and up not in seen:
+            count, pid = count + 1, up
+            seen.add(up)
+        return count
+    return sorted(pids, key=depth, reverse=True)
 
 
 def send(pids: Iterable[int], signum: int) -> int:
@@ -70,6 +92,18 @@ def send(pids: Iterable[int], signum: int) -> int:
             os.kill(pid, signum)
             sent += 1
     return sent
+
+
+def wait_stopped(pids: Iterable[int], seconds: float) -> bool:
+    """Wait until each of `pids` is stopped (T) or gone; False on timeout (one in uninterruptible sleep stops
+    only once it leaves it)."""
+    pids = list(pids)
+    deadline = time.monotonic() + seconds
+    while any(state(pid) not in (None, "T", "t", "Z", "X") for pid in pids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def wait_gone(pids: Iterable[int], seconds: float) -> bool:

@@ -4,6 +4,7 @@ readers. Nothing here starts, stops or asks a cluster (tests/e2e/test_local_clus
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +117,27 @@ def test_recorded_pids_count_only_while_they_run_the_same_program(tmp_path: Path
         sleeper.kill()
         sleeper.wait()
     assert not procs.is_running(sleeper.pid) and procs.wait_gone([sleeper.pid], 1)
+
+
+def test_a_frozen_process_tree_is_ordered_children_first_and_killed_without_waking() -> None:
+    """What kill_node does to a node: stop every process, then SIGKILL the deepest first."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (kids := procs.children(shell.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sleeper = kids[0]
+        assert procs.parent(sleeper) == shell.pid
+        assert procs.children_first([shell.pid, sleeper]) == [sleeper, shell.pid]
+        assert procs.send([shell.pid, sleeper], signal.SIGSTOP) == 2
+        assert procs.wait_stopped([shell.pid, sleeper], 10)
+        assert procs.state(shell.pid) == "T" and procs.state(sleeper) == "T"
+        assert procs.send(procs.children_first([shell.pid, sleeper]), signal.SIGKILL) == 2
+        assert procs.wait_gone([sleeper], 10)
+    finally:
+        shell.kill()
+        shell.wait()
+    assert shell.returncode == -signal.SIGKILL and procs.state(shell.pid) is None
 
 
 def test_a_zombie_is_not_running() -> None:
