@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.paths import REPO
 from tests.support.s3 import S3Server
+from tools.local_cluster.cluster import LocalCluster
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 SUBMITTED: list[tuple[Path, str]] = []  # (runs folder, job id) of every job the tests submitted, in order
@@ -103,8 +104,6 @@ def log_tails(jobs: list[tuple[Path, str]]) -> str:
 
 def slurm_log_lines(jobs: list[tuple[Path, str]], lines: int = 30) -> str:
     """The last lines of the bundled cluster's daemon logs that name one of `jobs` (what Slurm did to them)."""
-    from tools.local_cluster.cluster import LocalCluster
-
     ids = [job for _, job in jobs]
     parts = []
     for log in sorted(LocalCluster.from_env().logs.glob("slurm*.log")):

@@ -207,20 +207,21 @@ class LocalCluster:
         (a node gone makes its state stale: everything starts afresh).
 
         A machine that is lost tells nobody, so no process of the node may see another one die: the node is
-        frozen first (SIGSTOP, again for any process forked meanwhile, until all show stopped), then killed
-        children first. Killed one by one while running, its first dead processes were reported by the
-        others: srun saw its task die and its --kill-on-bad-exit killed the job's step on every other node
-        before srun died itself. Killed parents first, a dead parent left its stopped children's process
-        group orphaned, and the kernel woke them with SIGHUP and SIGCONT (srun then ended the step too)."""
+        frozen first (SIGSTOP, again for any process forked meanwhile; up to FREEZE_WAIT_S for each to show
+        stopped), then killed children first. Killed one by one while running, its first dead processes were
+        reported by the others: srun saw its task die and its --kill-on-bad-exit killed the job's step on
+        every other node before srun died itself. Killed parents first, a dead parent left its stopped
+        children's process group orphaned, and the kernel woke them with SIGHUP and SIGCONT (srun then ended
+        the step too)."""
         frozen: set[int] = set()
         for _ in range(FREEZE_ROUNDS):
-            new = set(self.node_processes(node)) - frozen
-            if not new:
+            present = set(self.node_processes(node))  # the last listing is what is killed: no pid gone since
+            if not present - frozen:
                 break
-            procs.send(new, signal.SIGSTOP)
-            frozen |= new
-            procs.wait_stopped(new, FREEZE_WAIT_S)
-        return procs.send(procs.children_first(frozen), signal.SIGKILL)
+            procs.send(present - frozen, signal.SIGSTOP)
+            procs.wait_stopped(present - frozen, FREEZE_WAIT_S)
+            frozen |= present
+        return procs.send(procs.children_first(present), signal.SIGKILL)
 
     # ---- health ----------------------------------------------------------------------------------------------
     def _slurm(self, *args: str, timeout: float, stderr: int = subprocess.STDOUT) -> subprocess.CompletedProcess[str]:
