@@ -453,6 +453,11 @@ def _check_gres(config: JobConfig) -> None:
                                                    f"slurm.devices_per_node is {slurm.devices_per_node}")
 
 
+NPU_SPMD_BACKEND = "spmd_types"
+"""The only `parallelism.spmd_backend` the NPU overrides run under: the others (partial_dtensor, full_dtensor)
+hand the RoPE and attention DTensors (torchtitan llama3/parallelize.py)."""
+
+
 def _check_npu_torchtitan(config: JobConfig) -> None:
     """What the NPU overrides cannot run: refused before submitting (torchtitan's own checks pass them)."""
     where, titan = config.source, config.torchtitan
@@ -461,6 +466,12 @@ def _check_npu_torchtitan(config: JobConfig) -> None:
         raise ConfigError(where, "torchtitan.args.parallelism.context_parallel_degree",
                           f"{degree}: the NPU attention (npu_fusion_attention, TND varlen) has no context-parallel "
                           "path, and torchtitan's own check runs before the override; use 1 on NPU")
+    backend = titan.option("parallelism.spmd_backend", NPU_SPMD_BACKEND)
+    if backend != NPU_SPMD_BACKEND:
+        raise ConfigError(where, "torchtitan.args.parallelism.spmd_backend",
+                          f"{backend!r} hands the NPU RoPE and attention DTensors, whose fallbacks run complex "
+                          f"index/gather on the device and the slow reference attention; use {NPU_SPMD_BACKEND!r} "
+                          "(torchtitan's default) on NPU")
     if titan.option("compile.enable") is True:
         raise ConfigError(where, "torchtitan.args.compile.enable",
                           "torch.compile needs triton-ascend, which the npu extra does not install, and "

@@ -54,6 +54,10 @@ def test_flags_and_set_override_the_file(tmp_path: Path) -> None:
         ("name: x\nslurm: {extra: {gres: 'npu:8'}}\n", "job.yaml: slurm.extra.gres: set slurm.gres instead"),
         ("name: x\ntorchtitan: {args: {parallelism: {context_parallel_degree: 2}}}\n",
          "job.yaml: torchtitan.args.parallelism.context_parallel_degree: 2: the NPU attention"),
+        ("name: x\ntorchtitan: {args: {parallelism: {spmd_backend: full_dtensor}}}\n",
+         "job.yaml: torchtitan.args.parallelism.spmd_backend: 'full_dtensor' hands the NPU RoPE and attention"),
+        ("name: x\ntorchtitan: {args: {parallelism: {spmd_backend: partial_dtensor}}}\n",
+         "job.yaml: torchtitan.args.parallelism.spmd_backend: 'partial_dtensor' hands the NPU RoPE"),
         ("name: x\ntorchtitan: {args: {compile: {enable: true}}}\n",
          "job.yaml: torchtitan.args.compile.enable: torch.compile needs triton-ascend"),
         ("name: x\ntorchtitan: {args: {comm: {train_timeout_seconds: 100}}}\n",
@@ -99,6 +103,17 @@ def test_gres_default_follows_the_device(tmp_path: Path, device: str, gres: str 
     assert config.slurm.gres_request(device) == wanted
     null = load_config(write(tmp_path, "name: x\nslurm: {gres: null}\n"))
     assert null.slurm.gres_request("npu") is None
+
+
+def test_spmd_backend_from_set_is_refused_on_npu_and_the_default_accepted(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\n")
+    with pytest.raises(ConfigError, match="parallelism.spmd_backend: 'full_dtensor' hands"):
+        load_config(path, [parse_assignment("torchtitan.args.parallelism.spmd_backend=full_dtensor")])
+    config = load_config(path, [parse_assignment("torchtitan.args.parallelism.spmd_backend=spmd_types")])
+    assert config.torchtitan.option("parallelism.spmd_backend") == "spmd_types"
+    cpu = load_config(path, [("environment.device", "cpu"),
+                             ("torchtitan.args.parallelism.spmd_backend", "full_dtensor")])
+    assert cpu.torchtitan.option("parallelism.spmd_backend") == "full_dtensor"
 
 
 def test_cpu_jobs_may_use_context_parallelism_and_compile(tmp_path: Path) -> None:
