@@ -79,7 +79,11 @@ _MANAGED = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_IP", "HCCL_SOCKET_IFNAME", "GL
             "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE",
             "CPU_AFFINITY_CONF", "STREAMS_PER_DEVICE", "MULTI_STREAM_MEMORY_RESERVE", "HCCL_BUFFSIZE",
             "TORCH_HCCL_TRACE_BUFFER_SIZE", "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_ENABLE_MONITORING",
-            "TORCH_HCCL_DEBUG_INFO_TEMP_FILE", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_DETERMINISTIC")
+            "TORCH_HCCL_DEBUG_INFO_TEMP_FILE", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_DETERMINISTIC", "PYTORCH_ALLOC_CONF")
+"""The variables `environment.npu` owns: refused in `environment.env`, unset in the batch script when the job
+does not set them (`left_out`). PYTORCH_ALLOC_CONF is never set: torch_npu refuses it next to
+PYTORCH_NPU_ALLOC_CONF ("Both PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF have been set") at a rank's first
+allocation."""
 
 
 @dataclass
@@ -439,6 +443,24 @@ def npu_variables(spec: NpuSpec, job: NpuJob, dump_folder: str) -> dict[str, str
     if job.titan_option("debug.deterministic", False):
         variables["HCCL_DETERMINISTIC"] = "true"
     return variables
+
+
+def left_out(variables: Mapping[str, str]) -> list[str]:
+    """The managed variables an NPU job with `variables` does not set. Its batch script unsets them after the
+    set-up lines, so that none reaches the ranks from the submitting shell (sbatch exports it by default, and
+    srun passes the batch shell's environment on) or from a set-up line."""
+    return [name for name in _MANAGED if name not in variables]
+
+
+def inherited_warning(environ: Mapping[str, str], unset: list[str]) -> str | None:
+    """One line naming the variables of the submitting shell `environ` that the batch script unsets (`unset`,
+    from `left_out`), or None."""
+    names = [name for name in unset if name in environ]
+    if not names:
+        return None
+    return (f"{', '.join(names)} from this shell left out of the NPU job: environment.npu sets these (torch_npu "
+            "stops every rank on PYTORCH_ALLOC_CONF next to PYTORCH_NPU_ALLOC_CONF; allocator options go in "
+            "environment.npu.alloc_conf)")
 
 
 def cann_launcher(spec: NpuSpec) -> str:

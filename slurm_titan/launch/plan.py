@@ -300,9 +300,11 @@ def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str])
     return parameters
 
 
-def _exports(env: dict[str, str]) -> str:
-    """`export` lines; `{job_id}` in a value becomes the batch shell's own $SLURM_JOB_ID."""
-    lines = [export_lines({key: value for key, value in env.items() if JOB_ID not in value})]
+def _exports(env: dict[str, str], unset: list[str]) -> str:
+    """An `unset` line for `unset`, then `export` lines; `{job_id}` in a value becomes the batch shell's own
+    $SLURM_JOB_ID."""
+    lines = [f"unset {' '.join(unset)}" if unset else "",
+             export_lines({key: value for key, value in env.items() if JOB_ID not in value})]
     lines += [f"export {key}=" + '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in value.split(JOB_ID))
               for key, value in sorted(env.items()) if JOB_ID in value]
     return "\n".join(line for line in lines if line)
@@ -327,9 +329,12 @@ def plan_job(config: JobConfig) -> JobPlan:
     node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), str(run_folder.dump_folder(Path(job_dir))))
                              if env.device == "npu" else ("", {}))
     node_env = _BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env() | env.env
+    unset = npu_env.left_out(npu_vars) if env.device == "npu" else []
     _warn_notify(config)
+    if line := npu_env.inherited_warning(os.environ, unset):
+        print(f"slurm-titan: WARNING: {config.source}: {line}", file=sys.stderr)
     setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
-                   env_exports=_exports(node_env), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
+                   env_exports=_exports(node_env, unset), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
                    stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS),
                    titan_module=shlex.quote(config.torchtitan.module),
                    titan_config=shlex.quote(config.torchtitan.config), job_dir=shlex.quote(job_dir),

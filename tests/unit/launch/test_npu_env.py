@@ -291,6 +291,34 @@ def test_every_node_sources_cann_in_its_own_task_and_cpu_jobs_stay_clean(tmp_pat
     assert "bash -c" not in cpu.launcher
 
 
+def test_managed_variables_of_the_submitting_shell_never_reach_the_ranks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """sbatch exports the submitting shell's environment: the batch script's own lines, run in a shell that has
+    PYTORCH_ALLOC_CONF (torch_npu stops every rank on it next to PYTORCH_NPU_ALLOC_CONF) and a
+    CPU_AFFINITY_CONF the config leaves unset, pass neither on to srun; one warning names them at submit."""
+    shell = {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "CPU_AFFINITY_CONF": "2", "PATH": "/usr/bin:/bin"}
+    for name, value in shell.items():
+        monkeypatch.setenv(name, value)
+    plan = plan_job(config_with(tmp_path, ("environment.npu.cpu_affinity", None),
+                                ("environment.setup", ["export PYTORCH_ALLOC_CONF=from-a-setup-line"])))
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and "PYTORCH_ALLOC_CONF" in warning and "CPU_AFFINITY_CONF" in warning
+    setup = plan.parameters["setup"]
+    batch_lines = setup[setup.index("export PYTORCH_ALLOC_CONF=from-a-setup-line"):]
+    lines = [line for line in batch_lines if line.startswith(("export ", "unset "))]
+    done = subprocess.run(["bash", "-c", "\n".join([*lines, "env"])], capture_output=True, text=True, env=shell,
+                          timeout=30, check=True)
+    rank_env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert rank_env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_ALLOC_CONF" not in rank_env and "CPU_AFFINITY_CONF" not in rank_env
+    with pytest.raises(ConfigError, match="environment.env.PYTORCH_ALLOC_CONF: comes from environment.npu"):
+        config_with(tmp_path, ("environment.env.PYTORCH_ALLOC_CONF", "expandable_segments:True"))
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    monkeypatch.delenv("CPU_AFFINITY_CONF")
+    plan_job(config_with(tmp_path))
+    assert capsys.readouterr().err == ""
+
+
 def test_the_preflight_checks_the_root_info_ports_against_each_node(tmp_path: Path) -> None:
     """HCCL_IF_BASE_PORT's block travels in the preflight expectations, so the doctor's ephemeral-port check
     flags a node whose ip_local_port_range reaches it."""
