@@ -1,16 +1,21 @@
-"""What kind of failure a rank's log shows: bad hardware, the network, the user's code, memory, or unknown.
+"""What kind of failure a rank's log shows: bad hardware here or on a peer, a fault to retry, the network, the
+user's code, memory, or unknown.
 
 Pure functions over the tail of `<job>/logs/rank-R.log` (a bounded number of bytes: logs can be
 huge). Each signature is a line pattern with its kind; the most telling kind found wins, in this
-order, and its last matching line is the evidence:
+order, and its last matching line is the evidence. The CANN runtime codes (rt_error_codes.h) are read as
+CANN's error table says:
 
 - hardware: the node's own devices are bad. torch_npu's device errors (`UCE ERROR`, `HBM MULTI BIT
-  ECC ERROR`, `SUSPECT MEM ERROR`, `HCCS LINK ERROR`, its `deviceErrorMap` in NPUQueue.cpp) and
-  CANN runtime codes (rt_error_codes.h): 507010 ts lost heartbeat, 507053 device MEM ERROR,
-  507054 hbm Multi-bit ECC error, 507055 suspect device MEM ERROR, 507056 link ERROR, 507901 hdc
-  disconnect;
+  ECC ERROR`, its `deviceErrorMap` in NPUQueue.cpp) and the codes 507010 ts lost heartbeat, 507053 device
+  MEM ERROR, 507054 hbm Multi-bit ECC error, 507901 hdc disconnect;
+- peer: 507055 suspect device MEM ERROR (torch_npu's `SUSPECT MEM ERROR`): "由于当前Device访问的对端Device内存发生故障，
+  用户需排查对端Device进程", the memory that failed is the *peer* device's, which the log names only in HCCL's
+  cluster exception report (`Cluster Exception Location[IP/ID]:[<address>/<device>]`, Verdict.peer);
 - oom: device or host memory ran out (torch_npu's `NPU out of memory`, the kernel's OOM killer,
   slurmstepd's oom_kill report): the job's size, not the node;
+- retry: 507056 link ERROR (torch_npu's `HCCS LINK ERROR`), for which CANN's table says "建议重试" (retry):
+  no proof of a bad node;
 - network: a peer's or the fabric's symptom, not proof of a bad local device: 507057 suspect remote
   ERROR, 507904 hccl operation retry failed, HCCL EI0006 ("Remote Rank did not send the data in
   time") and EI0002 (notify wait timeout), HCCL's `Heartbeat Lost Occurred` (a remote process exited
@@ -31,6 +36,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 HARDWARE = "hardware"
+PEER = "peer"
+RETRY = "retry"
 NETWORK = "network"
 USER = "user"
 OOM = "oom"
@@ -42,24 +49,29 @@ EVIDENCE_CHARS = 200
 _ERROR_CODE = r"error code(?: is|:)\s*"
 # (kind, pattern), most telling kind first: the first kind with a match in the tail wins.
 SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    (HARDWARE, re.compile(r"UCE\s+ERROR|HBM MULTI BIT ECC ERROR|SUSPECT MEM ERROR|HCCS LINK ERROR")),
-    (HARDWARE, re.compile(_ERROR_CODE + r"5070(?:10|53|54|55|56)\b|" + _ERROR_CODE + r"507901\b")),
+    (HARDWARE, re.compile(r"UCE\s+ERROR|HBM MULTI BIT ECC ERROR")),
+    (HARDWARE, re.compile(_ERROR_CODE + r"5070(?:10|53|54)\b|" + _ERROR_CODE + r"507901\b")),
+    (PEER, re.compile(r"SUSPECT MEM ERROR|" + _ERROR_CODE + r"507055\b")),
     (OOM, re.compile(r"(?:NPU|CUDA) out of memory|OutOfMemoryError|Out of memory: Killed process"
                      r"|oom[-_]kill event|task \d+: Out Of Memory")),
+    (RETRY, re.compile(r"HCCS LINK ERROR|" + _ERROR_CODE + r"507056\b")),
     (NETWORK, re.compile(r"SUSPECT REMOTE ERROR|HCCL OP RETRY FAILED|" + _ERROR_CODE + r"(?:507057|507904)\b")),
     (NETWORK, re.compile(r"\bEI000[26]\b|Heartbeat Lost Occurred|error cqe|wait socket establish timeout"
                          r"|Connection (?:closed|reset) by peer|NCCL WARN NET/", re.IGNORECASE)),
     (UNKNOWN, re.compile(_ERROR_CODE + r"507\d{3}\b")),
     (USER, re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::|$)")),
 )
-_RANK = {kind: order for order, kind in enumerate((HARDWARE, OOM, NETWORK, UNKNOWN, USER))}
+_RANK = {kind: order for order, kind in enumerate((HARDWARE, PEER, OOM, RETRY, NETWORK, UNKNOWN, USER))}
+_PEER_ADDRESS = re.compile(r"Cluster Exception Location\[IP/ID\]:\[([^/\]\s]+)/")
 
 
 class Verdict(NamedTuple):
-    """A failure's kind and the log line that shows it (None when no signature matched)."""
+    """A failure's kind and the log line that shows it (None when no signature matched); for a peer's fault,
+    the address of the peer HCCL's report names (None when none)."""
 
     kind: str
     line: str | None
+    peer: str | None = None
 
 
 NO_EVIDENCE = Verdict(UNKNOWN, None)
@@ -80,7 +92,9 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> list[str]:
 
 
 def classify_lines(lines: Iterable[str]) -> Verdict:
-    """The most telling kind any line shows, with the last such line (from the matched text on)."""
+    """The most telling kind any line shows, with the last such line (from the matched text on) and, for a
+    peer's fault, the peer's address (`_peer_address`)."""
+    lines = list(lines)
     best: tuple[int, int, str] | None = None  # (signature index, -line number, evidence)
     for number, line in enumerate(lines):
         text = line.strip()
@@ -93,7 +107,14 @@ def classify_lines(lines: Iterable[str]) -> Verdict:
                 break
     if best is None:
         return NO_EVIDENCE
-    return Verdict(SIGNATURES[best[0]][0], best[2])
+    kind = SIGNATURES[best[0]][0]
+    return Verdict(kind, best[2], _peer_address(lines) if kind == PEER else None)
+
+
+def _peer_address(lines: list[str]) -> str | None:
+    """The address of the abnormal device HCCL's last cluster exception report in `lines` names, or None."""
+    found = [match[1] for line in lines if (match := _PEER_ADDRESS.search(line))]
+    return found[-1] if found else None
 
 
 def classify_log(path: Path, limit: int = TAIL_BYTES) -> Verdict:
@@ -102,7 +123,7 @@ def classify_log(path: Path, limit: int = TAIL_BYTES) -> Verdict:
 
 
 def classify_logs(paths: Iterable[Path], limit: int = TAIL_BYTES) -> Verdict:
-    """The most telling verdict over the given logs (hardware before oom, network, unknown, user)."""
+    """The most telling verdict over the given logs (hardware before peer, oom, retry, network, unknown, user)."""
     verdicts = [classify_log(path, limit) for path in paths]
     found = [verdict for verdict in verdicts if verdict.line is not None]
     return min(found, key=lambda verdict: _RANK[verdict.kind]) if found else NO_EVIDENCE

@@ -8,7 +8,9 @@ that died first, not the peers that died after it in a collective. A crash seen 
 watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
 rank that stopped making progress first is blamed (node.watchdog.culprit_key: a rank that does not run
 at all, then one that does not wait in a collective, then the earliest `since`); the crashes after it
-are the kill's consequences. Pure functions over those reports, unit-tested on recorded ones.
+are the kill's consequences. A crash whose log shows a peer's fault (failure_kinds.PEER) counts against the
+peer's node when the log names it, and against no node when it does not. Pure functions over those reports,
+unit-tested on recorded ones.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,7 @@ class NodeFailure:
     phase: str | None = None
     fault: str | None = None  # the failure kind its rank log shows (failure_kinds), once classified
     evidence: str | None = None  # the log line that shows it
+    peer: str | None = None  # a peer's fault: the attempt's node whose device the log names, when it names one
 
     def describe(self) -> str:
         if self.kind == LOST:
@@ -47,7 +52,16 @@ class NodeFailure:
         if self.kind == HUNG:
             return f"hung on {self.host} rank {self.rank} at step {self.step} ({self.phase})"
         shown = f" ({self.fault}: {self.evidence!r})" if self.evidence else ""
-        return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}{shown}"
+        blamed = f", the faulty memory on peer node {self.peer}" if self.peer else ""
+        return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}{shown}{blamed}"
+
+    def blamed(self) -> tuple[str, str]:
+        """The node this failure counts against and its kind there: a peer's fault that names the peer is the
+        peer node's hardware fault; any other failure is this node's, of the kind its log shows (a peer's
+        fault naming no peer: `peer`, which says nothing about this node)."""
+        if self.fault == failure_kinds.PEER and self.peer:
+            return self.peer, failure_kinds.HARDWARE
+        return self.host, self.fault or failure_kinds.UNKNOWN
 
 
 def exit_description(code: int | None) -> str:
@@ -100,29 +114,50 @@ def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) ->
     return None
 
 
-def classified(failure: NodeFailure, job_dir: Path) -> NodeFailure:
-    """`failure` with the kind its rank's log shows (`failure_kinds`); a lost node has no log: unknown."""
+def host_addresses(host: str) -> set[str]:
+    """The addresses `host` resolves to here (none when it does not resolve)."""
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return set()
+
+
+def peer_host(address: str, hosts: list[str], resolve: Callable[[str], set[str]]) -> str | None:
+    """The host of `hosts` that `address` (a name or an IP address from a log) is, or None."""
+    if address in hosts:
+        return address
+    return next((host for host in hosts if address in resolve(host)), None)
+
+
+def classified(failure: NodeFailure, job_dir: Path, hosts: list[str],
+               resolve: Callable[[str], set[str]] = host_addresses) -> NodeFailure:
+    """`failure` with the kind its rank's log shows (`failure_kinds`) and, for a peer's fault, the node of the
+    attempt's `hosts` that the log names as the peer; a lost node has no log: unknown."""
     if failure.kind == LOST or failure.rank is None:
         return dataclasses.replace(failure, fault=failure_kinds.UNKNOWN)
     verdict = failure_kinds.classify_logs([run_folder.rank_log(job_dir, failure.rank)])
-    return dataclasses.replace(failure, fault=verdict.kind, evidence=verdict.line)
+    return dataclasses.replace(failure, fault=verdict.kind, evidence=verdict.line,
+                               peer=peer_host(verdict.peer, hosts, resolve) if verdict.peer else None)
 
 
 def exclusion_reason(failure: NodeFailure, spare_left: bool, earlier_culprits: list[str]) -> str | None:
-    """Why `failure.host` is left out for the rest of the run, or None to keep it.
+    """Why the node `failure.blamed()` names is left out for the rest of the run, or None to keep it.
 
-    A lost node is left out, and so is one whose rank log shows a hardware fault (HBM ECC, UCE, a
-    dead HCCS link: retrying on it only fails again). A node blamed before in this run is left out
-    (a node that fails every time costs one retry, not the whole retry budget). With a healthy spare
-    waiting, a node is left out on its first failure: swapping costs nothing, and a suspect node may
-    fail again.
+    A lost node is left out, and so is one whose rank log shows a hardware fault (HBM ECC, UCE: retrying on
+    it only fails again), and the peer node a peer's fault names (its device memory failed); a peer's fault
+    that names no peer leaves nothing out. A node blamed before in this run is left out (a node that fails
+    every time costs one retry, not the whole retry budget). With a healthy spare waiting, a node is left
+    out on its first failure: swapping costs nothing, and a suspect node may fail again; not on a fault CANN
+    says to retry (a link error).
     """
     if failure.kind == LOST:
         return "lost"
+    if failure.fault == failure_kinds.PEER:
+        return f"hardware fault seen by a peer ({failure.describe()})" if failure.peer else None
     if failure.fault == failure_kinds.HARDWARE:
         return f"hardware fault ({failure.describe()})"
     if failure.host in earlier_culprits:
         return f"failed again ({failure.describe()})"
-    if spare_left:
+    if spare_left and failure.fault != failure_kinds.RETRY:
         return f"suspect, swapped for a spare ({failure.describe()})"
     return None

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_titan import envvars, failure_kinds, slurm
+from slurm_titan import envvars, slurm
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node import allocation, attribution, notify, step_watch
@@ -142,7 +142,7 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
         failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
                          action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
-                         culprit=failure and failure.host, excluded=excluded,
+                         culprit=failure and failure.blamed()[0], excluded=excluded,
                          trained_step=history.read_trained_step(job_dir, attempt.number), progressed=run.progressed)
     summary = (f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
                + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else ""))
@@ -168,18 +168,18 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
     failure = attribution.first_failure(reports, attempt.hosts, lost)
     if failure is None:
         return None, []
-    failure = attribution.classified(failure, job_dir)
+    failure = attribution.classified(failure, job_dir, attempt.hosts)
     left_out = set(allocation.read_excluded(job_dir))
     spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
     culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
     excluded = []
+    host, kind = failure.blamed()
     if outcome.action != STOP and (why := attribution.exclusion_reason(failure, spare, culprits)):
-        allocation.exclude(job_dir, failure.host, why)
-        excluded = [failure.host]
-        say(f"left out {failure.host} for the rest of the run: {why}")
-        notify.send("node excluded", notify.JobRef.from_env(env), f"{failure.host}: {why}", notify.spec_from_env(env))
-    ledger.record_failure(failure.host, job_id, failure.fault or failure_kinds.UNKNOWN, failure.describe(),
-                          bool(excluded), env)
+        allocation.exclude(job_dir, host, why)
+        excluded = [host]
+        say(f"left out {host} for the rest of the run: {why}")
+        notify.send("node excluded", notify.JobRef.from_env(env), f"{host}: {why}", notify.spec_from_env(env))
+    ledger.record_failure(host, job_id, kind, failure.describe(), bool(excluded), env)
     return failure, excluded
 
 

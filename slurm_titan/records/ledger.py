@@ -7,9 +7,11 @@ job, kind (`slurm_titan.failure_kinds`), cause and whether the run excluded the 
 line is one O_APPEND write shorter than PIPE_BUF, so jobs appending at once never interleave.
 
 A node is avoided until `period_s` (default 24 h) after a hardware-kind failure, or after the
-second of two failures within `window_s` (default 1 h) that are not the user's code: a bug that
-crashes every node says nothing about the node it crashed on first. Nothing here fails a job: an
-unwritable ledger and a corrupt line are one warning each.
+second of two failures within `window_s` (default 1 h) that say something about it: a bug that
+crashes every node says nothing about the node it crashed on first, and neither does a peer's fault
+recorded on the node that saw it (`peer`: the log named no peer; a named peer's node is recorded with a
+hardware failure, node.attribution.NodeFailure.blamed). Nothing here fails a job: an unwritable ledger and
+a corrupt line are one warning each.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from pathlib import Path
 
 from slurm_titan import slurm, table
 from slurm_titan.errors import ClusterError
-from slurm_titan.failure_kinds import HARDWARE, USER
+from slurm_titan.failure_kinds import HARDWARE, PEER, USER
 from slurm_titan.records import jobs
 
 PERIOD_S = 24 * 3600.0
 WINDOW_S = 3600.0
 CAUSE_CHARS = 1000
+SAYS_NOTHING = frozenset({USER, PEER})
+"""Kinds that say nothing about the node they are recorded on."""
 
 
 @dataclass(frozen=True)
@@ -134,14 +138,16 @@ def read(path: Path) -> list[Entry]:
 
 def avoided_until(entries: list[Entry], period_s: float = PERIOD_S, window_s: float = WINDOW_S) -> dict[str, float]:
     """Until when each node is avoided: `period_s` after a hardware failure, or after the second of
-    two failures within `window_s` that are not the user's code. Nodes never avoided are absent."""
+    two failures within `window_s` that say something about it (not SAYS_NOTHING). Nodes never avoided are
+    absent."""
     until: dict[str, float] = {}
-    previous: dict[str, float] = {}  # a node's last failure that was not the user's code
+    previous: dict[str, float] = {}  # a node's last failure that says something about it
     for entry in sorted(entries, key=lambda e: e.time):
-        repeated = entry.kind != USER and entry.time - previous.get(entry.node, float("-inf")) <= window_s
+        telling = entry.kind not in SAYS_NOTHING
+        repeated = telling and entry.time - previous.get(entry.node, float("-inf")) <= window_s
         if entry.kind == HARDWARE or repeated:
             until[entry.node] = max(until.get(entry.node, 0.0), entry.time + period_s)
-        if entry.kind != USER:
+        if telling:
             previous[entry.node] = entry.time
     return until
 

@@ -9,7 +9,8 @@ import pytest
 
 from slurm_titan import envvars
 from slurm_titan.node import allocation, attribution, finish, rendezvous, step_watch
-from slurm_titan.records import history, run_folder
+from slurm_titan.records import history, ledger, run_folder
+from tests.support.paths import DATA
 from tests.support.reports import node_report
 
 
@@ -140,6 +141,25 @@ def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2,n3"  # the spare took n1's place
     # n2 fails next, with no spare left: it is kept (a first failure), and the run goes on on n2,n3
     assert attempts[1].excluded == [] and (job_dir / "attempts/2/nodes").read_text().strip() == "n2,n3"
+
+
+def test_a_peer_memory_fault_leaves_the_named_peer_out_not_the_node_that_saw_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """n1's rank 0 died first on a 507055 whose HCCL report names n2's address: n2 is left out and goes into
+    the node ledger as a hardware fault; n1 stays (in the next attempt, with the spare n3)."""
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
+    run_folder.rank_logs_folder(job_dir).mkdir()
+    run_folder.rank_log(job_dir, 0).write_text((DATA / "failure_logs/suspect_mem_507055.log").read_text())
+    monkeypatch.setattr(attribution.socket, "getaddrinfo",
+                        lambda host, port: [(0, 0, 0, "", ({"n2": "10.20.0.12"}.get(host, "10.0.0.1"), 0))])
+    monkeypatch.setenv("SLURM_TITAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "c")
+    assert _finish(job_dir) == 0
+    first = history.read_attempts(job_dir)[0]
+    assert first.excluded == ["n2"] and first.culprit == "n2"
+    assert (job_dir / "attempts/1/nodes").read_text().strip() == "n1,n3"
+    [recorded] = ledger.read(tmp_path / "home/nodes/c.jsonl")
+    assert (recorded.node, recorded.kind, recorded.excluded) == ("n2", "hardware", True)
 
 
 def test_the_step_of_a_lost_node_is_ended_not_waited_for(tmp_path: Path) -> None:

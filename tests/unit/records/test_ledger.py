@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_titan import slurm
-from slurm_titan.failure_kinds import HARDWARE, NETWORK, UNKNOWN, USER
+from slurm_titan.failure_kinds import HARDWARE, NETWORK, PEER, RETRY, UNKNOWN, USER
 from slurm_titan.records import ledger
 from slurm_titan.records.ledger import Entry
 from tests.support.paths import REPO
@@ -80,6 +80,14 @@ def test_two_failures_within_the_window_are_avoided_but_not_two_code_bugs() -> N
                entry("n4", 0.0, USER), entry("n4", 60.0, NETWORK),
                entry("n5", 0.0, NETWORK), entry("n5", 60.0, USER)]
     assert ledger.avoid(entries, now=2 * HOUR) == {"n1": 0.5 * HOUR + 24 * HOUR}
+
+
+def test_a_peer_fault_recorded_on_the_node_that_saw_it_says_nothing_about_that_node() -> None:
+    """A 507055 that named no peer is recorded on the reporting node as `peer`: never avoided for it; one
+    that named the peer is recorded on the peer's node as hardware (attribution.NodeFailure.blamed)."""
+    entries = [entry("n1", 0.0, PEER), entry("n1", 60.0, PEER), entry("n2", 0.0, PEER), entry("n2", 60.0, NETWORK),
+               entry("n3", 0.0, RETRY), entry("n3", 60.0, RETRY), entry("n4", 0.0, HARDWARE)]
+    assert ledger.avoid(entries, now=120.0) == {"n3": 60.0 + 24 * HOUR, "n4": 24 * HOUR}
 
 
 def test_keep_off_leaves_room_for_the_job() -> None:
