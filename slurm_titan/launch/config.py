@@ -243,7 +243,8 @@ class JobConfig:
         return NpuJob(where=self.source, nodes=slurm.nodes, devices_per_node=slurm.devices_per_node,
                       port_window=(slurm.port_window[0], slurm.port_window[1]), startup_s=timeouts.startup_s,
                       collective_s=timeouts.collective_s, env=self.environment.env,
-                      upload_cpus=self.checkpoint.upload_cpus, titan_option=self.torchtitan.option)
+                      upload_cpus=self.checkpoint.upload_cpus, titan_option=self.torchtitan.option,
+                      cpus_per_node=slurm.cpus_per_node)
 
 
 # ---- loading -----------------------------------------------------------------------------

@@ -28,10 +28,12 @@ Extension for PyTorch (torch_npu) environment variable reference, Ascend/pytorch
   a non-default max_split_size_mb or garbage_collection_threshold needs expandable_segments:False.
 - TASK_QUEUE_ENABLE (torch_npu): 0 off, 1 (torch_npu's default) level 1, 2 level 2 (balances the two launch
   pipeline stages; recommended for host-bound nets). STREAMS_PER_DEVICE: 8 or 32 (any other value: a warning and
-  32). CPU_AFFINITY_CONF: `<mode>[,npu<i>:<a>-<b>]...[,npu_affine:<0|1>]`, mode 0 (torch_npu's default: no
-  binding), 1 (each device's threads bound to its block of cores: all cores split evenly over the node's NPUs,
-  or the `npu<i>:<a>-<b>` range given for device i), 2 (1 plus the hot threads pinned to fixed cores of the
-  block). HCCL_BUFFSIZE (CANN): integer MB >= 1 (default 200). MULTI_STREAM_MEMORY_RESERVE is not in torch_npu's
+  32). CPU_AFFINITY_CONF: `<mode>[,npu<i>:<a>-<b>]...[,npu_affine:<0|1>][,force:<0|1>]`, mode 0 (torch_npu's
+  default: no binding), 1 (each device's threads bound to its block of cores: all cores split evenly over the
+  node's NPUs, or the `npu<i>:<a>-<b>` ranges given for device i, which may repeat: their union), 2 (1 plus the
+  hot threads pinned to fixed cores of the block). torch_npu 2.14 skips the binding of a process that already
+  runs on a narrower CPU set ("Thread affinity is already set. Use force:1") unless `force:1`.
+  HCCL_BUFFSIZE (CANN): integer MB >= 1 (default 200). MULTI_STREAM_MEMORY_RESERVE is not in torch_npu's
   reference (it lists MULTI_STREAM_MEMORY_REUSE); hicann/torchtitan-npu's `scripts/run_train_multinodes.sh`
   exports it as 1, with TASK_QUEUE_ENABLE=2, CPU_AFFINITY_CONF=1 and STREAMS_PER_DEVICE=32: the defaults here.
 - Flight recorder and async errors: ProcessGroupHCCL reads TORCH_HCCL_TRACE_BUFFER_SIZE,
@@ -74,6 +76,7 @@ TITAN_COMM_DEFAULTS = {"comm.trace_buf_size": 20000, "comm.save_traces_folder": 
 """torchtitan 0.3.0's CommConfig defaults for the flight recorder (torchtitan/config/configs.py)."""
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 _AFFINITY_RANGE = re.compile(r"^npu(\d+):(\d+)-(\d+)$")
+_AFFINITY_SWITCH = re.compile(r"^(npu_affine|force):([01])$")
 _MANAGED = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_IP", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
             "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_HOST_SOCKET_PORT_RANGE",
             "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE",
@@ -100,6 +103,8 @@ class NpuSpec:
     Performance settings (torchtitan-npu's values by default): `task_queue` (TASK_QUEUE_ENABLE, 2),
     `cpu_affinity` (CPU_AFFINITY_CONF, "1"; null leaves binding off), `streams_per_device` (32),
     `multi_stream_memory_reserve` (1; null: unset), `hccl_buffsize_mb` (HCCL_BUFFSIZE; null: CANN's 200).
+    A binding mode without a `force:` item of its own gets `force:1` when Slurm confines the task to
+    `slurm.cpus_per_node` CPUs (`affinity_conf`): torch_npu would skip the binding otherwise.
     With binding on, `checkpoint.upload_cpus` must lie outside the cores torch_npu binds the ranks to: mode 1/2
     splits all of a node's cores over its NPUs, so only per-device ranges (`"1,npu0:0-21,npu1:24-45,..."`,
     logical device ids as torch_npu numbers them) can leave cores free; the plan checks the upload CPUs
@@ -132,7 +137,8 @@ class NpuJob:
 
     `where` names the config in errors; `port_window` is `slurm.port_window`; `startup_s` and `collective_s`
     are the `timeouts`; `env` is `environment.env`; `upload_cpus` is `checkpoint.upload_cpus`;
-    `titan_option(dotted, default)` reads a torchtitan option (`TorchtitanSpec.option`).
+    `titan_option(dotted, default)` reads a torchtitan option (`TorchtitanSpec.option`); `cpus_per_node` is
+    `slurm.cpus_per_node`.
     """
 
     where: str
@@ -144,6 +150,7 @@ class NpuJob:
     env: Mapping[str, str]
     upload_cpus: str | None
     titan_option: Callable[[str, Any], Any]
+    cpus_per_node: int | None
 
 
 @dataclass(frozen=True)
@@ -269,26 +276,43 @@ def alloc_conf_problem(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class Affinity:
-    """A parsed CPU_AFFINITY_CONF: the mode and the cores given per logical device."""
+    """A parsed CPU_AFFINITY_CONF: the mode, the cores given per logical device, and `force:` (None: not given)."""
 
     mode: int
     ranges: dict[int, frozenset[int]]
+    force: bool | None = None
 
 
 def parse_affinity(text: str) -> Affinity:
-    """CPU_AFFINITY_CONF `<mode>[,npu<i>:<a>-<b>]...[,npu_affine:<0|1>]`; ValueError (one line) if malformed."""
+    """CPU_AFFINITY_CONF `<mode>[,npu<i>:<a>-<b>]...[,npu_affine:<0|1>][,force:<0|1>]`, a device's repeated
+    ranges joined; ValueError (one line) if malformed."""
     mode, *items = (item.strip() for item in text.split(","))
     if mode not in ("0", "1", "2"):
         raise ValueError(f"mode {mode!r} must be 0, 1 or 2")
     ranges: dict[int, frozenset[int]] = {}
+    force = None
     for item in items:
-        if item in ("npu_affine:0", "npu_affine:1"):
+        if switch := _AFFINITY_SWITCH.match(item):
+            if switch[1] == "force":
+                force = switch[2] == "1"
             continue
         match = _AFFINITY_RANGE.match(item)
         if not match or int(match[2]) > int(match[3]):
-            raise ValueError(f"{item!r} is not npu<device>:<first>-<last> (first <= last) or npu_affine:<0|1>")
-        ranges[int(match[1])] = frozenset(range(int(match[2]), int(match[3]) + 1))
-    return Affinity(int(mode), ranges)
+            raise ValueError(f"{item!r} is not npu<device>:<first>-<last> (first <= last), npu_affine:<0|1> "
+                             "or force:<0|1>")
+        device = int(match[1])
+        ranges[device] = ranges.get(device, frozenset()) | frozenset(range(int(match[2]), int(match[3]) + 1))
+    return Affinity(int(mode), ranges, force)
+
+
+def affinity_conf(text: str, cpus_per_node: int | None) -> str:
+    """CPU_AFFINITY_CONF for `environment.npu.cpu_affinity` `text` (valid): `force:1` added to a binding mode
+    without a `force:` item when Slurm confines the task to `cpus_per_node` CPUs, a narrower set than the
+    node's, on which torch_npu skips the binding unless forced."""
+    affinity = parse_affinity(text)
+    if affinity.mode == 0 or affinity.force is not None or cpus_per_node is None:
+        return text
+    return f"{text},force:1"
 
 
 def affinity_problem(affinity: Affinity, upload_cpus: frozenset[int], devices_per_node: int) -> str | None:
@@ -433,8 +457,9 @@ def npu_variables(spec: NpuSpec, job: NpuJob, dump_folder: str) -> dict[str, str
         "TASK_QUEUE_ENABLE": str(spec.task_queue),
         "STREAMS_PER_DEVICE": str(spec.streams_per_device),
     } | _flight_recorder(job.titan_option, dump_folder)
+    affinity = None if spec.cpu_affinity is None else affinity_conf(spec.cpu_affinity, job.cpus_per_node)
     optional = {"HCCL_IF_IP": spec.if_ip, "PYTORCH_NPU_ALLOC_CONF": spec.alloc_conf,
-                "CPU_AFFINITY_CONF": spec.cpu_affinity, "MULTI_STREAM_MEMORY_RESERVE": spec.multi_stream_memory_reserve,
+                "CPU_AFFINITY_CONF": affinity, "MULTI_STREAM_MEMORY_RESERVE": spec.multi_stream_memory_reserve,
                 "HCCL_BUFFSIZE": spec.hccl_buffsize_mb}
     variables |= {name: str(value) for name, value in optional.items() if value is not None}
     if spec.socket_ifname:

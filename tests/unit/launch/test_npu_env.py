@@ -105,7 +105,26 @@ def test_performance_settings_can_be_changed_or_left_unset(tmp_path: Path) -> No
 def test_cpu_affinity_grammar() -> None:
     affinity = parse_affinity("1,npu0:0-3,npu1:8-9,npu_affine:1")
     assert affinity.mode == 1 and affinity.ranges == {0: frozenset(range(4)), 1: frozenset({8, 9})}
-    assert parse_affinity("0").ranges == {}
+    assert affinity.force is None and parse_affinity("0").ranges == {}
+    repeated = parse_affinity("2,npu0:0-3,npu1:4-5,npu0:10-11,force:1")  # CPU_AFFINITY_CONF.md: ranges may repeat
+    assert repeated.ranges == {0: frozenset({0, 1, 2, 3, 10, 11}), 1: frozenset({4, 5})} and repeated.force is True
+    assert parse_affinity("1,force:0").force is False
+    with pytest.raises(ValueError, match="'force:2' is not"):
+        parse_affinity("1,force:2")
+
+
+@pytest.mark.parametrize(("cpus_per_node", "affinity", "wanted"), [
+    (64, "1", "1,force:1"),  # the task runs on 64 CPUs: torch_npu would skip the binding ("already set")
+    (64, "2,npu0:0-29,npu1:30-59", "2,npu0:0-29,npu1:30-59,force:1"),
+    (64, "1,force:0", "1,force:0"),  # the config's own choice
+    (64, "0", "0"),
+    (None, "1", "1"),
+])
+def test_binding_is_forced_when_slurm_narrows_the_cpus(tmp_path: Path, cpus_per_node: int | None, affinity: str,
+                                                       wanted: str) -> None:
+    sets = [("slurm.devices_per_node", 2), ("environment.npu.cpu_affinity", affinity)]
+    sets += [("slurm.cpus_per_node", cpus_per_node)] if cpus_per_node else []
+    assert rank_variables(config_with(tmp_path, *sets))["CPU_AFFINITY_CONF"] == wanted
 
 
 @pytest.mark.parametrize(
@@ -114,6 +133,7 @@ def test_cpu_affinity_grammar() -> None:
         ("1", "60-63", "binds device 0 to its share of all cores"),
         ("1,npu0:0-29", "60-63", "binds device 1 to its share"),
         ("2,npu0:0-29,npu1:30-61", "60-63", "CPU 60 is also in device 1's range"),
+        ("1,npu0:60-63,npu0:0-29,npu1:30-59", "60-63", "CPU 60 is also in device 0's range"),
     ],
 )
 def test_upload_cpus_outside_the_bound_cores(tmp_path: Path, affinity: str, upload: str, message: str) -> None:
@@ -122,7 +142,7 @@ def test_upload_cpus_outside_the_bound_cores(tmp_path: Path, affinity: str, uplo
     with pytest.raises(ConfigError) as caught:
         config_with(tmp_path, *sets)
     assert caught.value.key == "checkpoint.upload_cpus" and message in caught.value.problem
-    sets[1] = ("environment.npu.cpu_affinity", "1,npu0:0-29,npu1:30-59")
+    sets[1] = ("environment.npu.cpu_affinity", "1,npu0:0-29,npu1:30-59,force:1")
     config_with(tmp_path, *sets)
     sets[1] = ("environment.npu.cpu_affinity", "0")
     config_with(tmp_path, *sets)
