@@ -35,6 +35,10 @@ _MOVED = {
     "environment.npu.exec_timeout_s": "timeouts.collective_s (HCCL_EXEC_TIMEOUT is derived from it)",
 }
 """Keys that moved: refused with a pointer, never silently ignored."""
+_REMOVED = {
+    "environment.npu.multi_stream_memory_reserve": "torch_npu 2.14.0 does not read MULTI_STREAM_MEMORY_RESERVE",
+}
+"""Keys that went away: refused with the reason."""
 
 
 @dataclass
@@ -175,12 +179,14 @@ class TimeoutSpec:
     on NPU, dumps HCCL's flight recorder (TORCH_HCCL_DUMP_ON_TIMEOUT) and tears the process down;
     HCCL_EXEC_TIMEOUT, the device-side wait, is max(startup_s, collective_s) + 120 s, so it fires only if the
     watchdog did not. HCCL_CONNECT_TIMEOUT (link set-up, within CANN's [120, 7200]) is startup_s: a node late
-    by up to the start-up budget still connects. torch_npu's HCCL_ASYNC_ERROR_HANDLING page suggests the
+    by up to the start-up budget still connects. torch_npu's TORCH_HCCL_ASYNC_ERROR_HANDLING page suggests the
     opposite order (HCCL's own timeout error first, for its diagnosis); the flight recorder's per-rank record of
-    the pending collective is what a hang needs, hence this order.
+    the pending collective is what a hang needs, hence this order. On NPU startup_s may not be 1800 s:
+    ProcessGroupHCCL takes its own default timeout (30 min) for unset and replaces it with HCCL_EXEC_TIMEOUT +
+    1800 s, which would reverse the order at start-up (npu_env.HCCL_PG_DEFAULT_TIMEOUT_S); hence 1790.
     """
 
-    startup_s: int = 1800
+    startup_s: int = 1790
     collective_s: int = 1200
 
 
@@ -310,6 +316,8 @@ def _build(cls: type, data: dict[str, Any], where: str, prefix: str) -> Any:
         path = f"{prefix}.{key}" if prefix else str(key)
         if path in _MOVED:
             raise ConfigError(where, path, f"moved: set {_MOVED[path]}")
+        if path in _REMOVED:
+            raise ConfigError(where, path, f"removed: {_REMOVED[path]}; delete the key")
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"

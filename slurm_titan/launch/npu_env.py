@@ -33,15 +33,19 @@ Extension for PyTorch (torch_npu) environment variable reference, Ascend/pytorch
   node's NPUs, or the `npu<i>:<a>-<b>` ranges given for device i, which may repeat: their union), 2 (1 plus the
   hot threads pinned to fixed cores of the block). torch_npu 2.14 skips the binding of a process that already
   runs on a narrower CPU set ("Thread affinity is already set. Use force:1") unless `force:1`.
-  HCCL_BUFFSIZE (CANN): integer MB >= 1 (default 200). MULTI_STREAM_MEMORY_RESERVE is not in torch_npu's
-  reference (it lists MULTI_STREAM_MEMORY_REUSE); hicann/torchtitan-npu's `scripts/run_train_multinodes.sh`
-  exports it as 1, with TASK_QUEUE_ENABLE=2, CPU_AFFINITY_CONF=1 and STREAMS_PER_DEVICE=32: the defaults here.
+  HCCL_BUFFSIZE (CANN): integer MB >= 1 (default 200). hicann/torchtitan-npu's
+  `scripts/run_train_multinodes.sh` exports TASK_QUEUE_ENABLE=2, CPU_AFFINITY_CONF=1 and STREAMS_PER_DEVICE=32:
+  the defaults here (it also exports MULTI_STREAM_MEMORY_RESERVE=1, which torch_npu 2.14.0 does not read: the
+  name is absent from its library, so it is not set).
 - Flight recorder and async errors: ProcessGroupHCCL reads TORCH_HCCL_TRACE_BUFFER_SIZE,
   TORCH_HCCL_DUMP_ON_TIMEOUT (dump on a watchdog timeout or error; needs TORCH_HCCL_ENABLE_MONITORING=1 and a
-  trace buffer), TORCH_HCCL_DEBUG_INFO_TEMP_FILE (file prefix, rank appended) and HCCL_ASYNC_ERROR_HANDLING
-  (0 off, 1 on); it ignores the NCCL names torchtitan sets from `comm.trace_buf_size` / `comm.save_traces_folder`
-  (torchtitan/distributed/utils.py), so they are set here from the same torchtitan options.
-  HCCL_DETERMINISTIC=true follows torchtitan's `debug.deterministic`.
+  trace buffer), TORCH_HCCL_DEBUG_INFO_TEMP_FILE (file prefix, rank appended) and
+  TORCH_HCCL_ASYNC_ERROR_HANDLING (0 off, 1 on; the old HCCL_ASYNC_ERROR_HANDLING is deprecated in 2.14.0, and
+  left out of the job); it ignores the NCCL names torchtitan sets from `comm.trace_buf_size` /
+  `comm.save_traces_folder` (torchtitan/distributed/utils.py), so they are set here from the same torchtitan
+  options. HCCL_DETERMINISTIC=true follows torchtitan's `debug.deterministic`.
+- ProcessGroupHCCL's default timeout (30 min) counts as unset: a process group created with exactly 1800 s
+  gets HCCL_EXEC_TIMEOUT + 1800 s instead (ProcessGroupHCCL.cpp), so `timeouts.startup_s` may not be 1800.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ LINUX_EPHEMERAL = (32768, 60999)
 CONNECT_TIMEOUT_RANGE = (120, 7200)
 EXEC_TIMEOUT_RANGE = (0, 2_147_483_647)
 AIV_EXEC_TIMEOUT_MAX = 1091
+HCCL_PG_DEFAULT_TIMEOUT_S = 1800
+"""ProcessGroupHCCL's DEFAULT_TIMEOUT, which torch_npu replaces with HCCL_EXEC_TIMEOUT + 1800 s."""
 DUMP_MARGIN_S = 120
 """How much longer HCCL_EXEC_TIMEOUT waits than torch's watchdog: time for the flight-recorder dump
 (TORCH_HCCL_WAIT_TIMEOUT_DUMP_MILSEC, 60 s by default) before the device-side timeout fires."""
@@ -80,13 +86,13 @@ _AFFINITY_SWITCH = re.compile(r"^(npu_affine|force):([01])$")
 _MANAGED = ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_IF_IP", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
             "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_HOST_SOCKET_PORT_RANGE",
             "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE",
-            "CPU_AFFINITY_CONF", "STREAMS_PER_DEVICE", "MULTI_STREAM_MEMORY_RESERVE", "HCCL_BUFFSIZE",
-            "TORCH_HCCL_TRACE_BUFFER_SIZE", "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_ENABLE_MONITORING",
-            "TORCH_HCCL_DEBUG_INFO_TEMP_FILE", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_DETERMINISTIC", "PYTORCH_ALLOC_CONF")
+            "CPU_AFFINITY_CONF", "STREAMS_PER_DEVICE", "HCCL_BUFFSIZE", "TORCH_HCCL_TRACE_BUFFER_SIZE",
+            "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_ENABLE_MONITORING", "TORCH_HCCL_DEBUG_INFO_TEMP_FILE",
+            "TORCH_HCCL_ASYNC_ERROR_HANDLING", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_DETERMINISTIC", "PYTORCH_ALLOC_CONF")
 """The variables `environment.npu` owns: refused in `environment.env`, unset in the batch script when the job
 does not set them (`left_out`). PYTORCH_ALLOC_CONF is never set: torch_npu refuses it next to
 PYTORCH_NPU_ALLOC_CONF ("Both PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF have been set") at a rank's first
-allocation."""
+allocation; nor is HCCL_ASYNC_ERROR_HANDLING, the deprecated name of TORCH_HCCL_ASYNC_ERROR_HANDLING."""
 
 
 @dataclass
@@ -102,7 +108,7 @@ class NpuSpec:
 
     Performance settings (torchtitan-npu's values by default): `task_queue` (TASK_QUEUE_ENABLE, 2),
     `cpu_affinity` (CPU_AFFINITY_CONF, "1"; null leaves binding off), `streams_per_device` (32),
-    `multi_stream_memory_reserve` (1; null: unset), `hccl_buffsize_mb` (HCCL_BUFFSIZE; null: CANN's 200).
+    `hccl_buffsize_mb` (HCCL_BUFFSIZE; null: CANN's 200).
     A binding mode without a `force:` item of its own gets `force:1` when Slurm confines the task to
     `slurm.cpus_per_node` CPUs (`affinity_conf`): torch_npu would skip the binding otherwise.
     With binding on, `checkpoint.upload_cpus` must lie outside the cores torch_npu binds the ranks to: mode 1/2
@@ -124,7 +130,6 @@ class NpuSpec:
     task_queue: int = 2
     cpu_affinity: str | None = "1"
     streams_per_device: int = 32
-    multi_stream_memory_reserve: int | None = 1
     hccl_buffsize_mb: int | None = None
     temp_warn_c: int = 75
     temp_fail_c: int = 85
@@ -370,6 +375,12 @@ def _check_network(where: str, spec: NpuSpec, nodes: int) -> None:
 def _check_timeouts(job: NpuJob) -> tuple[int, int]:
     where = job.where
     connect, execute = hccl_timeouts(job.startup_s, job.collective_s)
+    default = HCCL_PG_DEFAULT_TIMEOUT_S
+    if job.startup_s == default:
+        raise ConfigError(where, "timeouts.startup_s",
+                          f"{default} s is ProcessGroupHCCL's default timeout, which torch_npu replaces with "
+                          f"HCCL_EXEC_TIMEOUT + {default} s ({execute + default} s), so HCCL_EXEC_TIMEOUT would fire "
+                          "before torch's watchdog at start-up; use another value (1790 by default)")
     _check_range(where, "timeouts.startup_s", connect, CONNECT_TIMEOUT_RANGE, "HCCL_CONNECT_TIMEOUT")
     _check_range(where, "timeouts.collective_s", execute, EXEC_TIMEOUT_RANGE, "HCCL_EXEC_TIMEOUT")
     if job.env.get("HCCL_OP_EXPANSION_MODE") == "AIV" and execute > AIV_EXEC_TIMEOUT_MAX:
@@ -388,9 +399,6 @@ def _check_performance(spec: NpuSpec, job: NpuJob) -> None:
     if spec.streams_per_device not in STREAM_POOL_SIZES:
         raise ConfigError(where, "environment.npu.streams_per_device",
                           f"STREAMS_PER_DEVICE must be 8 or 32 (torch_npu), got {spec.streams_per_device}")
-    if spec.multi_stream_memory_reserve is not None and spec.multi_stream_memory_reserve < 0:
-        raise ConfigError(where, "environment.npu.multi_stream_memory_reserve",
-                          f"must be >= 0, got {spec.multi_stream_memory_reserve}")
     if spec.hccl_buffsize_mb is not None and spec.hccl_buffsize_mb < 1:
         raise ConfigError(where, "environment.npu.hccl_buffsize_mb",
                           f"HCCL_BUFFSIZE must be >= 1 MB (CANN), got {spec.hccl_buffsize_mb}")
@@ -409,7 +417,7 @@ def _flight_recorder(option: Callable[[str, Any], Any], dump_folder: str) -> dic
     """torchtitan's flight-recorder and async-error settings (`option`: NpuJob.titan_option) under
     ProcessGroupHCCL's names."""
     size = option("comm.trace_buf_size", TITAN_COMM_DEFAULTS["comm.trace_buf_size"])
-    variables = {"HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_TRACE_BUFFER_SIZE": str(size)}
+    variables = {"TORCH_HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_TRACE_BUFFER_SIZE": str(size)}
     if int(size) > 0:  # torchtitan creates <dump_folder>/<save_traces_folder> before the process group
         folder = option("comm.save_traces_folder", TITAN_COMM_DEFAULTS["comm.save_traces_folder"])
         prefix = option("comm.save_traces_file_prefix", TITAN_COMM_DEFAULTS["comm.save_traces_file_prefix"])
@@ -459,8 +467,7 @@ def npu_variables(spec: NpuSpec, job: NpuJob, dump_folder: str) -> dict[str, str
     } | _flight_recorder(job.titan_option, dump_folder)
     affinity = None if spec.cpu_affinity is None else affinity_conf(spec.cpu_affinity, job.cpus_per_node)
     optional = {"HCCL_IF_IP": spec.if_ip, "PYTORCH_NPU_ALLOC_CONF": spec.alloc_conf,
-                "CPU_AFFINITY_CONF": affinity, "MULTI_STREAM_MEMORY_RESERVE": spec.multi_stream_memory_reserve,
-                "HCCL_BUFFSIZE": spec.hccl_buffsize_mb}
+                "CPU_AFFINITY_CONF": affinity, "HCCL_BUFFSIZE": spec.hccl_buffsize_mb}
     variables |= {name: str(value) for name, value in optional.items() if value is not None}
     if spec.socket_ifname:
         variables |= {"HCCL_SOCKET_IFNAME": "=" + ",".join(spec.socket_ifname),

@@ -55,7 +55,7 @@ def test_torchtitan_accepts_every_option() -> None:
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    npu = {"timeouts": [1800, 1200], "npu": [True, False]}
+    npu = {"timeouts": [1790, 1200], "npu": [True, False]}
     assert seen["configs/llama3_8b_npu_1node.yaml"] == seen["configs/llama3_8b_npu.yaml"] == \
         seen["configs/llama3_8b_npu_a3.yaml"] == {
             "ac": "SelectiveAC.Config", "tp": 1, "lr": 3e-4, "warmup": 200, "global": 128, "local": 1} | npu

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.errors import ConfigError, ExitCode
-from slurm_titan.launch.config import JobConfig, load_config
+from slurm_titan.launch.config import WATCHDOG_MARGIN_S, JobConfig, load_config
 from slurm_titan.launch.npu_env import (
     IF_BASE_PORTS,
     LINUX_EPHEMERAL,
@@ -48,8 +48,8 @@ def rank_variables(config: JobConfig) -> dict[str, str]:
 def test_variables_of_a_two_node_job(tmp_path: Path) -> None:
     assert rank_variables(config_with(tmp_path)) == {
         "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
-        "HCCL_CONNECT_TIMEOUT": "1800",
-        "HCCL_EXEC_TIMEOUT": "1920",
+        "HCCL_CONNECT_TIMEOUT": "1790",
+        "HCCL_EXEC_TIMEOUT": "1910",
         "HCCL_HOST_SOCKET_PORT_RANGE": "61000-61127",
         "HCCL_NPU_SOCKET_PORT_RANGE": "61128-61255",
         "HCCL_IF_BASE_PORT": "61256",
@@ -59,8 +59,7 @@ def test_variables_of_a_two_node_job(tmp_path: Path) -> None:
         "TASK_QUEUE_ENABLE": "2",
         "CPU_AFFINITY_CONF": "1",
         "STREAMS_PER_DEVICE": "32",
-        "MULTI_STREAM_MEMORY_RESERVE": "1",
-        "HCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_HCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_HCCL_TRACE_BUFFER_SIZE": "20000",
         "TORCH_HCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_HCCL_ENABLE_MONITORING": "1",
@@ -91,15 +90,31 @@ def test_timeouts_fire_in_order_from_one_section(tmp_path: Path) -> None:
     assert argv[argv.index("--comm.train-timeout-seconds") + 1] == "900"
 
 
+def process_group_timeout_s(timeout_s: int, exec_timeout_s: int) -> int:
+    """Contract model of torch_npu 2.14.0's ProcessGroupHCCL (ProcessGroupHCCL.hpp DEFAULT_TIMEOUT = 30 min;
+    ProcessGroupHCCL.cpp): a process group created with the default timeout takes it as unset and waits
+    HCCL_EXEC_TIMEOUT + 1800 s instead, until torchtitan's first set_timeout."""
+    return exec_timeout_s + 1800 if timeout_s == 1800 else timeout_s
+
+
+def test_the_default_timeouts_fire_in_the_order_the_config_claims(tmp_path: Path) -> None:
+    """config.TimeoutSpec: the progress watchdog, then torch's process-group watchdog, then HCCL_EXEC_TIMEOUT,
+    at start-up (as torch_npu really sets the group's timeout) and after the first step."""
+    config = config_with(tmp_path)
+    execute = int(rank_variables(config)["HCCL_EXEC_TIMEOUT"])
+    startup = process_group_timeout_s(config.timeouts.startup_s, execute)
+    watchdog = config.watchdog
+    assert max(watchdog.startup_s, watchdog.restore_s, watchdog.first_step_s) + WATCHDOG_MARGIN_S <= startup < execute
+    assert max(watchdog.step_floor_s, watchdog.save_s) + WATCHDOG_MARGIN_S <= config.timeouts.collective_s < execute
+
+
 def test_performance_settings_can_be_changed_or_left_unset(tmp_path: Path) -> None:
     config = config_with(tmp_path, ("environment.npu.task_queue", 1), ("environment.npu.cpu_affinity", None),
-                         ("environment.npu.streams_per_device", 8),
-                         ("environment.npu.multi_stream_memory_reserve", None),
-                         ("environment.npu.hccl_buffsize_mb", 400))
+                         ("environment.npu.streams_per_device", 8), ("environment.npu.hccl_buffsize_mb", 400))
     variables = rank_variables(config)
     assert (variables["TASK_QUEUE_ENABLE"], variables["STREAMS_PER_DEVICE"], variables["HCCL_BUFFSIZE"]) == \
         ("1", "8", "400")
-    assert "CPU_AFFINITY_CONF" not in variables and "MULTI_STREAM_MEMORY_RESERVE" not in variables
+    assert "CPU_AFFINITY_CONF" not in variables
 
 
 def test_cpu_affinity_grammar() -> None:
@@ -203,8 +218,13 @@ def test_a_pinned_if_base_port_moves_the_socket_ports_out_of_its_way() -> None:
         ([("environment.npu.cpu_affinity", "1,npu0:5-2")], "environment.npu.cpu_affinity",
          "'npu0:5-2' is not npu<device>:<first>-<last>"),
         ([("environment.npu.hccl_buffsize_mb", 0)], "environment.npu.hccl_buffsize_mb", "HCCL_BUFFSIZE must be >= 1"),
-        ([("environment.npu.multi_stream_memory_reserve", -1)], "environment.npu.multi_stream_memory_reserve",
-         "must be >= 0"),
+        ([("environment.npu.multi_stream_memory_reserve", 1)], "environment.npu.multi_stream_memory_reserve",
+         "removed: torch_npu 2.14.0 does not read MULTI_STREAM_MEMORY_RESERVE"),
+        ([("timeouts.startup_s", 1800)], "timeouts.startup_s",
+         "1800 s is ProcessGroupHCCL's default timeout, which torch_npu replaces with HCCL_EXEC_TIMEOUT + 1800 s "
+         "(3720 s)"),
+        ([("environment.env.HCCL_ASYNC_ERROR_HANDLING", "0")], "environment.env.HCCL_ASYNC_ERROR_HANDLING",
+         "comes from environment.npu"),
         ([("environment.env.TASK_QUEUE_ENABLE", "1")], "environment.env.TASK_QUEUE_ENABLE",
          "comes from environment.npu"),
         ([("environment.npu.visible_devices", [0, 1])], "environment.npu.visible_devices",

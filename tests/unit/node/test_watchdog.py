@@ -108,7 +108,7 @@ def test_budget_errors_name_the_key(tmp_path: Path) -> None:
 
 def test_watchdog_off_with_timeouts_past_the_time_limit_warns_once(capsys: pytest.CaptureFixture) -> None:
     load_config(REPO / "configs" / "debug_cpu.yaml", [("watchdog.enable", False)])
-    assert capsys.readouterr().err.count("WARNING") == 1  # 1800 s start-up timeout >= the 20 min limit
+    assert capsys.readouterr().err.count("WARNING") == 1  # 1790 s start-up timeout >= the 20 min limit
     load_config(REPO / "configs" / "debug_cpu.yaml", [("watchdog.enable", False), ("slurm.time", "02:00:00")])
     assert capsys.readouterr().err == ""
 
