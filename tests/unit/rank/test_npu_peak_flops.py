@@ -20,12 +20,22 @@ DOCUMENTED = [  # torch.npu.get_device_name() on each chip -> torchtitan-npu's f
     ("Ascend910B2", 353.8944e12),
     ("Ascend910B3", 294.912e12),
     ("Ascend910B4", 245.76e12),
-    ("Ascend910_9362", 353.8944e12),
     ("Ascend910_9392", 353.8944e12),
     ("Ascend950PR", 432e12),
     ("Ascend950DT", 486e12),
 ]
-UNDOCUMENTED = ["Ascend910B2C", "Ascend910B4-1", "Ascend910_9391", "Ascend910_9382", "Ascend910A", "Ascend310P3"]
+UNDOCUMENTED = ["Ascend910B2C", "Ascend910B4-1", "Ascend910_9391", "Ascend910_9382", "Ascend910A", "Ascend310P3",
+                "Ascend910_9362"]
+
+
+CUBE_CORES_AND_CLOCK = {"Ascend910B2": (24, 1.8e9), "Ascend910B3": (20, 1.8e9), "Ascend910B4": (20, 1.5e9)}
+"""Cube cores (MindStudio's chip table) and clock, as the second NPU audit (issue 22) reads them."""
+
+
+@pytest.mark.parametrize("name", CUBE_CORES_AND_CLOCK)
+def test_910b_figures_are_cube_cores_times_8192_flop_per_cycle_times_clock(name: str) -> None:
+    cores, clock = CUBE_CORES_AND_CLOCK[name]
+    assert peak_flops(name) == cores * 8192 * clock
 
 
 @pytest.mark.parametrize(("name", "flops"), DOCUMENTED)
@@ -64,6 +74,14 @@ def test_unknown_chip_warns_once_and_reports_mfu_zero(restore_lookup, caplog: py
         "MFU not known for Ascend910_9391: no documented BF16 peak, mfu(%) is reported as 0"]
     num_flops_per_token, tps = 6 * 8e9, 3000.0
     assert 100 * num_flops_per_token * tps / peaks[0] == 0.0  # torchtitan's MFU formula (metrics.py)
+
+
+def test_a_doubtful_figure_is_left_out_with_the_reason(restore_lookup, caplog: pytest.LogCaptureFixture) -> None:
+    """The 910_9362 has 20 cube cores: at most ~295 TFLOPS, not torchtitan-npu's 353.9."""
+    assert npu_get_peak_flops("Ascend910_9362") == math.inf
+    [message] = [r.getMessage() for r in caplog.records if "MFU not known" in r.getMessage()]
+    assert message.startswith("MFU not known for Ascend910_9362: torchtitan-npu's 353.9 TFLOPS is more than its 20 "
+                              "cube cores") and message.endswith("mfu(%) is reported as 0")
 
 
 def test_prepare_device_installs_it_for_npu(restore_lookup, monkeypatch: pytest.MonkeyPatch) -> None:
