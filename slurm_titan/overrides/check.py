@@ -5,8 +5,8 @@ documents per row, head dim 128), forward and backward:
 
 * ``rope.tables``: the NPU RoPE path's cos/sin tables, read from a real view
   of the cache, equal upstream ``ComplexRoPE``'s complex cache lookup bit for bit.
-* ``rope.<kernels>``: the NPU RoPE path (``interleave`` mode at batch 1,
-  ``half`` above) against upstream ``ComplexRoPE``.
+* ``rope.<kernels>``: the NPU RoPE path (``interleave`` mode, the batch folded
+  into the sequence) against upstream ``ComplexRoPE``.
 * ``attention.reference_vs_flex`` (CPU only): the attention override off NPU
   against upstream FlexAttention with torchtitan's own block-causal document
   mask (eager, forward only: FlexAttention has no CPU backward).

@@ -6,7 +6,8 @@ Replaces ``FlexAttention.Config`` (llama3's default ``attn_backend="flex"``)
 with :class:`NpuFusedAttention`. Its config subclasses
 ``VarlenAttention.Config``, so torchtitan's decoder hands it
 ``VarlenMetadata`` (document starts, from where ``positions`` resets to 0)
-instead of a FlexAttention ``BlockMask``.
+instead of a FlexAttention ``BlockMask``, built from the data loader's host tables
+when its batches carry them (:mod:`.document_tables`: no host sync per microbatch).
 
 Per call: plain tensors on an ``npu`` device run ``npu_fusion_attention`` in
 the TND varlen layout with one causal sequence per document (arguments from
@@ -27,6 +28,7 @@ from torchtitan.models.common.attention import FlexAttention, VarlenAttention, V
 from torchtitan.protocols.module import Module
 
 from slurm_titan.overrides.attention_args import document_ends, fusion_attention_kwargs, host_offsets, varlen_calls
+from slurm_titan.overrides.document_tables import use_host_tables
 from slurm_titan.overrides.kernels import NpuKernels, select_kernels
 from slurm_titan.overrides.reference_attention import reference_attention
 
@@ -111,4 +113,5 @@ class NpuFusedAttention(Module):
     description="Packed-document causal attention: npu_fusion_attention (TND) on NPU, per-document SDPA elsewhere.",
 )
 def npu_fused_attention(cfg: FlexAttention.Config) -> NpuFusedAttention.Config:
+    use_host_tables()  # the decoder's metadata from the data loader's host tables, when its batches carry them
     return derive(cfg, NpuFusedAttention.Config)

@@ -70,3 +70,27 @@ class RefuseAscendUnsupported(TorchDispatchMode):
             why = "has no complex kernel on Ascend" if func in COMPLEX_UNSUPPORTED else "is not verified on Ascend"
             raise AscendUnsupportedError(f"{func} on a {complex_inputs[0].dtype} tensor {why} (NPU code path)")
         return func(*args, **kwargs)
+
+
+HOST_SYNCS = frozenset({_aten._local_scalar_dense.default, _aten.nonzero.default})
+"""Ops that wait for a device tensor's values on the host (``.item()``, ``int()``, ``bool()``; ``nonzero``'s size)."""
+
+
+class HostSyncError(RuntimeError):
+    """An op that would make the host wait for the device."""
+
+
+class RefuseHostSync(TorchDispatchMode):
+    """Raise :class:`HostSyncError` on :data:`HOST_SYNCS`: wrap a CPU run of a path meant to leave the device's
+    queue alone (e.g. a forward) in it."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if func in HOST_SYNCS:
+            raise HostSyncError(f"{func} waits for the device on the host")
+        return func(*args, **(kwargs or {}))

@@ -10,12 +10,11 @@ cache entry ``i``. ``npu_rotary_mul(x, r1, r2, rotary_mode)`` computes
 
 * ``interleave``: ``rotate(x)`` pairs ``(x[2i], x[2i+1])`` like torchtitan, so
   ``r1 = repeat_interleave(cos, 2)``, ``r2 = repeat_interleave(sin, 2)``
-  rotate ``x`` as it is. The table must be ``1S1D`` for BSND input: used at
-  batch 1 (the 8B configs), where the per-document table has one row.
-* ``half``: ``rotate(x) = cat(-x2, x1)`` over the two halves of the last dim,
-  which also takes ``BS1D`` tables: used at batch > 1. The head dim is
-  de-interleaved (even dims, then odd dims), rotated with
-  ``r1 = cat(cos, cos)``, ``r2 = cat(sin, sin)`` and re-interleaved.
+  rotate ``x`` as it is, with no shuffle of the head dim. For BSND input the
+  table must be ``1S1D`` (and B * N < 1000), while per-document positions give
+  each batch row its own table (``BS1D``): the batch is folded into the
+  sequence, ``(B, S, N, D) -> (1, B*S, N, D)`` (a view), with the table as
+  ``1(B*S)1D``; RoPE is per token, so this is the same rotation.
 
 Like upstream, the rotation runs in fp32. torchtitan's cache is complex64, and
 Ascend's index/gather kernels have no complex dtypes (:mod:`.npu_capabilities`),
@@ -57,24 +56,14 @@ def rotation_angles(
     return rows[..., 0], rows[..., 1]
 
 
-def half_rotation_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r1, r2)`` for ``half`` mode on de-interleaved input: ``cat(cos, cos)``, ``cat(sin, sin)``."""
-    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-
-
 def interleave_rotation_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(r1, r2)`` for ``interleave`` mode: every angle repeated for both dims of its pair."""
     return torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([sin, sin], dim=-1).flatten(-2)
 
 
-def deinterleave(x: torch.Tensor) -> torch.Tensor:
-    """``[x0, x1, x2, x3, ...] -> [x0, x2, ..., x1, x3, ...]`` along the last dim."""
-    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
-
-
-def reinterleave(x: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`deinterleave`."""
-    return x.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
+def fold_batch(x: torch.Tensor) -> torch.Tensor:
+    """``(B, S, ...) -> (1, B*S, ...)``: the batch rows one after another in one sequence."""
+    return x.flatten(0, 1).unsqueeze(0)
 
 
 def rotary_npu(
@@ -84,22 +73,16 @@ def rotary_npu(
     sin: torch.Tensor,
     kernels: NpuKernels,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ComplexRoPE on ``(B, L, N, D)`` query/key via ``kernels.npu_rotary_mul`` (BSND layout).
+    """ComplexRoPE on ``(B, L, N, D)`` query/key via ``kernels.npu_rotary_mul`` in ``interleave`` mode (BSND).
 
-    ``cos``/``sin`` are :func:`rotation_angles`; batch 1 runs ``interleave``
-    mode on its ``1S1D`` table, larger batches ``half`` mode.
+    ``cos``/``sin`` are :func:`rotation_angles`; batch rows are folded into the
+    sequence (:func:`fold_batch`), so the table is ``1S1D`` whatever the batch.
     """
-    if query.shape[0] == 1:
-        r1, r2 = interleave_rotation_tables(cos, sin)
+    batch = query.shape[0]
+    r1, r2 = (fold_batch(t.expand(batch, -1, -1, -1)) for t in interleave_rotation_tables(cos, sin))
 
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            return kernels.npu_rotary_mul(x.float(), r1, r2, rotary_mode="interleave").type_as(x)
-
-    else:
-        r1, r2 = half_rotation_tables(cos, sin)
-
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            return reinterleave(kernels.npu_rotary_mul(deinterleave(x.float()), r1, r2)).type_as(x)
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        return kernels.npu_rotary_mul(fold_batch(x.float()), r1, r2, rotary_mode="interleave").view(x.shape).type_as(x)
 
     return rotate(query), rotate(key)
 
@@ -130,7 +113,7 @@ class NpuComplexRoPE(ComplexRoPE):
 @override(
     target=ComplexRoPE.Config,
     exact=True,
-    description="ComplexRoPE rotation via torch_npu.npu_rotary_mul (interleave at batch 1, else half) on NPU.",
+    description="ComplexRoPE rotation via torch_npu.npu_rotary_mul (interleave mode, batch folded into S) on NPU.",
 )
 def npu_rotary_rope(cfg: ComplexRoPE.Config) -> NpuComplexRoPE.Config:
     return derive(cfg, NpuComplexRoPE.Config)

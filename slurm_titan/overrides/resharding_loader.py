@@ -52,6 +52,7 @@ from slurm_titan.data.cursor import (
     reshard,
     rows_needed,
 )
+from slurm_titan.overrides.document_tables import collate_with_tables
 
 log = logging.getLogger("slurm_titan.overrides.resharding_loader")
 
@@ -217,7 +218,8 @@ class ReshardingDataLoader(ParallelAwareDataloader):
             dataset = HuggingFaceTextDataset(config.dataset, config.dataset_path, tokenizer, seq_len, dp_rank,
                                              dp_world_size, config.infinite)
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
-                         pin_memory=config.pin_memory, snapshot_every_n_steps=snapshot_every_n_steps)
+                         pin_memory=config.pin_memory, snapshot_every_n_steps=snapshot_every_n_steps,
+                         collate_fn=collate_with_tables)
 
     @property
     def streaming(self) -> bool:

@@ -42,7 +42,7 @@ from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.rank import preemption, progress
 from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
-from slurm_titan.rank.replicated import sharded
+from slurm_titan.rank.replicated import shard_split_qkv, sharded
 from slurm_titan.rank.restore_gate import wait_for_restore
 from slurm_titan.records import rank_progress
 from slurm_titan.records.rank_progress import Phase
@@ -79,6 +79,7 @@ class SyncedCheckpointManager(CheckpointManager):
         self._sync_closed = False
         self._force_save = False
         self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
+        shard_split_qkv(kwargs.get("model_parts") or ())  # before torchtitan's ModelWrapper caches a state dict
         super().__init__(config, **kwargs)  # reads nothing of the checkpoint folder
         # the node restores the checkpoint folder while the model is built; on another world size it first
         # asks what this rank's load will read (torchtitan's states to load exist from here on)

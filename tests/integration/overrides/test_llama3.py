@@ -4,14 +4,15 @@ import pytest
 import torch
 from torchtitan.config import apply_overrides
 from torchtitan.config.manager import ConfigManager
-from torchtitan.models.common.attention import FlexAttention
+from torchtitan.models.common.attention import FlexAttention, create_varlen_metadata_for_document
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import ComplexRoPE
 
 from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES, npu_attention, npu_norm, npu_rope
+from slurm_titan.overrides.document_tables import collate_with_tables
 from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.npu_attention import NpuFusedAttention
-from slurm_titan.overrides.npu_capabilities import RefuseAscendUnsupported
+from slurm_titan.overrides.npu_capabilities import RefuseAscendUnsupported, RefuseHostSync
 from slurm_titan.overrides.npu_norm import NpuRMSNorm
 from slurm_titan.overrides.npu_rope import NpuComplexRoPE
 
@@ -89,3 +90,20 @@ def test_debugmodel_npu_paths_train_on_the_contract_models_without_complex_kerne
         out = model(tokens, positions=positions, attention_masks=model.get_attention_masks(positions))
         out.float().logsumexp(-1).mean().backward()
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+def test_a_loader_batch_gets_its_masks_from_host_tables_with_no_host_sync(npu_config):
+    config, _ = npu_config
+    torch.manual_seed(0)
+    model = config.model_spec.model.build()
+    model.init_states(buffer_device=torch.device("cpu"))
+    positions = torch.stack([torch.cat([torch.arange(40), torch.arange(24)]), torch.arange(64)])
+    tokens = torch.randint(0, 2048, (2, 64))
+    inputs = collate_with_tables([({"input": t, "positions": p}, t) for t, p in zip(tokens, positions)])[0]
+    inputs["positions"] = inputs["positions"].clone()  # the trainer stores the device copy, a new tensor
+    expected = model(tokens, positions=positions, attention_masks=create_varlen_metadata_for_document(positions))
+    with RefuseHostSync():  # torchtitan's masks: a nonzero per row and an .item(), each a sync on a device
+        masks = model.get_attention_masks(inputs["positions"])
+        out = model(inputs["input"], positions=inputs["positions"], attention_masks=masks)
+    assert masks.cu_seq_q_host == (0, 40, 64, 128)
+    assert torch.equal(out, expected)

@@ -1,4 +1,4 @@
-"""The RoPE override's NPU path: real-valued cache lookup, interleave/half modes, upstream fallback."""
+"""The RoPE override's NPU path: real-valued cache lookup, interleave mode at every batch, upstream fallback."""
 
 import pytest
 import torch
@@ -31,14 +31,14 @@ def _modes_seen() -> tuple[list[str], NpuKernels]:
     return seen, NpuKernels(MODEL_KERNELS.npu_fusion_attention, rotary, MODEL_KERNELS.npu_rms_norm)
 
 
-@pytest.mark.parametrize("batch, mode", [(1, "interleave"), (3, "half")])
-def test_npu_path_indexes_no_complex_tensor_and_matches_upstream(batch, mode):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_npu_path_indexes_no_complex_tensor_and_matches_upstream(batch):
     upstream, override = CFG.build(), npu_rotary_rope(CFG).build()
     q, k, positions = _inputs(batch)
     seen, kernels = _modes_seen()
     with RefuseAscendUnsupported():
         out = override(q, k, positions, kernels=kernels)
-    assert seen == [mode, mode]
+    assert seen == ["interleave", "interleave"]  # no de- and re-interleaving of the head dim at batch > 1
     for actual, expected in zip(out, upstream(q, k, positions), strict=True):
         assert actual.dtype == expected.dtype
         torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6 if actual.dtype == torch.float32 else 1e-2)
@@ -65,14 +65,17 @@ def test_rotation_angles_equal_upstreams_cache_lookup_bit_for_bit():
     assert torch.equal(cos, rope.cache[:10].real[None, :, None])
 
 
-def test_interleave_and_half_modes_agree_on_upstreams_maths():
-    q, k, positions = _inputs(1)
+def test_a_batch_is_rotated_as_its_rows_one_by_one():
+    q, k, positions = _inputs(3)
     cos, sin = npu_rope.rotation_angles(CFG.build().cache, positions, 64)
-    interleave = npu_rope.rotary_npu(q, k, cos, sin, MODEL_KERNELS)
-    wide = (x.expand(2, -1, -1, -1) for x in (q, k, cos, sin))  # batch 2: half mode, same rows
-    half = npu_rope.rotary_npu(*wide, MODEL_KERNELS)
-    for a, b in zip(interleave, half, strict=True):
-        torch.testing.assert_close(a.expand(2, -1, -1, -1), b)
+    batch = npu_rope.rotary_npu(q, k, cos, sin, MODEL_KERNELS)
+    for row in range(3):
+        one = npu_rope.rotary_npu(q[row:row + 1], k[row:row + 1], cos[row:row + 1], sin[row:row + 1], MODEL_KERNELS)
+        for a, b in zip(batch, one, strict=True):
+            assert torch.equal(a[row:row + 1], b)
+    shared = npu_rope.rotation_angles(CFG.build().cache, None, 64)  # one table for every row
+    for a, b in zip(npu_rope.rotary_npu(q, k, *shared, MODEL_KERNELS), CFG.build()(q, k, None), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6 if a.dtype == torch.float32 else 1e-2)
 
 
 def test_off_npu_the_override_is_upstream(monkeypatch):

@@ -18,12 +18,7 @@ from slurm_titan.overrides.kernel_models import MODEL_KERNELS
 from slurm_titan.overrides.kernels import NpuKernels, select_kernels
 from slurm_titan.overrides.npu_attention import npu_attention
 from slurm_titan.overrides.npu_norm import rms_norm_npu
-from slurm_titan.overrides.npu_rope import (
-    deinterleave,
-    half_rotation_tables,
-    interleave_rotation_tables,
-    reinterleave,
-)
+from slurm_titan.overrides.npu_rope import fold_batch, interleave_rotation_tables
 from slurm_titan.overrides.reference_attention import reference_attention
 
 
@@ -110,13 +105,10 @@ def test_host_offsets_prefers_host_copy_and_caches_per_metadata():
     assert host_offsets(VarlenMetadata(fresh, fresh, 5, 5)) == (0, 4, 8)
 
 
-def test_rope_interleave_round_trip_and_tables():
-    x = torch.arange(8.0).view(1, 1, 1, 8)
-    assert deinterleave(x).flatten().tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
-    assert torch.equal(reinterleave(deinterleave(x)), x)
+def test_rope_batch_fold_and_tables():
+    x = torch.arange(12.0).view(2, 3, 1, 2)
+    assert fold_batch(x).shape == (1, 6, 1, 2) and fold_batch(x).flatten().tolist() == x.flatten().tolist()
     cos, sin = torch.tensor([[0.1, 0.2]] * 3).cos(), torch.tensor([[0.1, 0.2]] * 3).sin()
-    r1, r2 = half_rotation_tables(cos, sin)
-    assert r1.shape == (3, 4) and torch.equal(r1[:, :2], r1[:, 2:]) and torch.equal(r2[0, :2], sin[0])
     r1, r2 = interleave_rotation_tables(cos, sin)
     assert torch.equal(r1[0], cos[0].repeat_interleave(2)) and torch.equal(r2[0], sin[0].repeat_interleave(2))
 
