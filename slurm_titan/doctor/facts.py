@@ -137,11 +137,11 @@ def free_space(path: str) -> tuple[str, int]:
 
 def cann_install(ascend_home: str, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
     """CANN's `<toolkit home>/<arch>-linux/ascend_toolkit_install.info` (its path and `key=value` fields, with a
-    `version`), the toolkit home being $ASCEND_HOME_PATH once set_env.sh ran, else
-    <ascend_home>/ascend-toolkit/latest (<= 8.3) or <ascend_home>/cann (8.5+)."""
+    `version`), the toolkit home being $ASCEND_HOME_PATH once set_env.sh ran, else the newest layout
+    <ascend_home>/cann (8.5+), then <ascend_home>/ascend-toolkit/latest (<= 8.3), as the job's set-up sources them."""
     info = Path(f"{platform.machine()}-linux") / "ascend_toolkit_install.info"
-    homes = [home for home in (env.get("ASCEND_HOME_PATH"), f"{ascend_home}/ascend-toolkit/latest",
-                               f"{ascend_home}/cann") if home]
+    homes = [home for home in (env.get("ASCEND_HOME_PATH"), f"{ascend_home}/cann",
+                               f"{ascend_home}/ascend-toolkit/latest") if home]
     for path in (Path(home) / info for home in homes):
         if path.is_file():
             fields = parse_key_values(path.read_text(encoding="utf-8", errors="replace"))

@@ -92,9 +92,28 @@ def test_torch_npu_table() -> None:
     (check, what, expected, severity), = versions.torch_npu_rows("2.14.1", "2.14.0", "9.2.0")
     assert (check, severity, what) == ("torch_npu", FAIL, "torch 2.14.1 with torch_npu 2.14.0")
     (_, what, expected, severity), = versions.torch_npu_rows("2.14.0", "2.14.0", "8.1.RC1")
-    assert severity == WARN and "8.5.X to 9.2.X, recommended 9.2.0" in expected and versions.TABLE in expected
+    assert severity == FAIL and "8.5.X to 9.2.X, recommended 9.2.0" in expected and versions.TABLE in expected
     (_, what, _, severity), = versions.torch_npu_rows("2.13.0", "2.13.0", "9.2.0")
     assert (severity, what) == (WARN, "torch_npu 2.13.0 is not in the table")
+
+
+def test_a_cann_outside_the_table_fails_the_preflight_naming_the_node(tmp_path: Path) -> None:
+    cann = {1: "8.3.RC1", 2: "9.3.0"}
+    outcome = run_nodes(tmp_path, 3, lambda expect, rank: npu_facts(
+        rank, cann_version=cann.get(rank, "9.2.0"), cann_ops_version=cann.get(rank, "9.2.0")), None)
+    assert all(isinstance(error, PreflightFailed) and error.exit_code == 78 for error in outcome.values())
+    assert [(f.node, f.found) for f in outcome[0].findings if f.severity == FAIL and "table" in f.found] == [
+        ("1 (n2)", "CANN 8.3.RC1 with torch_npu 2.14.0 is not in the table"),
+        ("2 (n3)", "CANN 9.3.0 with torch_npu 2.14.0 is not in the table")]
+
+
+def test_the_newest_cann_layout_is_read_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(facts_module.platform, "machine", lambda: "aarch64")
+    for home, version in (("ascend-toolkit/latest", "8.3.RC1"), ("cann", "9.2.0")):
+        (tmp_path / home / "aarch64-linux").mkdir(parents=True)
+        (tmp_path / home / "aarch64-linux/ascend_toolkit_install.info").write_text(f"version={version}\n")
+    path, fields = facts_module.cann_install(str(tmp_path), {})
+    assert (path.parent.parent, fields["version"]) == (tmp_path / "cann", "9.2.0")
 
 
 def test_driver_against_the_toolkits_compatible_drivers() -> None:
