@@ -4,7 +4,8 @@
 (the value most nodes have is the expected one; device IPs must all differ); `reachability` judges one node's
 ping of a peer node's NPU. Chips are matched to logical device ids in `npu-smi info` listing order; only the
 job's visible devices are judged. The NPUs' network ports carry HCCL between nodes only, so their problems fail
-a job of several nodes and are warnings otherwise.
+a job of several nodes and are warnings otherwise. Port blocks are judged against this host's ephemeral range
+only when the host binds them (`DoctorExpectations.hccl_port_ranges`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ from slurm_titan.doctor.hccn_tool import HccnDevice
 from slurm_titan.doctor.npu_smi import parse_key_values, parse_npu_smi_info
 from slurm_titan.doctor.ports import format_ranges, parse_port_list, uncovered
 from slurm_titan.doctor.report import FAIL, WARN
-from tests.support.paths import DATA
+from slurm_titan.launch.config import load_config
+from slurm_titan.launch.preflight import preflight_expectations
+from tests.support.paths import DATA, REPO
 
 SMI = DATA / "npu-smi"
 HCCN = DATA / "hccn_tool"
@@ -179,6 +181,17 @@ def test_a_fully_reserved_block_inside_the_ephemeral_range_passes() -> None:
     assert found(partly, "HCCL ports") == [
         (FAIL, "60000-60031 overlaps this node's ephemeral ports 32768-60999 (60016-60031 not reserved)")]
     assert "sysctl -w net.ipv4.ip_local_reserved_ports=60016-60031" in partly[0].expected
+
+
+def test_a_wide_ephemeral_range_judges_the_host_blocks_not_the_npu_block() -> None:
+    """A host whose ephemeral range is every unprivileged port, with the host's HCCL blocks reserved as CANN says:
+    the NPU socket block 61128-61255 (bound on the NPU's network port, not the host's) is not judged."""
+    expect = preflight_expectations(load_config(REPO / "configs/llama3_8b_npu_1node.yaml"), None)
+    host, root = (61000, 61127), (61256, 61287)
+    facts = npu_facts(ephemeral_range=(1024, 65535), reserved_ports=(host, root))
+    assert found(node_findings(facts, expect), "HCCL ports") == []
+    assert found(node_findings(replace(facts, reserved_ports=(host,)), expect), "HCCL ports") == [
+        (FAIL, "61256-61287 overlaps this node's ephemeral ports 1024-65535 (61256-61287 not reserved)")]
 
 
 # ---- hccn_tool ----------------------------------------------------------------------------
