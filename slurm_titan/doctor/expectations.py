@@ -33,6 +33,9 @@ class DoctorExpectations:
     checkpoint_dir: str | None = None
     checkpoint_bytes: int | None = None
     checkpoint_size_source: str = ""
+    busy_wait_s: float = 120.0
+    """How long the doctor waits for the judged chips to be released before it judges them busy: a rank killed
+    at the end of the attempt before (or by a hang's kill) may hold its HBM until its driver context is torn down."""
     temp_warn_c: int = 75
     temp_fail_c: int = 85
     """Chip temperature limits: seed 000 ("正常应该在75°C以下,如果到85°C以上,NPU会降频": normal below

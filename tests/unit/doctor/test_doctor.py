@@ -147,7 +147,7 @@ def test_unhealthy_and_busy_chips_fail_warning_passes() -> None:
         ("chip health", "NPU 3 chip 0 (910B3): Critical"),
         ("temperature", "NPU 3 chip 0 (910B3): 96 C"),
         ("chip health", "NPU 5 chip 0 (910B3): Alarm"),
-        ("chip busy", "NPU 6 chip 0 (910B3): 58012/65536 MB HBM in use"),
+        ("chip busy", "NPU 6 chip 0 (910B3): 58012/65536 MB HBM in use; held by pid 731204 (python3, 54682 MB)"),
     ]
     assert not node_findings(npu_facts(info="info_910b3_unhealthy.txt"), replace(NPU, visible_devices=(0, 1)))
 

@@ -17,7 +17,7 @@ from slurm_titan.doctor.checks import compare_nodes, node_findings, reachability
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.facts import FactError, NodeFacts, cann_ops_version, collect_facts
 from slurm_titan.doctor.hccn_tool import HccnDevice
-from slurm_titan.doctor.npu_smi import parse_key_values, parse_npu_smi_info
+from slurm_titan.doctor.npu_smi import ChipProcess, parse_key_values, parse_npu_smi_info
 from slurm_titan.doctor.ports import format_ranges, parse_port_list, uncovered
 from slurm_titan.doctor.report import FAIL, WARN
 from slurm_titan.launch.config import load_config
@@ -60,6 +60,53 @@ def test_temperature_warns_at_75_and_fails_at_85() -> None:
     assert {f.expected for f in findings if f.check == "temperature"} == {"below 75 C (at 85 C the NPU throttles)"}
     custom = node_findings(with_temps(npu_facts(), 80), replace(NPU, temp_warn_c=90, temp_fail_c=95))
     assert found(custom, "temperature") == []
+
+
+# ---- busy chips -----------------------------------------------------------------------------
+
+
+def test_the_process_table_names_who_holds_a_chip() -> None:
+    busy = parse_npu_smi_info((SMI / "info_910b3_busy.txt").read_text())
+    assert busy.processes == (ChipProcess(2, 0, 48211, "python3", 57388),)
+    assert [chip.npu_id for chip in busy.chips if chip.busy] == [2, 5]
+    assert parse_npu_smi_info((SMI / "info_910b3_a2.txt").read_text()).processes == ()
+    facts = npu_facts(info="info_910b3_busy.txt")
+    assert NodeFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
+    assert found(node_findings(facts, NPU), "chip busy") == [
+        (FAIL, "NPU 2 chip 0 (910B3): 60741/65536 MB HBM in use; held by pid 48211 (python3, 57388 MB)"),
+        (FAIL, "NPU 5 chip 0 (910B3): 61802/65536 MB HBM in use; npu-smi shows no holder (another container's "
+               "process, or memory not yet freed)")]
+    assert {f.expected for f in node_findings(facts, NPU) if f.check == "chip busy"} == {
+        "an idle chip (under 50% HBM used) within 120 s"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now, self.sleeps = self.now + seconds, self.sleeps + 1
+
+
+def readings(*names: str):
+    """`npu-smi info` as read again and again: these recordings in turn, then the last one for ever."""
+    infos = [parse_npu_smi_info((SMI / name).read_text()) for name in names]
+    return lambda: infos.pop(0) if len(infos) > 1 else infos[0]
+
+
+def test_the_doctor_waits_for_a_killed_ranks_chip_to_be_released() -> None:
+    clock = FakeClock()
+    info = facts_module.wait_until_released(readings("info_910b3_busy.txt", "info_910b3_busy.txt",
+                                                     "info_910b3_a2.txt"), NPU.visible_devices, 120, 5,
+                                            lambda: clock.now, clock.sleep)
+    assert not any(chip.busy for chip in info.chips) and clock.sleeps == 2
+    clock = FakeClock()  # still held: the last reading after at most the wait, then judged busy
+    info = facts_module.wait_until_released(readings("info_910b3_busy.txt"), NPU.visible_devices, 120, 5,
+                                            lambda: clock.now, clock.sleep)
+    assert [chip.npu_id for chip in info.chips if chip.busy] == [2, 5] and clock.now == 120
+    clock = FakeClock()  # busy chips outside the job's devices are not waited for
+    facts_module.wait_until_released(readings("info_910b3_busy.txt"), (0, 1), 120, 5, lambda: clock.now, clock.sleep)
+    assert clock.sleeps == 0
 
 
 def test_a3_chips_warn_that_the_npu_attention_is_undocumented_there() -> None:
