@@ -36,6 +36,7 @@ _COLLECTED = {
     "CANN ops": "CANN's ops (kernels) package, the toolkit's version",
     "driver version": "the driver's version.info (mount it into containers)",
     "device count": "torch_npu imports and counts devices",
+    "NPU kernels": "the override checks run on this node's NPU (`slurm-titan check-overrides --device npu`)",
     "disk": "the checkpoint folder's filesystem",
     "network interface": "the list of network interfaces",
     "HCCL ports": "net.ipv4.ip_local_port_range and net.ipv4.ip_local_reserved_ports",
@@ -110,6 +111,8 @@ def _software_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
         rows.append(("torch_npu", NOT_INSTALLED, "torch_npu matching torch", FAIL))
     rows += versions.torch_npu_rows(facts.versions.get("torch"), torch_npu, facts.cann_version)
     rows += versions.driver_rows(facts.driver, facts.cann_version, facts.cann_compatible)
+    rows += [("NPU kernels", failed, "every check of `slurm-titan check-overrides --device npu` ok "
+              "(doctor.check_kernels)", FAIL) for failed in facts.kernel_failures or ()]
     if None not in (facts.cann_ops_version, facts.cann_version) and facts.cann_ops_version != facts.cann_version:
         rows.append(("CANN ops", f"ops (kernels) package {facts.cann_ops_version} with toolkit {facts.cann_version}",
                      f"the ops package of CANN {facts.cann_version}", FAIL))

@@ -33,6 +33,9 @@ class DoctorExpectations:
     checkpoint_dir: str | None = None
     checkpoint_bytes: int | None = None
     checkpoint_size_source: str = ""
+    check_kernels: bool = False
+    """`doctor.check_kernels`: run the override checks on this node's first NPU (`python -m
+    slurm_titan.overrides.check`, a child process: the doctor never imports torch)."""
     busy_wait_s: float = 120.0
     """How long the doctor waits for the judged chips to be released before it judges them busy: a rank killed
     at the end of the attempt before (or by a hang's kill) may hold its HBM until its driver context is torn down."""

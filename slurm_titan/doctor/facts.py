@@ -43,6 +43,7 @@ NPU_SMI_TIMEOUT_S = 30.0
 BUSY_POLL_S = 5.0
 HCCN_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 300.0
+KERNEL_CHECK_TIMEOUT_S = 600.0
 PACKAGES = ("torch", "torch_npu", "torchtitan")
 NET_DIR = "/sys/class/net"
 RESERVED_PORTS_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
@@ -70,6 +71,8 @@ class NodeFacts:
     davinci: list[str] | None = None
     """The /dev/davinci<N> device files this node (or cgroup) gives the job."""
     device_count: int | None = None
+    kernel_failures: list[str] | None = None
+    """The failed verdict lines of the override checks on this node's NPU (doctor.check_kernels); None: not run."""
     network: dict[str, HccnDevice] | None = None
     """hccn_tool's view of every judged NPU's network port, by hccn_tool device id; None: no hccn_tool."""
     disk_path: str | None = None
@@ -234,6 +237,14 @@ def probe_device_count() -> int:
         raise FactError(f"the torch_npu probe printed {out.strip()[-200:]!r}") from None
 
 
+def probe_kernels() -> list[str]:
+    """The failed verdict lines (`FAIL <check> <dtype>: ...`) of `check-overrides --device npu`'s quick checks on
+    this node's first NPU, in a child process (same Python and environment as the ranks)."""
+    out = run_tool([sys.executable, "-m", "slurm_titan.overrides.check"], KERNEL_CHECK_TIMEOUT_S,
+                   "the NPU kernel check")
+    return [line.removeprefix("FAIL ").strip() for line in out.splitlines() if line.startswith("FAIL ")]
+
+
 def _collect(facts: NodeFacts, check: str, collect: Callable[[], T]) -> T | None:
     """collect() or None, recording why under problems[check]."""
     try:
@@ -279,6 +290,8 @@ def _collect_npu(facts: NodeFacts, expect: DoctorExpectations) -> None:
     facts.driver = _collect(facts, "driver version", partial(driver_info, expect.ascend_home))
     facts.davinci = sorted(os.path.basename(path) for path in glob.glob(DAVINCI))
     facts.device_count = _collect(facts, "device count", probe_device_count)
+    if expect.check_kernels:
+        facts.kernel_failures = _collect(facts, "NPU kernels", probe_kernels)
     tool = hccn_tool_path(expect.ascend_home)
     if tool is not None and facts.npu_smi is not None:
         facts.network = {device: network_port(tool, device)
@@ -289,7 +302,8 @@ def collect_facts(expect: DoctorExpectations, node_rank: int) -> NodeFacts:
     """This node's facts: versions, and what `expect` asks about: checkpoint disk, network interfaces, the
     ephemeral and reserved port ranges; with device npu also npu-smi (read again while a judged chip is busy, up
     to `expect.busy_wait_s`: `wait_until_released`), firmware, CANN and its ops package, the
-    driver's version.info, /dev/davinci*, torch_npu's device count and (with hccn_tool) the NPUs' network."""
+    driver's version.info, /dev/davinci*, torch_npu's device count, (`check_kernels`) the override checks on its
+    first NPU and (with hccn_tool) the NPUs' network."""
     facts = NodeFacts(node_rank, socket.gethostname(), expect.device, package_versions())
     if expect.checkpoint_dir is not None:
         place = _collect(facts, "disk", partial(free_space, expect.checkpoint_dir))

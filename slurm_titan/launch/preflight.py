@@ -30,6 +30,7 @@ def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> Doc
     return replace(expect, visible_devices=tuple(npu_env.visible_devices(spec, slurm.devices_per_node)),
                    socket_ifnames=tuple(spec.socket_ifname), ascend_home=spec.ascend_home,
                    hccl_port_ranges=tuple((r.low, r.high) for r in (host, root)),
+                   check_kernels=config.doctor.check_kernels,
                    temp_warn_c=spec.temp_warn_c, temp_fail_c=spec.temp_fail_c)
 
 

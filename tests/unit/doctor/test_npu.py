@@ -295,6 +295,35 @@ def test_collector_reads_hccn_tool(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert NodeFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
 
 
+# ---- the NPU kernels (doctor.check_kernels) ------------------------------------------------
+
+
+VERDICTS = """ok   rope.tables bfloat16: max error 0 (tolerance 0) in B1 L130 heads 4/2 D16 docs 3, 7 cases
+FAIL attention.npu_kernel bfloat16 fwd: max error 0.31 (tolerance 0.02) in B2 L8192 heads 64/8 D128 docs 5/16, 7 cases
+ok   rmsnorm.npu_kernel bfloat16 bwd: max error 0.0039 (tolerance 0.04) in B1 L64 heads 2/1 D8 docs 2, 7 cases
+"""
+
+
+def test_the_kernel_check_runs_only_when_asked_and_fails_the_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(facts_module, "run_tool", lambda argv, *args, **kwargs: calls.append(argv) or VERDICTS)
+    assert facts_module.probe_kernels() == [
+        "attention.npu_kernel bfloat16 fwd: max error 0.31 (tolerance 0.02) in B2 L8192 heads 64/8 D128 docs 5/16, "
+        "7 cases"]
+    assert calls[0][1:] == ["-m", "slurm_titan.overrides.check"]
+    monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
+    assert collect_facts(NPU, 0).kernel_failures is None  # doctor.check_kernels is off by default
+    facts = collect_facts(replace(NPU, check_kernels=True), 0)
+    assert facts.kernel_failures == facts_module.probe_kernels() and len(facts.kernel_failures) == 1
+    assert found(node_findings(facts, NPU), "NPU kernels") == [(FAIL, facts.kernel_failures[0])]
+    assert not found(node_findings(npu_facts(kernel_failures=[]), NPU), "NPU kernels")
+
+
+def test_the_kernel_check_child_without_an_npu_is_a_failure_saying_why() -> None:
+    with pytest.raises(FactError, match="the NPU kernel check exited 2: check-overrides --device npu: torch_npu"):
+        facts_module.probe_kernels()  # this machine: torch, no torch_npu
+
+
 def test_a_lost_ping_fails_and_a_full_one_passes() -> None:
     mine, peer = npu_facts(0, network={"0": PORT}), npu_facts(1, network={"0": replace(PORT, ip="10.10.100.11")})
     assert reachability(mine, peer, "0", "10.10.100.11", (3, 3)) == []
