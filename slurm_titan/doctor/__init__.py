@@ -7,11 +7,14 @@ NPUs' network ports (`facts`, `checks`); across nodes: same chips, driver, firmw
 versions, distinct device IPs, one NPU ping per node (`checks.compare_nodes`, `checks.reachability`),
 exchanged through the job folder (`exchange`). A finding fails the preflight or is a warning (`report`).
 Nothing here imports torch. Entry points for the supervisor and the CLI: `run_preflight`, `PreflightFailed`,
-`DoctorExpectations` (exit code: `errors.ExitCode.PREFLIGHT`).
+`DoctorExpectations` (exit code: `errors.ExitCode.PREFLIGHT`); for the batch shell's decision `read_verdict`,
+`TRANSIENT_CHECKS`, `failures` and `node_rank`.
 """
 
-from slurm_titan.doctor.exchange import run_preflight
+from slurm_titan.doctor.checks import TRANSIENT_CHECKS
+from slurm_titan.doctor.exchange import read_verdict, run_preflight
 from slurm_titan.doctor.expectations import DoctorExpectations
-from slurm_titan.doctor.report import Finding, PreflightFailed
+from slurm_titan.doctor.report import Finding, PreflightFailed, failures, node_rank
 
-__all__ = ["DoctorExpectations", "Finding", "PreflightFailed", "run_preflight"]
+__all__ = ["TRANSIENT_CHECKS", "DoctorExpectations", "Finding", "PreflightFailed", "failures", "node_rank",
+           "read_verdict", "run_preflight"]

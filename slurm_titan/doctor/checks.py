@@ -4,7 +4,8 @@
 (the value most nodes have is the expected one; device IPs must all differ); `reachability` judges one node's
 ping of a peer node's NPU. Chips are matched to logical device ids in `npu-smi info` listing order; only the
 job's visible devices are judged. The NPUs' network ports carry HCCL between nodes only, so their problems fail
-a job of several nodes and are warnings otherwise.
+a job of several nodes and are warnings otherwise. Port blocks are judged against this host's ephemeral range
+only when the host binds them (`DoctorExpectations.hccl_port_ranges`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from slurm_titan.doctor import versions
 from slurm_titan.doctor.expectations import GB, DoctorExpectations
 from slurm_titan.doctor.facts import NodeFacts
 from slurm_titan.doctor.hccn_tool import NET_HEALTH_OK
-from slurm_titan.doctor.npu_smi import Chip
+from slurm_titan.doctor.npu_smi import BUSY_HBM_FRACTION, Chip, NpuSmiInfo
 from slurm_titan.doctor.ports import format_ranges, uncovered
 from slurm_titan.doctor.report import FAIL, WARN, Finding
 
 HEALTHY = ("OK", "Warning")
-BUSY_HBM_FRACTION = 0.5
+TRANSIENT_CHECKS = frozenset({"chip busy"})
+"""Checks whose failure can clear by itself: a chip whose memory a killed rank of the attempt before still held
+when the doctor's wait for its release ended (`finish` retries such a preflight once per node)."""
 NOT_INSTALLED = "not installed"
 NO_DEVICES_HINT = ("request the NPUs with --gres=npu:N (slurm.gres): a site that constrains devices with "
                    "cgroups (ConstrainDevices) gives a job without it no /dev/davinci*")
@@ -33,6 +36,7 @@ _COLLECTED = {
     "CANN ops": "CANN's ops (kernels) package, the toolkit's version",
     "driver version": "the driver's version.info (mount it into containers)",
     "device count": "torch_npu imports and counts devices",
+    "NPU kernels": "the override checks run on this node's NPU (`slurm-titan check-overrides --device npu`)",
     "disk": "the checkpoint folder's filesystem",
     "network interface": "the list of network interfaces",
     "HCCL ports": "net.ipv4.ip_local_port_range and net.ipv4.ip_local_reserved_ports",
@@ -59,6 +63,13 @@ def _temperature(chip: Chip, expect: DoctorExpectations) -> Row | None:
             f"below {expect.temp_warn_c} C (at {expect.temp_fail_c} C the NPU throttles)", FAIL if hot else WARN)
 
 
+def _holders(smi: NpuSmiInfo, chip: Chip) -> str:
+    held = [f"pid {p.pid} ({p.name}, {p.memory_mb} MB)" for p in smi.holders(chip)]
+    if not held:
+        return "npu-smi shows no holder (another container's process, or memory not yet freed)"
+    return f"held by {', '.join(held)}"
+
+
 def _chip_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
     rows: list[Row] = []
     if facts.npu_smi is None:
@@ -67,14 +78,15 @@ def _chip_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
     wanted = ",".join(map(str, expect.visible_devices))
     if expect.visible_devices and max(expect.visible_devices) >= len(chips):
         rows.append(("chips", f"{len(chips)} chips", f"logical devices {wanted} (ASCEND_RT_VISIBLE_DEVICES)", FAIL))
-    judged = [chips[i] for i in expect.visible_devices or range(len(chips)) if i < len(chips)]
+    judged = facts.npu_smi.judged(expect.visible_devices)
     for chip in judged:
         if chip.health not in HEALTHY:
             rows.append(("chip health", f"{_where(chip)}: {chip.health}", " or ".join(HEALTHY), FAIL))
-        if chip.hbm_used_mb is not None and chip.hbm_total_mb and \
-                chip.hbm_used_mb > BUSY_HBM_FRACTION * chip.hbm_total_mb:
-            rows.append(("chip busy", f"{_where(chip)}: {chip.hbm_used_mb}/{chip.hbm_total_mb} MB HBM in use",
-                         f"an idle chip (under {BUSY_HBM_FRACTION:.0%} HBM used)", FAIL))
+        if chip.busy:
+            rows.append(("chip busy", f"{_where(chip)}: {chip.hbm_used_mb}/{chip.hbm_total_mb} MB HBM in use; "
+                                      f"{_holders(facts.npu_smi, chip)}",
+                         f"an idle chip (under {BUSY_HBM_FRACTION:.0%} HBM used) within {expect.busy_wait_s:.0f} s",
+                         FAIL))
         if (row := _temperature(chip, expect)) is not None:
             rows.append(row)
     if any(chip.phy_id is not None for chip in judged):
@@ -99,6 +111,8 @@ def _software_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
         rows.append(("torch_npu", NOT_INSTALLED, "torch_npu matching torch", FAIL))
     rows += versions.torch_npu_rows(facts.versions.get("torch"), torch_npu, facts.cann_version)
     rows += versions.driver_rows(facts.driver, facts.cann_version, facts.cann_compatible)
+    rows += [("NPU kernels", failed, "every check of `slurm-titan check-overrides --device npu` ok "
+              "(doctor.check_kernels)", FAIL) for failed in facts.kernel_failures or ()]
     if None not in (facts.cann_ops_version, facts.cann_version) and facts.cann_ops_version != facts.cann_version:
         rows.append(("CANN ops", f"ops (kernels) package {facts.cann_ops_version} with toolkit {facts.cann_version}",
                      f"the ops package of CANN {facts.cann_version}", FAIL))

@@ -107,6 +107,12 @@ def _reach(folder: Path, facts: NodeFacts, num_nodes: int, expect: DoctorExpecta
     return reachability(facts, peer, *pair, outcome)
 
 
+def read_verdict(job_dir: Path, attempt: int) -> list[Finding] | None:
+    """Node 0's verdict on an attempt's preflight (every finding of the job), None when it wrote none."""
+    verdict = _read_json(doctor_folder(job_dir, attempt) / VERDICT)
+    return None if verdict is None else _findings(verdict["findings"])
+
+
 def run_preflight(job_dir: Path, attempt: int, node_rank: int, num_nodes: int, expect: DoctorExpectations,
                   timeout_s: float = DEFAULT_TIMEOUT_S, *, collect: Collector = collect_facts,
                   ping: Pinger = ping_device) -> list[Finding]:

@@ -13,7 +13,13 @@ GB = 10**9
 class DoctorExpectations:
     """The config's side of every check; an empty or None field skips its check.
 
-    `visible_devices` empty means every chip. `checkpoint_dir` is where torchtitan saves (it may hold the plan's
+    `visible_devices` empty means every chip. `hccl_port_ranges` are the HCCL port blocks HCCL binds on the host,
+    judged against the host's ephemeral range: HCCL_HOST_SOCKET_PORT_RANGE and HCCL_IF_BASE_PORT's root-info
+    ports (CANN: "the start port number of the host NIC"). HCCL_NPU_SOCKET_PORT_RANGE is not among them: those
+    ports are bound on the NPU's own network port, which the host's net.ipv4 settings do not govern, and no
+    hccn_tool query known here (tests/data/hccn_tool/) shows that port's ranges, so it is not judged at all.
+    The master port is judged by the supervisor (`node.rendezvous.check_port_outside`).
+    `checkpoint_dir` is where torchtitan saves (it may hold the plan's
     job placeholders until `for_job`); `checkpoint_bytes` is the free space each node needs there: its share
     of one checkpoint (`checkpoint.expected_size_gb`, or estimated from the model's parameter count).
     """
@@ -27,6 +33,12 @@ class DoctorExpectations:
     checkpoint_dir: str | None = None
     checkpoint_bytes: int | None = None
     checkpoint_size_source: str = ""
+    check_kernels: bool = False
+    """`doctor.check_kernels`: run the override checks on this node's first NPU (`python -m
+    slurm_titan.overrides.check`, a child process: the doctor never imports torch)."""
+    busy_wait_s: float = 120.0
+    """How long the doctor waits for the judged chips to be released before it judges them busy: a rank killed
+    at the end of the attempt before (or by a hang's kill) may hold its HBM until its driver context is torn down."""
     temp_warn_c: int = 75
     temp_fail_c: int = 85
     """Chip temperature limits: seed 000 ("正常应该在75°C以下,如果到85°C以上,NPU会降频": normal below

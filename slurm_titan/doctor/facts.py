@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +31,7 @@ from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.hccn_tool import HccnDevice
 from slurm_titan.doctor.npu_smi import (
     Chip,
+    ChipProcess,
     NpuSmiInfo,
     parse_colon_fields,
     parse_key_values,
@@ -38,8 +40,10 @@ from slurm_titan.doctor.npu_smi import (
 from slurm_titan.doctor.ports import parse_port_list
 
 NPU_SMI_TIMEOUT_S = 30.0
+BUSY_POLL_S = 5.0
 HCCN_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 300.0
+KERNEL_CHECK_TIMEOUT_S = 600.0
 PACKAGES = ("torch", "torch_npu", "torchtitan")
 NET_DIR = "/sys/class/net"
 RESERVED_PORTS_FILE = "/proc/sys/net/ipv4/ip_local_reserved_ports"
@@ -67,6 +71,8 @@ class NodeFacts:
     davinci: list[str] | None = None
     """The /dev/davinci<N> device files this node (or cgroup) gives the job."""
     device_count: int | None = None
+    kernel_failures: list[str] | None = None
+    """The failed verdict lines of the override checks on this node's NPU (doctor.check_kernels); None: not run."""
     network: dict[str, HccnDevice] | None = None
     """hccn_tool's view of every judged NPU's network port, by hccn_tool device id; None: no hccn_tool."""
     disk_path: str | None = None
@@ -89,7 +95,8 @@ class NodeFacts:
         ephemeral, reserved = data.get("ephemeral_range"), data.get("reserved_ports")
         return cls(**{**data,
                       "npu_smi": None if smi is None else NpuSmiInfo(
-                          smi["tool_version"], smi["driver_version"], tuple(Chip(**chip) for chip in smi["chips"])),
+                          smi["tool_version"], smi["driver_version"], tuple(Chip(**chip) for chip in smi["chips"]),
+                          tuple(ChipProcess(**process) for process in smi.get("processes", ()))),
                       "network": None if network is None else {
                           device: HccnDevice(**port) for device, port in network.items()},
                       "ephemeral_range": None if ephemeral is None else tuple(ephemeral),
@@ -137,11 +144,11 @@ def free_space(path: str) -> tuple[str, int]:
 
 def cann_install(ascend_home: str, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
     """CANN's `<toolkit home>/<arch>-linux/ascend_toolkit_install.info` (its path and `key=value` fields, with a
-    `version`), the toolkit home being $ASCEND_HOME_PATH once set_env.sh ran, else
-    <ascend_home>/ascend-toolkit/latest (<= 8.3) or <ascend_home>/cann (8.5+)."""
+    `version`), the toolkit home being $ASCEND_HOME_PATH once set_env.sh ran, else the newest layout
+    <ascend_home>/cann (8.5+), then <ascend_home>/ascend-toolkit/latest (<= 8.3), as the job's set-up sources them."""
     info = Path(f"{platform.machine()}-linux") / "ascend_toolkit_install.info"
-    homes = [home for home in (env.get("ASCEND_HOME_PATH"), f"{ascend_home}/ascend-toolkit/latest",
-                               f"{ascend_home}/cann") if home]
+    homes = [home for home in (env.get("ASCEND_HOME_PATH"), f"{ascend_home}/cann",
+                               f"{ascend_home}/ascend-toolkit/latest") if home]
     for path in (Path(home) / info for home in homes):
         if path.is_file():
             fields = parse_key_values(path.read_text(encoding="utf-8", errors="replace"))
@@ -207,8 +214,7 @@ def ping_device(ascend_home: str, device: str, address: str) -> tuple[int, int]:
 
 def network_ids(smi: NpuSmiInfo, visible: tuple[int, ...]) -> list[str]:
     """hccn_tool's device ids of the judged chips: the Phy-ID on A3 (two dies per NPU), else the NPU id."""
-    chips = [smi.chips[i] for i in visible or range(len(smi.chips)) if i < len(smi.chips)]
-    return [str(chip.npu_id if chip.phy_id is None else chip.phy_id) for chip in chips]
+    return [str(chip.npu_id if chip.phy_id is None else chip.phy_id) for chip in smi.judged(visible)]
 
 
 def read_ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
@@ -231,6 +237,14 @@ def probe_device_count() -> int:
         raise FactError(f"the torch_npu probe printed {out.strip()[-200:]!r}") from None
 
 
+def probe_kernels() -> list[str]:
+    """The failed verdict lines (`FAIL <check> <dtype>: ...`) of `check-overrides --device npu`'s quick checks on
+    this node's first NPU, in a child process (same Python and environment as the ranks)."""
+    out = run_tool([sys.executable, "-m", "slurm_titan.overrides.check"], KERNEL_CHECK_TIMEOUT_S,
+                   "the NPU kernel check")
+    return [line.removeprefix("FAIL ").strip() for line in out.splitlines() if line.startswith("FAIL ")]
+
+
 def _collect(facts: NodeFacts, check: str, collect: Callable[[], T]) -> T | None:
     """collect() or None, recording why under problems[check]."""
     try:
@@ -244,12 +258,26 @@ def _npu_smi_info() -> NpuSmiInfo:
     return parse_npu_smi_info(run_tool(["npu-smi", "info"], NPU_SMI_TIMEOUT_S))
 
 
+def wait_until_released(read: Callable[[], NpuSmiInfo], visible: tuple[int, ...], wait_s: float,
+                        poll_s: float = BUSY_POLL_S, clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], None] = time.sleep) -> NpuSmiInfo:
+    """`read()` (npu-smi info), read again every `poll_s` while a chip of `visible` is busy, until none is or
+    `wait_s` have passed: the last reading."""
+    deadline = clock() + wait_s
+    info = read()
+    while any(chip.busy for chip in info.judged(visible)) and clock() < deadline:
+        sleep(poll_s)
+        info = read()
+    return info
+
+
 def _board(npu_id: int) -> dict[str, str]:
     return parse_colon_fields(run_tool(["npu-smi", "info", "-t", "board", "-i", str(npu_id)], NPU_SMI_TIMEOUT_S))
 
 
 def _collect_npu(facts: NodeFacts, expect: DoctorExpectations) -> None:
-    facts.npu_smi = _collect(facts, "npu-smi", _npu_smi_info)
+    facts.npu_smi = _collect(facts, "npu-smi", partial(wait_until_released, _npu_smi_info, expect.visible_devices,
+                                                      expect.busy_wait_s))
     for npu_id in dict.fromkeys(chip.npu_id for chip in facts.npu_smi.chips) if facts.npu_smi else ():
         board = _collect(facts, "firmware", partial(_board, npu_id))
         if board is not None and board.get("Firmware Version"):
@@ -262,6 +290,8 @@ def _collect_npu(facts: NodeFacts, expect: DoctorExpectations) -> None:
     facts.driver = _collect(facts, "driver version", partial(driver_info, expect.ascend_home))
     facts.davinci = sorted(os.path.basename(path) for path in glob.glob(DAVINCI))
     facts.device_count = _collect(facts, "device count", probe_device_count)
+    if expect.check_kernels:
+        facts.kernel_failures = _collect(facts, "NPU kernels", probe_kernels)
     tool = hccn_tool_path(expect.ascend_home)
     if tool is not None and facts.npu_smi is not None:
         facts.network = {device: network_port(tool, device)
@@ -270,8 +300,10 @@ def _collect_npu(facts: NodeFacts, expect: DoctorExpectations) -> None:
 
 def collect_facts(expect: DoctorExpectations, node_rank: int) -> NodeFacts:
     """This node's facts: versions, and what `expect` asks about: checkpoint disk, network interfaces, the
-    ephemeral and reserved port ranges; with device npu also npu-smi, firmware, CANN and its ops package, the
-    driver's version.info, /dev/davinci*, torch_npu's device count and (with hccn_tool) the NPUs' network."""
+    ephemeral and reserved port ranges; with device npu also npu-smi (read again while a judged chip is busy, up
+    to `expect.busy_wait_s`: `wait_until_released`), firmware, CANN and its ops package, the
+    driver's version.info, /dev/davinci*, torch_npu's device count, (`check_kernels`) the override checks on its
+    first NPU and (with hccn_tool) the NPUs' network."""
     facts = NodeFacts(node_rank, socket.gethostname(), expect.device, package_versions())
     if expect.checkpoint_dir is not None:
         place = _collect(facts, "disk", partial(free_space, expect.checkpoint_dir))

@@ -7,7 +7,10 @@
 - Ascend 950: `| NPU ID | Name | Health | Power(W) Temp(C) Hugepages |` then `| | | Bus-Id | NPU Util(%) Memory HBM |`
 
 The header `| npu-smi <tool> Version: <driver> |` carries the driver (software) version. Health is one of
-OK, Warning (minor alarm), Alarm (major), Critical, UNKNOWN (device absent or not started).
+OK, Warning (minor alarm), Alarm (major), Critical, UNKNOWN (device absent or not started). A process table
+follows the chips: `| NPU Chip | Process id | Process name | Process memory(MB) |`, one row per process holding
+a chip (`| 6  0 | 731204 | python3 | 54682 |`), or `No running processes found in NPU N`; npu-smi in a
+container shows only the processes it can see.
 `npu-smi info -t board -i N` prints `Key : Value` lines, among them `Software Version` and `Firmware Version`.
 CANN's `ascend_toolkit_install.info` is `key=value` lines, among them `version=8.1.RC1`.
 """
@@ -22,6 +25,7 @@ _HEALTH = re.compile(rf"^({'|'.join(HEALTH_STATES)})$", re.IGNORECASE)
 _BUS_ID = re.compile(r"^([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]+|NA)$")
 _HEADER = re.compile(r"npu-smi\s+(\S+)\s+Version:\s*(\S+)")
 _FRACTION = re.compile(r"(\d+)\s*/\s*(\d+)")
+BUSY_HBM_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -40,13 +44,40 @@ class Chip:
     phy_id: int | None = None
 
 
+    @property
+    def busy(self) -> bool:
+        """More than BUSY_HBM_FRACTION of its HBM in use: another process (or a killed one not yet freed) holds it."""
+        used, total = self.hbm_used_mb, self.hbm_total_mb
+        return used is not None and total is not None and total > 0 and used > BUSY_HBM_FRACTION * total
+
+
+@dataclass(frozen=True)
+class ChipProcess:
+    """One row of `npu-smi info`'s process table: a process holding a chip's memory."""
+
+    npu_id: int
+    chip_id: int
+    pid: int
+    name: str
+    memory_mb: int | None
+
+
 @dataclass(frozen=True)
 class NpuSmiInfo:
-    """`npu-smi info`: the driver version from its header and every chip, in listing (logical id) order."""
+    """`npu-smi info`: the driver version from its header, every chip in listing (logical id) order, and the
+    processes it shows holding them."""
 
     tool_version: str | None
     driver_version: str | None
     chips: tuple[Chip, ...]
+    processes: tuple[ChipProcess, ...] = ()
+
+    def judged(self, visible: tuple[int, ...]) -> list[Chip]:
+        """The chips of the logical devices `visible` (empty: every chip) that exist."""
+        return [self.chips[i] for i in visible or range(len(self.chips)) if i < len(self.chips)]
+
+    def holders(self, chip: Chip) -> list[ChipProcess]:
+        return [p for p in self.processes if (p.npu_id, p.chip_id) == (chip.npu_id, chip.chip_id)]
 
 
 def _cells(line: str) -> list[str]:
@@ -65,9 +96,9 @@ def parse_npu_smi_info(text: str) -> NpuSmiInfo:
     header = _HEADER.search(text)
     chips: list[Chip] = []
     first: tuple[int, str, str, float | None, int | None] | None = None
-    for line in text.splitlines():
-        if "Process id" in line:  # the process table follows the chips
-            break
+    lines = text.splitlines()
+    table = next((i for i, line in enumerate(lines) if "Process id" in line), len(lines))
+    for line in lines[:table]:
         if not line.lstrip().startswith("|"):
             continue
         cells = _cells(line)
@@ -92,7 +123,21 @@ def parse_npu_smi_info(text: str) -> NpuSmiInfo:
             first = None
     if not chips:
         raise ValueError("npu-smi info listed no chips")
-    return NpuSmiInfo(header.group(1) if header else None, header.group(2) if header else None, tuple(chips))
+    return NpuSmiInfo(header.group(1) if header else None, header.group(2) if header else None, tuple(chips),
+                      _processes(lines[table + 1:]))
+
+
+def _processes(lines: list[str]) -> tuple[ChipProcess, ...]:
+    """The rows of npu-smi's process table: `| <npu> <chip> | <pid> | <name> | <memory MB> |`."""
+    processes = []
+    for line in lines:
+        cells = _cells(line) if line.lstrip().startswith("|") else []
+        ids = cells[0].split() if cells else []
+        if len(cells) >= 4 and len(ids) == 2 and all(i.isdigit() for i in ids) and cells[1].isdigit():
+            memory = _number(cells[3])
+            processes.append(ChipProcess(int(ids[0]), int(ids[1]), int(cells[1]), cells[2],
+                                         None if memory is None else int(memory)))
+    return tuple(processes)
 
 
 def parse_colon_fields(text: str) -> dict[str, str]:

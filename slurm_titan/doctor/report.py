@@ -28,6 +28,12 @@ class Finding:
     severity: str = FAIL
 
 
+def node_rank(finding: Finding) -> int | None:
+    """The node rank a finding names (its `node` is `3 (n4)`, or `3` for a silent node); None for another label."""
+    head = finding.node.split(" ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 def failures(findings: Iterable[Finding]) -> list[Finding]:
     """The findings that fail the preflight (not the warnings)."""
     return [finding for finding in findings if finding.severity == FAIL]

@@ -3,8 +3,9 @@
 `TORCH_NPU_TABLE` is the torch_npu 2.14.0 release notes (Ascend/pytorch, branch v2.14.0-26.2.0,
 docs/zh/release_notes.md, TorchNPU 26.2.0 "版本说明"): its branch table pairs the wheel 2.14.0 with PyTorch
 2.14.0 and CANN 9.2.0, and its "版本兼容性说明" table marks TorchNPU 26.2.X compatible ("Y") with CANN 8.5.X,
-9.0.X, 9.1.X and 9.2.X. A torch other than the wheel's PyTorch is known bad; a torch_npu or CANN outside the
-table is unknown (a warning that names the table).
+9.0.X, 9.1.X and 9.2.X. A torch other than the wheel's PyTorch, or a CANN outside the wheel's releases, is known
+bad (a failure: torch_npu is built against those CANN releases only); a torch_npu outside the table is unknown (a
+warning that names the table).
 
 Driver against CANN: CANN's `<toolkit>/<arch>-linux/ascend_toolkit_install.info` lists in `compatible_version`
 the driver releases it supports, by innerversion family (`[V100R001C15],[V100R001C18],...`); the driver's
@@ -70,7 +71,7 @@ def torch_npu_rows(torch: str | None, torch_npu: str | None, cann: str | None) -
     if cann is not None and release(cann, 2) not in entry.cann:
         rows.append(("CANN", f"CANN {cann} with torch_npu {torch_npu} is not in the table",
                      f"CANN {entry.cann[0]}.X to {entry.cann[-1]}.X, recommended {entry.recommended_cann} "
-                     f"({TABLE})", WARN))
+                     f"({TABLE})", FAIL))
     return rows
 
 

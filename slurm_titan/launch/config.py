@@ -228,6 +228,15 @@ class WatchdogSpec:
 
 
 @dataclass
+class DoctorSpec:
+    """`doctor`: what the preflight checks besides its defaults. `check_kernels` (NPU jobs only) runs the quick
+    checks of `slurm-titan check-overrides --device npu` on one NPU of every node before training (minutes: the
+    model-sized cases' references are computed on the host); a failed check fails the preflight (exit 78)."""
+
+    check_kernels: bool = False
+
+
+@dataclass
 class JobConfig:
     """A whole job: name, where its run folders go, and the sections above."""
 
@@ -241,6 +250,7 @@ class JobConfig:
     timeouts: TimeoutSpec = field(default_factory=TimeoutSpec)
     notify: NotifySpec = field(default_factory=NotifySpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
+    doctor: DoctorSpec = field(default_factory=DoctorSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
     def npu_job(self) -> NpuJob:
@@ -389,6 +399,8 @@ def _validate(config: JobConfig) -> None:
     if config.environment.device == "npu":
         check_npu(config.environment.npu, config.npu_job())
         _check_npu_torchtitan(config)
+    elif config.doctor.check_kernels:
+        raise ConfigError(where, "doctor.check_kernels", "checks the NPU kernels: needs environment.device: npu")
     _check_watchdog(config)
     for key in ("module", "config"):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):

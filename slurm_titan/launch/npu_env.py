@@ -5,8 +5,9 @@ Sources (CANN 8.x environment variable reference, hiascend.com `envref_07_*` / `
 Extension for PyTorch (torch_npu) environment variable reference, Ascend/pytorch
 `docs/zh/environment_variable_reference/*.md`):
 
-- `set_env.sh`: `<ascend>/ascend-toolkit/set_env.sh` (CANN <= 8.3), `<ascend>/cann/set_env.sh` (8.5+), NNAL's
-  ATB library `<ascend>/nnal/atb/set_env.sh`. A batch shell does not read ~/.bashrc, and submitit's set-up lines
+- `set_env.sh`: `<ascend>/cann/set_env.sh` (CANN 8.5+), `<ascend>/ascend-toolkit/set_env.sh` (<= 8.3), NNAL's
+  ATB library `<ascend>/nnal/atb/set_env.sh`. A node that keeps both CANN layouts (an upgrade leaves the old one)
+  sources the newest. A batch shell does not read ~/.bashrc, and submitit's set-up lines
   run on the batch host only, so every node's task sources them itself before its supervisor starts
   (`cann_launcher`). set_env.sh only sets CANN's own paths (prepending to LD_LIBRARY_PATH, PATH, PYTHONPATH), so
   the variables below, exported by the batch script and passed on by srun, keep their values.
@@ -99,8 +100,8 @@ allocation; nor is HCCL_ASYNC_ERROR_HANDLING, the deprecated name of TORCH_HCCL_
 class NpuSpec:
     """`environment.npu`: where CANN is and how HCCL / torch_npu are set up on every node.
 
-    `set_env` pins CANN's set_env.sh (default: the first of `<ascend_home>/ascend-toolkit/set_env.sh` and
-    `<ascend_home>/cann/set_env.sh` that exists on the node). `visible_devices` defaults to
+    `set_env` pins CANN's set_env.sh (default: the first of `<ascend_home>/cann/set_env.sh` (8.5+) and
+    `<ascend_home>/ascend-toolkit/set_env.sh` (<= 8.3) that exists on the node). `visible_devices` defaults to
     0..devices_per_node-1. `socket_ifname` names the NICs for HCCL's and gloo's bootstrap; `if_ip` is for one-node
     jobs only (one node's address). `port_base` pins the first HCCL socket port and `if_base_port`
     HCCL_IF_BASE_PORT (default: both computed, in one block with the socket ports). The timeouts come from the
@@ -181,10 +182,10 @@ class PortError(ValueError):
 
 
 def set_env_candidates(spec: NpuSpec) -> list[str]:
-    """CANN set_env.sh paths the job tries, in order."""
+    """CANN set_env.sh paths the job tries, in order: the newest layout (8.5+) first."""
     if spec.set_env:
         return [spec.set_env]
-    return [f"{spec.ascend_home}/ascend-toolkit/set_env.sh", f"{spec.ascend_home}/cann/set_env.sh"]
+    return [f"{spec.ascend_home}/cann/set_env.sh", f"{spec.ascend_home}/ascend-toolkit/set_env.sh"]
 
 
 def visible_devices(spec: NpuSpec, devices_per_node: int) -> list[int]:

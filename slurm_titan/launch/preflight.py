@@ -16,7 +16,8 @@ BYTES_PER_PARAMETER = 12
 
 
 def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> DoctorExpectations:
-    """`checkpoint_dir`: the folder torchtitan saves to (None: checkpointing is off)."""
+    """`checkpoint_dir`: the folder torchtitan saves to (None: checkpointing is off). The port blocks judged
+    against each node's ephemeral range are the host's (DoctorExpectations.hccl_port_ranges)."""
     slurm = config.slurm
     size, source = _checkpoint_size(config)
     expect = DoctorExpectations(device=config.environment.device, devices_per_node=slurm.devices_per_node,
@@ -24,10 +25,12 @@ def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> Doc
     if expect.device != "npu":
         return expect
     spec = config.environment.npu
-    ranges = npu_env.hccl_port_ranges(spec, slurm.devices_per_node, (slurm.port_window[0], slurm.port_window[1]))
+    host, _, root = npu_env.hccl_port_ranges(spec, slurm.devices_per_node,
+                                             (slurm.port_window[0], slurm.port_window[1]))
     return replace(expect, visible_devices=tuple(npu_env.visible_devices(spec, slurm.devices_per_node)),
                    socket_ifnames=tuple(spec.socket_ifname), ascend_home=spec.ascend_home,
-                   hccl_port_ranges=tuple((r.low, r.high) for r in ranges),
+                   hccl_port_ranges=tuple((r.low, r.high) for r in (host, root)),
+                   check_kernels=config.doctor.check_kernels,
                    temp_warn_c=spec.temp_warn_c, temp_fail_c=spec.temp_fail_c)
 
 

@@ -9,8 +9,9 @@ watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); other
 rank that stopped making progress first is blamed (node.watchdog.culprit_key: a rank that does not run
 at all, then one that does not wait in a collective, then the earliest `since`); the crashes after it
 are the kill's consequences. A crash whose log shows a peer's fault (failure_kinds.PEER) counts against the
-peer's node when the log names it, and against no node when it does not. Pure functions over those reports,
-unit-tested on recorded ones.
+peer's node when the log names it, and against no node when it does not. A preflight failure after a restart
+whose failures may clear by themselves (a chip a killed rank still held) is blamed on the lowest node rank that
+failed it (`preflight_failure`). Pure functions over those reports, unit-tested on recorded ones.
 """
 
 from __future__ import annotations
@@ -24,20 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_titan import failure_kinds
+from slurm_titan.doctor import TRANSIENT_CHECKS, Finding, failures, node_rank
 from slurm_titan.node.watchdog import culprit_key
 from slurm_titan.records import run_folder
 
 LOST = "lost"
 CRASHED = "crashed"
 HUNG = "hung"
+PREFLIGHT = "preflight"
 
 
 @dataclass(frozen=True)
 class NodeFailure:
-    """The first failure of an attempt: a rank that crashed or hung on `host`, or `host` lost whole."""
+    """The first failure of an attempt: a rank that crashed or hung on `host`, `host` lost whole, or its
+    preflight failed."""
 
     host: str
-    kind: str  # CRASHED | HUNG | LOST
+    kind: str  # CRASHED | HUNG | LOST | PREFLIGHT
     rank: int | None = None
     exit_code: int | None = None
     step: int | None = None  # HUNG: the step it was in, and the phase
@@ -51,6 +55,8 @@ class NodeFailure:
             return f"node {self.host} lost"
         if self.kind == HUNG:
             return f"hung on {self.host} rank {self.rank} at step {self.step} ({self.phase})"
+        if self.kind == PREFLIGHT:
+            return f"preflight failed on {self.host} ({self.evidence})"
         shown = f" ({self.fault}: {self.evidence!r})" if self.evidence else ""
         blamed = f", the faulty memory on peer node {self.peer}" if self.peer else ""
         return f"crashed on {self.host} rank {self.rank} with {exit_description(self.exit_code)}{shown}{blamed}"
@@ -112,6 +118,25 @@ def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) ->
         return NodeFailure(reports[node].get("host") or hosts[node], CRASHED, int(failure["rank"]),
                            int(failure["exit_code"]))
     return None
+
+
+def preflight_failure(verdict: list[Finding] | None, hosts: list[str], attempt: int) -> NodeFailure | None:
+    """The node to blame for a preflight failure that a restart may clear, or None when it ends the run.
+
+    Retried only after a restart (`attempt` > 0: a rank killed at the end of the attempt before may still
+    hold its chip's memory), and only when node 0's `verdict` holds nothing but failures of TRANSIENT_CHECKS on
+    nodes of this attempt: a lasting failure (versions, health, ports, a silent node) fails again on retry. The
+    lowest node rank that failed is blamed; `exclusion_reason` leaves it out when it fails again.
+    """
+    failed = failures(verdict or [])
+    ranks = [node_rank(finding) for finding in failed]
+    if attempt == 0 or not failed or any(f.check not in TRANSIENT_CHECKS for f in failed) or \
+            not all(rank is not None and rank < len(hosts) for rank in ranks):
+        return None
+    first = min(rank for rank in ranks if rank is not None)
+    evidence = failed[ranks.index(first)]
+    return NodeFailure(hosts[first], PREFLIGHT, fault=failure_kinds.UNKNOWN,
+                       evidence=f"{evidence.check}: {evidence.found}")
 
 
 def host_addresses(host: str) -> set[str]:

@@ -1,7 +1,8 @@
 """The batch script's last word on an attempt: why it ended, and what the job does next.
 
 Runs in the batch shell after srun returns (submitit's teardown lines). It reads every node's
-report, blames the first failure on its node (`attribution`), decides with `outcome.decide`,
+report, blames the first failure on its node (`attribution`; a preflight failure: from node 0's verdict,
+retried only when a restart may clear it), decides with `outcome.decide`,
 records the attempt's end in the run history, then:
 
 - restarts inside the allocation after an unplanned failure: a new srun step (submitit's own srun
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_titan import envvars, slurm
+from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node import allocation, attribution, notify, step_watch
@@ -134,12 +136,17 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     code = attempt_exit_code(job_dir, attempt.number, len(attempt.hosts), srun_exit_code)
     near_limit = code == ExitCode.PREEMPTED and near_time_limit(job_id, args.signal_seconds)
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
+    preflight = attribution.preflight_failure(read_verdict(job_dir, attempt.number), attempt.hosts,
+                                              attempt.number) if code == ExitCode.PREFLIGHT else None
     outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
-                                                        args.max_failures_without_progress))
-    failure: attribution.NodeFailure | None = None
+                                                        args.max_failures_without_progress), preflight is not None)
+    failure: attribution.NodeFailure | None = preflight
     excluded: list[str] = []
     if code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
         failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
+    elif preflight is not None:
+        allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
+        excluded = leave_out(job_dir, job_id, attempt, outcome, preflight, allocated, _unhealthy(allocated), env)
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
                          action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
                          culprit=failure and failure.blamed()[0], excluded=excluded,
@@ -169,6 +176,13 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
     if failure is None:
         return None, []
     failure = attribution.classified(failure, job_dir, attempt.hosts)
+    return failure, leave_out(job_dir, job_id, attempt, outcome, failure, allocated, unhealthy, env)
+
+
+def leave_out(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, failure: attribution.NodeFailure,
+              allocated: list[str], unhealthy: set[str], env: dict[str, str]) -> list[str]:
+    """Leave the node `failure` counts against out of the rest of the run when it should be
+    (`attribution.exclusion_reason`), and record the failure in the cluster's node ledger; the nodes left out."""
     left_out = set(allocation.read_excluded(job_dir))
     spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
     culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
@@ -180,7 +194,7 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
         say(f"left out {host} for the rest of the run: {why}")
         notify.send("node excluded", notify.JobRef.from_env(env), f"{host}: {why}", notify.spec_from_env(env))
     ledger.record_failure(host, job_id, kind, failure.describe(), bool(excluded), env)
-    return failure, excluded
+    return excluded
 
 
 def _unhealthy(hosts: list[str]) -> set[str]:

@@ -3,7 +3,9 @@
 An attempt is one srun step of the job: the first of each Slurm run, and every restart inside the
 allocation after it. What follows an attempt:
 
-- `stop`: the run ends (finished, a preflight failure, a cap reached, a restart loop);
+- `stop`: the run ends (finished, a preflight failure, a cap reached, a restart loop); a preflight failure that
+  a restart may clear (`attribution.preflight_failure`: a chip still held after a restart) is retried as a
+  failure instead, so the caps below bound it;
 - `requeue`: back through Slurm's queue (a preemption or the time limit: the allocation is going);
 - `restart`: an unplanned failure; a new attempt inside the allocation when it still has enough
   healthy nodes, else a requeue without the bad nodes (`slurm_titan.node.finish` chooses).
@@ -49,22 +51,25 @@ class Outcome:
     note: str = ""
 
 
-def decide(exit_code: int, near_time_limit: bool, run: RunSoFar, policy: RetryPolicy) -> Outcome:
-    """Decide what follows an attempt that ended with `exit_code` (the node reports combined)."""
+def decide(exit_code: int, near_time_limit: bool, run: RunSoFar, policy: RetryPolicy,
+           retry_preflight: bool = False) -> Outcome:
+    """Decide what follows an attempt that ended with `exit_code` (the node reports combined); a preflight failure
+    is retried only with `retry_preflight` (a transient one after a restart)."""
     if exit_code == 0:
         return Outcome("finished", STOP)
-    if exit_code == ExitCode.PREFLIGHT:
-        return Outcome("preflight failed", STOP, "a node failed the preflight: never retried")
+    if exit_code == ExitCode.PREFLIGHT and not retry_preflight:
+        return Outcome("preflight failed", STOP, "a node failed the preflight: not retried")
     if exit_code == ExitCode.PREEMPTED:
         reason = "timed out" if near_time_limit else "preempted"
         if run.requeues >= policy.max_requeues:
             return Outcome(reason, STOP, f"max_requeues={policy.max_requeues} reached")
         return Outcome(reason, REQUEUE)
     progress = "after progress" if run.progressed else "without progress"
+    what = "a transient preflight failure" if exit_code == ExitCode.PREFLIGHT else f"exit code {exit_code}"
     if run.failures + 1 > policy.max_failures:
-        return Outcome("failed", STOP, f"exit code {exit_code} {progress}; max_failures={policy.max_failures} reached")
+        return Outcome("failed", STOP, f"{what} {progress}; max_failures={policy.max_failures} reached")
     stalled = 0 if run.progressed else run.stalled_failures + 1
     if stalled >= policy.max_failures_without_progress:
         return Outcome("restart loop", STOP, f"{stalled} failed attempts in a row without progress "
                                              f"(max_failures_without_progress={policy.max_failures_without_progress})")
-    return Outcome("failed", RESTART, f"exit code {exit_code} {progress}")
+    return Outcome("failed", RESTART, f"{what} {progress}")

@@ -14,15 +14,24 @@ documents per row, head dim 128), forward and backward:
   attention under that mask, forward and backward.
 * ``attention.<kernels>``: the attention NPU path against the reference path.
 * ``rmsnorm.<kernels>``: the RMSNorm NPU path against upstream ``RMSNorm``.
+* ``<family>.npu_contract`` (CPU only): the NPU paths of :data:`LLAMA3_CASES`
+  (the shapes the NPU configs train: llama3 8B and 70B heads, head dim 128,
+  8192 tokens) on meta tensors with the contract models, in bf16, forward and
+  backward: every shape the kernels get is checked against their documented
+  limits, at no cost, so a configuration the hardware cannot run fails here.
 
 ``<kernels>`` is ``npu_model`` on CPU: the NPU paths run on the contract models
 of :mod:`.kernel_models`, under :class:`.npu_capabilities.RefuseAscendUnsupported`
 (so an op Ascend lacks fails the check), in fp32 and bf16. With ``--device
 npu`` it is ``npu_kernel``: the NPU paths run torch_npu's kernels on NPU
 tensors in bf16 (plus a case with a document longer than the 2048-token
-compressed mask), against the same references computed on the CPU; the RoPE
+compressed mask, and :data:`LLAMA3_CASES`), against the same references computed on the CPU; the RoPE
 cache is copied to the device, not recomputed there. The error of a result
 against an expectation is ``max|a - b| / max(1, max|b|)``.
+
+``python -m slurm_titan.overrides.check`` is the preflight doctor's child process
+(``doctor.check_kernels``): the quick device checks, one verdict line each; exit 0
+when they ran (the doctor judges the verdicts), 2 without an NPU.
 """
 
 from __future__ import annotations
@@ -106,6 +115,8 @@ class Target:
 
 CPU_MODELS = Target("npu_model", torch.device("cpu"), MODEL_KERNELS, refuse_unsupported=True)
 """The NPU paths on CPU, with the contract models, refusing what Ascend lacks."""
+CONTRACT = Target("npu_contract", torch.device("meta"), MODEL_KERNELS, refuse_unsupported=True)
+"""The NPU paths on meta tensors with the contract models: shapes, dtypes and layouts checked, no maths."""
 
 
 class DeviceUnavailable(Exception):
@@ -140,6 +151,12 @@ class _Case:
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    dim: int | None = None
+    """The model dim RMSNorm normalises (None: ``n_heads * head_dim``; tensor parallelism shards the heads only)."""
+
+    @property
+    def norm_dim(self) -> int:
+        return self.dim or self.n_heads * self.head_dim
 
     @property
     def batch(self) -> int:
@@ -167,6 +184,19 @@ WIDE_CASES = (
 
 LONG_CASE = _Case(((2100, 150, 54),), n_heads=2, n_kv_heads=1, head_dim=128)
 """A document longer than the 2048x2048 compressed causal mask (device runs only: dense CPU maths is slow)."""
+
+_PACKED_8K = ((3000, 1200, 2500, 800, 692), (512,) * 16)
+"""Two rows of 8192 tokens (seq_len of the NPU configs): a few long documents, and many short ones."""
+LLAMA3_CASES = (
+    _Case(_PACKED_8K[:1], n_heads=32, n_kv_heads=8, head_dim=128),
+    _Case(_PACKED_8K, n_heads=8, n_kv_heads=1, head_dim=128, dim=8192),
+    _Case(_PACKED_8K, n_heads=64, n_kv_heads=8, head_dim=128),
+)
+"""What the NPU configs train, from torchtitan 0.3.0's llama3 configs (models/llama3/__init__.py): llama3_8b
+(dim 4096, 32 query and 8 key/value heads, head dim 128) at local batch 1 (configs/llama3_8b_npu*.yaml, FSDP);
+llama3_70b (dim 8192, 64/8 heads, head dim 128) at local batch 2, per rank of configs/llama3_70b_npu.yaml's
+tensor parallel 8 (8/1 heads) and whole. Too large for CPU maths: checked on meta tensors here (CONTRACT),
+on the real kernels with ``--device npu``."""
 
 
 def _random_case(gen: torch.Generator) -> _Case:
@@ -199,8 +229,10 @@ def _fwd_bwd(
     inputs: Sequence[torch.Tensor],
     grad_out: torch.Tensor | None,
     target: Target | None = None,
+    to_cpu: bool = True,
 ) -> Outputs:
-    """``fn(*inputs)`` and, given ``grad_out``, the gradients of every input.
+    """``fn(*inputs)`` and, given ``grad_out``, the gradients of every input (copied to the CPU unless not
+    ``to_cpu``: meta tensors have no data to copy).
 
     With a ``target``, the inputs are moved to its device and ``fn`` runs (forward
     and backward) in its context; without one, on the CPU as given.
@@ -210,6 +242,8 @@ def _fwd_bwd(
     with target.context() if target else nullcontext():
         out = fn(*leaves)
         grads = [] if grad_out is None else torch.autograd.grad(out, leaves, grad_out.to(device, out.dtype))
+    if not to_cpu:
+        return out.detach(), list(grads)
     return out.detach().cpu(), [g.cpu() for g in grads]
 
 
@@ -229,6 +263,10 @@ class _Recorder:
 
     def raised(self, check: str, exc: Exception) -> None:
         self._add(check, math.inf, 0.0, f"{type(exc).__name__}: {_first_line(exc)}")
+
+    def ran(self, check: str) -> None:
+        """A check that only has to run (no result to compare)."""
+        self._add(check, 0.0, 0.0)
 
     def _add(self, check: str, error: float, tolerance: float, raised: str = "") -> None:
         dtype = str(self.dtype).removeprefix("torch.")
@@ -322,7 +360,7 @@ def _attention_checks(rec: _Recorder, gen: torch.Generator, target: Target, *, u
 
 def _rms_norm_checks(rec: _Recorder, gen: torch.Generator, target: Target) -> None:
     case, dtype = rec.case, rec.dtype
-    dim = case.n_heads * case.head_dim
+    dim = case.norm_dim
     cfg = RMSNorm.Config(normalized_shape=dim)
     upstream, override = cfg.build(), npu_rms_norm(cfg).build().to(target.device)  # weights via functional_call
     x = torch.randn(case.batch, case.seq_len, dim, generator=gen).to(dtype)
@@ -367,17 +405,61 @@ def _random_cases(gen: torch.Generator, quick: bool) -> list[_Case]:
     return [_random_case(gen) for _ in range(2 if quick else 6)]
 
 
+def _contract_paths(case: _Case) -> dict[str, tuple[Callable[..., torch.Tensor], list[torch.Tensor], torch.Tensor]]:
+    """Each family's NPU path on :data:`CONTRACT` with its bf16 meta inputs and output gradient."""
+    positions = case.positions()
+    rope = npu_rotary_rope(ComplexRoPE.Config(dim=case.head_dim, max_seq_len=case.seq_len, theta=500000,
+                                              scaling="llama")).build().to(CONTRACT.device)
+    attention = npu_fused_attention(FlexAttention.Config()).build()
+    metadata = create_varlen_metadata_for_document(positions)  # on the CPU: its host offsets are read
+    norm = npu_rms_norm(RMSNorm.Config(normalized_shape=case.norm_dim)).build().to(CONTRACT.device)
+
+    def meta(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.bfloat16, device=CONTRACT.device)
+
+    q, k, v = (meta(case.batch, case.seq_len, heads, case.head_dim)
+               for heads in (case.n_heads, case.n_kv_heads, case.n_kv_heads))
+    x = meta(case.batch, case.seq_len, case.norm_dim)
+    meta_positions, kernels = positions.to(CONTRACT.device), CONTRACT.kernels
+    return {
+        "rope": (lambda q, k: torch.cat([t.flatten() for t in rope(q, k, meta_positions, kernels=kernels)]),
+                 [q, k], meta(q.numel() + k.numel())),
+        "attention": (lambda q, k, v: attention(q, k, v, attention_masks=metadata, kernels=kernels),
+                      [q, k, v], meta(*q.shape)),
+        "rmsnorm": (lambda x, w: functional_call(norm, {"weight": w}, (x,), {"kernels": kernels}),
+                    [x, meta(case.norm_dim)], meta(*x.shape)),
+    }
+
+
+def run_contract_checks(cases: Sequence[_Case] = LLAMA3_CASES) -> list[CheckResult]:
+    """The NPU paths of ``cases`` forward and backward on meta tensors (:data:`CONTRACT`), in bf16: one row
+    per family and case, failed with what raised when a kernel's contract refuses a shape."""
+    results = []
+    for case in cases:
+        rec = _Recorder(case, torch.bfloat16)
+        for family, (fn, inputs, grad) in _contract_paths(case).items():
+            try:
+                _fwd_bwd(fn, inputs, grad, CONTRACT, to_cpu=False)
+                rec.ran(f"{family}.{CONTRACT.name}")
+            except Exception as exc:  # noqa: BLE001  a refused shape: report it, check the rest
+                rec.raised(f"{family}.{CONTRACT.name}", exc)
+        results.extend(rec.results)
+    return results
+
+
 def run_checks(seed: int = 0, quick: bool = False) -> list[CheckResult]:
-    """The CPU checks: random cases (2 when ``quick``, else 6) and :data:`WIDE_CASES`, fp32 and bf16."""
+    """The CPU checks: random cases (2 when ``quick``, else 6) and :data:`WIDE_CASES`, fp32 and bf16, and the
+    contract of :data:`LLAMA3_CASES`."""
     gen = torch.Generator().manual_seed(seed)
     cases = [*_random_cases(gen, quick), *WIDE_CASES]
-    return _run(cases, DTYPES, gen, CPU_MODELS, upstream=True)
+    return _run(cases, DTYPES, gen, CPU_MODELS, upstream=True) + run_contract_checks()
 
 
 def run_device_checks(target: Target, seed: int = 0, quick: bool = False) -> list[CheckResult]:
-    """The NPU-path checks on ``target``: the CPU run's cases plus :data:`LONG_CASE`, in bf16."""
+    """The NPU-path checks on ``target``: the CPU run's cases plus :data:`LONG_CASE` and :data:`LLAMA3_CASES`,
+    in bf16."""
     gen = torch.Generator().manual_seed(seed)
-    cases = [*_random_cases(gen, quick), *WIDE_CASES, LONG_CASE]
+    cases = [*_random_cases(gen, quick), *WIDE_CASES, LONG_CASE, *LLAMA3_CASES]
     return _run(cases, DEVICE_DTYPES, gen, target, upstream=False)
 
 
@@ -403,13 +485,19 @@ def format_verdicts(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
+def _device_target() -> Target | None:
+    """:func:`npu_target`, or None after one line on stderr saying why there is none."""
+    try:
+        return npu_target()
+    except DeviceUnavailable as exc:
+        print(f"check-overrides --device npu: {exc}", file=sys.stderr)
+        return None
+
+
 def run(device: str = "cpu", seed: int = 0, quick: bool = False) -> int:
     """Print the check table and one verdict per check; 0 when every check passes, 2 without a device, else 1."""
     if device == "npu":
-        try:
-            target = npu_target()
-        except DeviceUnavailable as exc:
-            print(f"check-overrides --device npu: {exc}", file=sys.stderr)
+        if (target := _device_target()) is None:
             return 2
         results = run_device_checks(target, seed=seed, quick=quick)
     else:
@@ -419,3 +507,15 @@ def run(device: str = "cpu", seed: int = 0, quick: bool = False) -> int:
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed}/{len(results)} checks passed")
     return 1 if failed else 0
+
+
+def preflight_verdicts() -> int:
+    """The doctor's kernel check: the quick device checks' verdicts; 0 when they ran, 2 without an NPU."""
+    if (target := _device_target()) is None:
+        return 2
+    print(format_verdicts(run_device_checks(target, quick=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(preflight_verdicts())

@@ -17,10 +17,12 @@ from slurm_titan.doctor.checks import compare_nodes, node_findings, reachability
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.facts import FactError, NodeFacts, cann_ops_version, collect_facts
 from slurm_titan.doctor.hccn_tool import HccnDevice
-from slurm_titan.doctor.npu_smi import parse_key_values, parse_npu_smi_info
+from slurm_titan.doctor.npu_smi import ChipProcess, parse_key_values, parse_npu_smi_info
 from slurm_titan.doctor.ports import format_ranges, parse_port_list, uncovered
 from slurm_titan.doctor.report import FAIL, WARN
-from tests.support.paths import DATA
+from slurm_titan.launch.config import load_config
+from slurm_titan.launch.preflight import preflight_expectations
+from tests.support.paths import DATA, REPO
 
 SMI = DATA / "npu-smi"
 HCCN = DATA / "hccn_tool"
@@ -60,6 +62,53 @@ def test_temperature_warns_at_75_and_fails_at_85() -> None:
     assert found(custom, "temperature") == []
 
 
+# ---- busy chips -----------------------------------------------------------------------------
+
+
+def test_the_process_table_names_who_holds_a_chip() -> None:
+    busy = parse_npu_smi_info((SMI / "info_910b3_busy.txt").read_text())
+    assert busy.processes == (ChipProcess(2, 0, 48211, "python3", 57388),)
+    assert [chip.npu_id for chip in busy.chips if chip.busy] == [2, 5]
+    assert parse_npu_smi_info((SMI / "info_910b3_a2.txt").read_text()).processes == ()
+    facts = npu_facts(info="info_910b3_busy.txt")
+    assert NodeFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
+    assert found(node_findings(facts, NPU), "chip busy") == [
+        (FAIL, "NPU 2 chip 0 (910B3): 60741/65536 MB HBM in use; held by pid 48211 (python3, 57388 MB)"),
+        (FAIL, "NPU 5 chip 0 (910B3): 61802/65536 MB HBM in use; npu-smi shows no holder (another container's "
+               "process, or memory not yet freed)")]
+    assert {f.expected for f in node_findings(facts, NPU) if f.check == "chip busy"} == {
+        "an idle chip (under 50% HBM used) within 120 s"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now, self.sleeps = self.now + seconds, self.sleeps + 1
+
+
+def readings(*names: str):
+    """`npu-smi info` as read again and again: these recordings in turn, then the last one for ever."""
+    infos = [parse_npu_smi_info((SMI / name).read_text()) for name in names]
+    return lambda: infos.pop(0) if len(infos) > 1 else infos[0]
+
+
+def test_the_doctor_waits_for_a_killed_ranks_chip_to_be_released() -> None:
+    clock = FakeClock()
+    info = facts_module.wait_until_released(readings("info_910b3_busy.txt", "info_910b3_busy.txt",
+                                                     "info_910b3_a2.txt"), NPU.visible_devices, 120, 5,
+                                            lambda: clock.now, clock.sleep)
+    assert not any(chip.busy for chip in info.chips) and clock.sleeps == 2
+    clock = FakeClock()  # still held: the last reading after at most the wait, then judged busy
+    info = facts_module.wait_until_released(readings("info_910b3_busy.txt"), NPU.visible_devices, 120, 5,
+                                            lambda: clock.now, clock.sleep)
+    assert [chip.npu_id for chip in info.chips if chip.busy] == [2, 5] and clock.now == 120
+    clock = FakeClock()  # busy chips outside the job's devices are not waited for
+    facts_module.wait_until_released(readings("info_910b3_busy.txt"), (0, 1), 120, 5, lambda: clock.now, clock.sleep)
+    assert clock.sleeps == 0
+
+
 def test_a3_chips_warn_that_the_npu_attention_is_undocumented_there() -> None:
     a3 = node_findings(npu_facts(info="info_910_93_a3.txt"), replace(NPU, visible_devices=()))
     assert [(f.severity, f.check) for f in a3] == [(WARN, "npu_fusion_attention")]
@@ -92,9 +141,28 @@ def test_torch_npu_table() -> None:
     (check, what, expected, severity), = versions.torch_npu_rows("2.14.1", "2.14.0", "9.2.0")
     assert (check, severity, what) == ("torch_npu", FAIL, "torch 2.14.1 with torch_npu 2.14.0")
     (_, what, expected, severity), = versions.torch_npu_rows("2.14.0", "2.14.0", "8.1.RC1")
-    assert severity == WARN and "8.5.X to 9.2.X, recommended 9.2.0" in expected and versions.TABLE in expected
+    assert severity == FAIL and "8.5.X to 9.2.X, recommended 9.2.0" in expected and versions.TABLE in expected
     (_, what, _, severity), = versions.torch_npu_rows("2.13.0", "2.13.0", "9.2.0")
     assert (severity, what) == (WARN, "torch_npu 2.13.0 is not in the table")
+
+
+def test_a_cann_outside_the_table_fails_the_preflight_naming_the_node(tmp_path: Path) -> None:
+    cann = {1: "8.3.RC1", 2: "9.3.0"}
+    outcome = run_nodes(tmp_path, 3, lambda expect, rank: npu_facts(
+        rank, cann_version=cann.get(rank, "9.2.0"), cann_ops_version=cann.get(rank, "9.2.0")), None)
+    assert all(isinstance(error, PreflightFailed) and error.exit_code == 78 for error in outcome.values())
+    assert [(f.node, f.found) for f in outcome[0].findings if f.severity == FAIL and "table" in f.found] == [
+        ("1 (n2)", "CANN 8.3.RC1 with torch_npu 2.14.0 is not in the table"),
+        ("2 (n3)", "CANN 9.3.0 with torch_npu 2.14.0 is not in the table")]
+
+
+def test_the_newest_cann_layout_is_read_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(facts_module.platform, "machine", lambda: "aarch64")
+    for home, version in (("ascend-toolkit/latest", "8.3.RC1"), ("cann", "9.2.0")):
+        (tmp_path / home / "aarch64-linux").mkdir(parents=True)
+        (tmp_path / home / "aarch64-linux/ascend_toolkit_install.info").write_text(f"version={version}\n")
+    path, fields = facts_module.cann_install(str(tmp_path), {})
+    assert (path.parent.parent, fields["version"]) == (tmp_path / "cann", "9.2.0")
 
 
 def test_driver_against_the_toolkits_compatible_drivers() -> None:
@@ -162,6 +230,17 @@ def test_a_fully_reserved_block_inside_the_ephemeral_range_passes() -> None:
     assert "sysctl -w net.ipv4.ip_local_reserved_ports=60016-60031" in partly[0].expected
 
 
+def test_a_wide_ephemeral_range_judges_the_host_blocks_not_the_npu_block() -> None:
+    """A host whose ephemeral range is every unprivileged port, with the host's HCCL blocks reserved as CANN says:
+    the NPU socket block 61128-61255 (bound on the NPU's network port, not the host's) is not judged."""
+    expect = preflight_expectations(load_config(REPO / "configs/llama3_8b_npu_1node.yaml"), None)
+    host, root = (61000, 61127), (61256, 61287)
+    facts = npu_facts(ephemeral_range=(1024, 65535), reserved_ports=(host, root))
+    assert found(node_findings(facts, expect), "HCCL ports") == []
+    assert found(node_findings(replace(facts, reserved_ports=(host,)), expect), "HCCL ports") == [
+        (FAIL, "61256-61287 overlaps this node's ephemeral ports 1024-65535 (61256-61287 not reserved)")]
+
+
 # ---- hccn_tool ----------------------------------------------------------------------------
 
 
@@ -214,6 +293,35 @@ def test_collector_reads_hccn_tool(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
                                              visible_devices=(0, 1, 15)), 0)
     assert facts.network == {device: HccnDevice(f"10.0.0.{device}", "UP", "Init", 0) for device in ("0", "1", "15")}
     assert NodeFacts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
+
+
+# ---- the NPU kernels (doctor.check_kernels) ------------------------------------------------
+
+
+VERDICTS = """ok   rope.tables bfloat16: max error 0 (tolerance 0) in B1 L130 heads 4/2 D16 docs 3, 7 cases
+FAIL attention.npu_kernel bfloat16 fwd: max error 0.31 (tolerance 0.02) in B2 L8192 heads 64/8 D128 docs 5/16, 7 cases
+ok   rmsnorm.npu_kernel bfloat16 bwd: max error 0.0039 (tolerance 0.04) in B1 L64 heads 2/1 D8 docs 2, 7 cases
+"""
+
+
+def test_the_kernel_check_runs_only_when_asked_and_fails_the_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(facts_module, "run_tool", lambda argv, *args, **kwargs: calls.append(argv) or VERDICTS)
+    assert facts_module.probe_kernels() == [
+        "attention.npu_kernel bfloat16 fwd: max error 0.31 (tolerance 0.02) in B2 L8192 heads 64/8 D128 docs 5/16, "
+        "7 cases"]
+    assert calls[0][1:] == ["-m", "slurm_titan.overrides.check"]
+    monkeypatch.setattr(facts_module, "probe_device_count", lambda: 8)
+    assert collect_facts(NPU, 0).kernel_failures is None  # doctor.check_kernels is off by default
+    facts = collect_facts(replace(NPU, check_kernels=True), 0)
+    assert facts.kernel_failures == facts_module.probe_kernels() and len(facts.kernel_failures) == 1
+    assert found(node_findings(facts, NPU), "NPU kernels") == [(FAIL, facts.kernel_failures[0])]
+    assert not found(node_findings(npu_facts(kernel_failures=[]), NPU), "NPU kernels")
+
+
+def test_the_kernel_check_child_without_an_npu_is_a_failure_saying_why() -> None:
+    with pytest.raises(FactError, match="the NPU kernel check exited 2: check-overrides --device npu: torch_npu"):
+        facts_module.probe_kernels()  # this machine: torch, no torch_npu
 
 
 def test_a_lost_ping_fails_and_a_full_one_passes() -> None:

@@ -4,6 +4,7 @@ import pytest
 
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch.config import load_config, parse_assignment
+from slurm_titan.launch.preflight import preflight_expectations
 from tests.support.paths import REPO
 
 
@@ -120,3 +121,13 @@ def test_cpu_jobs_may_use_context_parallelism_and_compile(tmp_path: Path) -> Non
     text = "name: x\nenvironment: {device: cpu}\ntorchtitan: {args: {parallelism: {context_parallel_degree: 2}, " \
            "compile: {enable: true}}}\n"
     assert load_config(write(tmp_path, text)).torchtitan.option("compile.enable") is True
+
+
+def test_doctor_check_kernels_is_off_by_default_and_for_npu_jobs_only() -> None:
+    npu = REPO / "configs/llama3_8b_npu_1node.yaml"
+    assert load_config(npu).doctor.check_kernels is False
+    assert preflight_expectations(load_config(npu, [("doctor.check_kernels", True)]), None).check_kernels
+    with pytest.raises(ConfigError, match="doctor.check_kernels: checks the NPU kernels: needs environment.device"):
+        load_config(REPO / "configs/debug_cpu.yaml", [("doctor.check_kernels", True)])
+    with pytest.raises(ConfigError, match="doctor.check_kernels: expected bool, got 'yes'"):
+        load_config(npu, [("doctor.check_kernels", "yes")])

@@ -309,6 +309,16 @@ def test_set_env_and_atb_are_sourced(tmp_path: Path) -> None:
     assert done.stdout.strip() == f"home={home}/cann atb=/atb args=-u -m x"
 
 
+def test_a_node_with_both_cann_layouts_sources_the_newest(tmp_path: Path) -> None:
+    home = tmp_path / "Ascend"
+    for layout in ("cann", "ascend-toolkit"):
+        (home / layout).mkdir(parents=True)
+        (home / layout / "set_env.sh").write_text(f"export ASCEND_HOME_PATH={home}/{layout}\n")
+    done = run_setup(NpuSpec(ascend_home=str(home)), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"home={home}/cann ")
+
+
 def test_a_set_env_that_sets_nothing_is_refused(tmp_path: Path) -> None:
     (tmp_path / "broken.sh").write_text("true\n")
     done = run_setup(NpuSpec(set_env=str(tmp_path / "broken.sh")), tmp_path, node="n3")

@@ -8,7 +8,7 @@ import pytest
 
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.finish import attempt_exit_code
-from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
 from slurm_titan.node.supervisor import node_exit_code
 from slurm_titan.records import history, run_folder
 
@@ -38,6 +38,17 @@ def _run(requeues: int = 0, failures: int = 0, stalled: int = 0, progressed: boo
 def test_decision_table(code: int, near_limit: bool, run: RunSoFar, reason: str, action: str) -> None:
     outcome = decide(code, near_limit, run, POLICY)
     assert (outcome.reason, outcome.action) == (reason, action)
+
+
+def test_a_transient_preflight_failure_is_retried_as_a_failure_within_the_caps() -> None:
+    stalled = _run(progressed=False)
+    assert decide(ExitCode.PREFLIGHT, False, stalled, POLICY, retry_preflight=True) == \
+        Outcome("failed", RESTART, "a transient preflight failure without progress")
+    assert decide(ExitCode.PREFLIGHT, False, _run(failures=2, stalled=2, progressed=False), POLICY,
+                  retry_preflight=True).reason == "restart loop"
+    assert decide(ExitCode.PREFLIGHT, False, _run(failures=5), POLICY, retry_preflight=True).action == STOP
+    assert decide(ExitCode.PREFLIGHT, False, stalled, POLICY) == \
+        Outcome("preflight failed", STOP, "a node failed the preflight: not retried")
 
 
 def test_crash_is_retried_by_default_and_a_loop_is_named() -> None:

@@ -1,14 +1,23 @@
 """Unplanned failures: attribution from node reports, the nodes of the next attempt, the restart loop
 in the batch shell (with stand-ins for srun and scontrol; the real ones run in tests/e2e/test_recovery.py)."""
 
+import argparse
+import json
 import os
 import subprocess
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from slurm_titan import envvars
+from slurm_titan.doctor import DoctorExpectations, Finding
+from slurm_titan.doctor.checks import node_findings
+from slurm_titan.doctor.facts import NodeFacts
+from slurm_titan.doctor.npu_smi import parse_npu_smi_info
+from slurm_titan.errors import ExitCode
 from slurm_titan.node import allocation, attribution, finish, rendezvous, step_watch
+from slurm_titan.node.outcome import RESTART, STOP
 from slurm_titan.records import history, ledger, run_folder
 from tests.support.paths import DATA
 from tests.support.reports import node_report
@@ -44,6 +53,52 @@ def test_exclusion_policy() -> None:
     assert "failed again" in attribution.exclusion_reason(crash, spare_left=False, earlier_culprits=["n2"])
     lost = attribution.NodeFailure("n3", attribution.LOST)
     assert attribution.exclusion_reason(lost, spare_left=False, earlier_culprits=[]) == "lost"
+
+
+def busy_verdict(rank: int, info: str = "info_910b3_busy.txt", **changes: object) -> list[Finding]:
+    """Node `rank`'s preflight findings from an npu-smi recording (a healthy 910B3 node otherwise)."""
+    facts = NodeFacts(rank, f"n{rank + 1}", "npu", {"torch": "2.14.0", "torch_npu": "2.14.0"},
+                      npu_smi=parse_npu_smi_info((DATA / "npu-smi" / info).read_text()), cann_version="9.2.0",
+                      davinci=[f"davinci{i}" for i in range(8)], device_count=8)
+    return node_findings(replace(facts, **changes), DoctorExpectations(device="npu", devices_per_node=8))
+
+
+def test_a_chip_still_held_after_a_restart_is_blamed_and_retried() -> None:
+    verdict = busy_verdict(0, "info_910b3_a2.txt") + busy_verdict(1)
+    failure = attribution.preflight_failure(verdict, ["n1", "n2"], attempt=1)
+    assert failure is not None and failure.describe() == (
+        "preflight failed on n2 (chip busy: NPU 2 chip 0 (910B3): 60741/65536 MB HBM in use; held by pid 48211 "
+        "(python3, 57388 MB))")
+    assert attribution.exclusion_reason(failure, spare_left=False, earlier_culprits=["n1"]) is None  # retry in place
+    assert attribution.exclusion_reason(failure, spare_left=False, earlier_culprits=["n2"]).startswith("failed again")
+    assert attribution.preflight_failure(verdict, ["n1", "n2"], attempt=0) is None  # no rank of ours was killed
+    assert attribution.preflight_failure(None, ["n1", "n2"], attempt=1) is None  # no verdict: not known transient
+    lasting = verdict + busy_verdict(0, "info_910b3_a2.txt", cann_version="8.3.RC1")
+    assert attribution.preflight_failure(lasting, ["n1", "n2"], attempt=1) is None
+
+
+def test_a_node_failing_the_preflight_twice_is_left_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(finish, "_unhealthy", lambda hosts: set())
+    recorded: list[tuple[str, bool]] = []
+    monkeypatch.setattr(finish.ledger, "record_failure", lambda node, job, kind, cause, excluded, env:
+                        recorded.append((node, excluded)))
+    args = argparse.Namespace(max_requeues=5, max_failures=5, max_failures_without_progress=3, signal_seconds=60)
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]"}
+    outcomes = []
+    for attempt in (0, 1, 2):
+        for node in (0, 1):
+            node_report(tmp_path, attempt, node, f"n{node + 1}", ExitCode.PREFLIGHT, None)
+        folder = run_folder.doctor_folder(tmp_path, attempt)
+        folder.mkdir(parents=True)
+        findings = busy_verdict(0, "info_910b3_a2.txt") + busy_verdict(1)
+        (folder / "verdict.json").write_text(json.dumps({"nodes": 2, "findings": [asdict(f) for f in findings]}))
+        outcome, code = finish.conclude(tmp_path, "42", finish.Attempt(attempt, ["n1", "n2"]), 78, args, env)
+        outcomes.append((outcome.reason, outcome.action, code))
+    assert outcomes == [("preflight failed", STOP, 78), ("failed", RESTART, 78), ("failed", RESTART, 78)]
+    attempts = history.read_attempts(tmp_path)
+    assert [(a.culprit, a.excluded) for a in attempts] == [(None, []), ("n2", []), ("n2", ["n2"])]
+    assert recorded == [("n2", False), ("n2", True)] and allocation.read_excluded(tmp_path) == {
+        "n2": "failed again (" + attempts[2].cause + ")"}
 
 
 def test_nodes_of_the_next_attempt(tmp_path: Path) -> None:
