@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -70,11 +73,26 @@ def write_tokenizer(folder: Path, vocab_size: int = 2000, seed: int = 0) -> Path
 def ensure_assets(root: Path) -> tuple[Path, Path]:
     """Create root/tokenizer and root/dataset unless already there; return both folders."""
     tokenizer_dir, dataset_dir = root / "tokenizer", root / "dataset"
-    if not all((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES):
-        write_tokenizer(tokenizer_dir)
-    if not (dataset_dir / DATASET_FILE).is_file():
-        write_dataset(dataset_dir)
+    _ensure(tokenizer_dir, TOKENIZER_FILES, write_tokenizer)
+    _ensure(dataset_dir, (DATASET_FILE,), write_dataset)
     return tokenizer_dir, dataset_dir
+
+
+def _ensure(folder: Path, files: tuple[str, ...], write: Callable[[Path], Path]) -> None:
+    """`folder` holding `files`, else written by write() into a fresh folder beside it and renamed into place, so
+    that jobs submitted at once never read a half-written file; an incomplete folder (its writer killed) is
+    replaced, a complete one that another writer renamed first is kept."""
+    if all((folder / name).is_file() for name in files):
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    write(fresh)
+    if folder.exists() and not all((folder / name).is_file() for name in files):
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        fresh.rename(folder)
+    except OSError:  # another writer's complete folder is in place
+        shutil.rmtree(fresh)
 
 
 def main(argv: list[str] | None = None) -> int:

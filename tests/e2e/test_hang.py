@@ -34,9 +34,10 @@ CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={S
 COLLECTIVE_TIMEOUT_S = 1200  # timeouts.collective_s of the default config
 
 
-@pytest.fixture(scope="module")
-def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
+@pytest.fixture
+def reference(reference_losses) -> dict[int, str]:
+    """The uninterrupted run of CONFIG (test_recovery and test_hang share it: tests.support.references)."""
+    return reference_losses(STEPS, *CONFIG)
 
 
 def hang_report(folder: Path, attempt: int) -> dict:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.cli import Cli, run
 from tests.support.paths import REPO
+from tests.support.references import TWELVE_STEP_GROUP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
@@ -24,9 +25,10 @@ def job_dir(status: dict) -> Path:
     return Path(status["job_dir"])
 
 
-def test_two_nodes_train_and_complete(cli: Cli) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "2")
-    status = cli.wait(job)
+@TWELVE_STEP_GROUP
+def test_two_nodes_train_and_complete(twelve_step_run) -> None:
+    cli, job = twelve_step_run(2)  # configs/debug_cpu.yaml on its 2 nodes (shared: tests.support.references)
+    status = cli.status(job)
     assert status["state"] == "COMPLETED", status
     folder = job_dir(status)
     rank0, rank1 = losses(folder / "logs/rank-0.log"), losses(folder / "logs/rank-1.log")

@@ -1,4 +1,6 @@
-"""Preemption, requeue and time limits on the real local Slurm cluster (issue: zero lost steps).
+"""Preemption, requeue and time limits on the real local Slurm cluster (issue: zero lost steps):
+`scontrol requeue`, `scancel --signal=USR2` (mid-run, during an upload, during a restore), preemption by
+a high-priority partition, a time limit. (A resume on another node count: test_reshard.)
 
 Every interrupted run is compared with one uninterrupted run of the same config: the job ends
 COMPLETED at the last step, no step is trained twice (the saved step is the step during which
@@ -19,19 +21,18 @@ from tests.support.runs import (
     job_field,
     scontrol,
     step_losses,
-    uninterrupted_losses,
     wait_for_log,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test d) lands mid-run
+STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test c) lands mid-run
 CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
           "--set", "checkpoint.interval=100"]
 
 
-@pytest.fixture(scope="module")
-def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
+@pytest.fixture
+def reference(reference_losses) -> dict[int, str]:
+    return reference_losses(STEPS, *CONFIG)
 
 
 def interrupted_run(cli: Cli, trigger: Callable[[str], None], *extra: str, at_step: int = 6) -> dict:
@@ -49,25 +50,51 @@ def assert_zero_lost_steps(cli: Cli, status: dict, reference: dict[int, str], re
     first, second = attempts[0], attempts[1]
     assert first["reason"] in reasons, first
     assert first["stopped_at_step"] is not None and second["first_step"] == first["stopped_at_step"] + 1
+    assert_every_step_once(cli, status["job_id"], reference)
+
+
+def assert_every_step_once(cli: Cli, job: str, reference: dict[int, str]) -> None:
+    """Every rank trained steps 1..STEPS once each, with the uninterrupted run's losses."""
     for rank in (0, 1):
-        losses = step_losses(job_dir(cli, status["job_id"]) / f"logs/rank-{rank}.log")
+        losses = step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log")
         assert [step for step, _ in losses] == list(range(1, STEPS + 1)), "a step was lost or trained twice"
         assert dict(losses) == reference, "losses after resume differ from the uninterrupted run"
 
 
-def test_a_scontrol_requeue(cli: Cli, reference: dict[int, str]) -> None:
-    status = interrupted_run(cli, lambda job: scontrol(cli, "requeue", job))
-    assert_zero_lost_steps(cli, status, reference, {"requeued by Slurm", "preempted"})
-    assert status["attempts"][0]["stop_signal"] == "SIGTERM"
+def usr2(cli: Cli, job: str) -> None:
+    run(["scancel", "--signal=USR2", job], env=cli.env)
 
 
-def test_b_scancel_usr2(cli: Cli, reference: dict[int, str]) -> None:
-    status = interrupted_run(cli, lambda job: run(["scancel", "--signal=USR2", job], env=cli.env))
-    assert_zero_lost_steps(cli, status, reference, {"preempted"})
-    assert status["attempts"][0]["stop_signal"] == "SIGUSR2"
+def test_a_requeue_during_an_upload_usr2_during_the_restore_and_mid_run(cli: Cli, reference: dict[int, str]) -> None:
+    """One job, stopped three times: `scontrol requeue` (SIGTERM) while step 5's upload is under way, USR2
+    (`scancel --signal`) while the requeued run restores, USR2 again 3 steps into the next run. Each stop saves
+    the step it came in, the next run resumes at the step after it, and every step is trained once."""
+    job = cli.submit(*CONFIG[:-2], "--set", "checkpoint.interval=5")
+    folder = job_dir(cli, job)
+    rank0, node_log = folder / "logs/rank-0.log", folder / f"{job}_0_log.out"
+    wait_for_log(rank0, "Finished saving the checkpoint")  # step 5's upload is under way
+    scontrol(cli, "requeue", job)
+    wait_for_log(node_log, "attempt 1:", timeout=300)
+    usr2(cli, job)  # the requeued run is restoring / starting
+    wait_for_log(node_log, "attempt 2:", timeout=300)
+    trained = len(step_losses(rank0))
+    wait_for(lambda: len(step_losses(rank0)) >= trained + 3, 300, "3 steps of attempt 2")
+    usr2(cli, job)
+    status = cli.wait(job, timeout=900)
+    assert status["state"] == "COMPLETED", status
+    attempts = status["attempts"]
+    assert attempts[0]["reason"] in {"requeued by Slurm", "preempted"}, attempts
+    assert [a["reason"] for a in attempts[1:]] == ["preempted", "preempted", "finished"], attempts
+    assert (attempts[0]["stop_signal"], attempts[2]["stop_signal"]) == ("SIGTERM", "SIGUSR2")
+    ran = [a for a in attempts if a["first_step"] is not None]
+    for before, after in zip(ran, ran[1:]):
+        assert before["stopped_at_step"] is not None and after["first_step"] == before["stopped_at_step"] + 1
+    assert_every_step_once(cli, job, reference)  # interval 5 changes no loss: checkpoints steer no schedule
+    complete = {c["step"] for c in checkpoints(cli, cli.remote.format(name="debug-cpu", job_id=job)) if c["complete"]}
+    assert {5, attempts[0]["stopped_at_step"], attempts[2]["stopped_at_step"], STEPS} <= complete
 
 
-def test_c_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, str]) -> None:
+def test_b_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, str]) -> None:
     preemptor: list[str] = []
 
     def preempt(job: str) -> None:
@@ -83,7 +110,7 @@ def test_c_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, s
     assert "JobState=COMPLETED" in scontrol(cli, "show", "job", preemptor[0])
 
 
-def test_d_time_limit(cli: Cli, reference: dict[int, str]) -> None:
+def test_c_time_limit(cli: Cli, reference: dict[int, str]) -> None:
     # How fast a machine trains must not decide whether the limit lands mid-run, so the limit is
     # cut once step 3 is logged: to the next whole minute at least 70 s away, which is within
     # signal_seconds + slurmctld's 30 s look-ahead, so the --signal comes at its next check
@@ -103,42 +130,3 @@ def test_d_time_limit(cli: Cli, reference: dict[int, str]) -> None:
     scontrol(cli, "update", f"JobId={job}", "TimeLimit=10")
     status = cli.wait(job, timeout=900)
     assert_zero_lost_steps(cli, status, reference, {"timed out"})
-
-
-def test_e_signal_during_upload_and_during_restore(cli: Cli, reference: dict[int, str]) -> None:
-    def signal_twice(job: str) -> None:
-        run(["scancel", "--signal=USR2", job], env=cli.env)  # step-5's upload is under way
-        node_log = job_dir(cli, job) / f"{job}_0_log.out"
-        wait_for_log(node_log, "attempt 1:", timeout=300)
-        run(["scancel", "--signal=USR2", job], env=cli.env)  # the requeued run is restoring / starting
-
-    job = cli.submit(*CONFIG[:-2], "--set", "checkpoint.interval=5")
-    wait_for_log(job_dir(cli, job) / "logs/rank-0.log", "Finished saving the checkpoint")
-    signal_twice(job)
-    status = cli.wait(job, timeout=900)
-    assert status["state"] == "COMPLETED"
-    assert [a["reason"] for a in status["attempts"]] == ["preempted", "preempted", "finished"]
-    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
-    assert [step for step, _ in losses] == list(range(1, STEPS + 1))
-    # interval 5 changes no loss: the schedule does not depend on checkpoints
-    assert dict(losses) == reference
-    complete = {c["step"] for c in checkpoints(cli, cli.remote.format(name="debug-cpu", job_id=job)) if c["complete"]}
-    assert {5, status["attempts"][0]["stopped_at_step"], STEPS} <= complete
-
-
-@pytest.mark.parametrize(("first_nodes", "second_nodes"), [(2, 1), (1, 2)])
-def test_f_resume_on_another_node_count(cli: Cli, first_nodes: int, second_nodes: int) -> None:
-    first = cli.submit(CONFIG[0], "--nodes", str(first_nodes), "--set", "torchtitan.args.training.steps=6",
-                       "--set", "checkpoint.interval=3")
-    assert cli.wait(first)["state"] == "COMPLETED"
-    remote = cli.remote.format(name="debug-cpu", job_id=first)
-    second = cli.submit(CONFIG[0], "--nodes", str(second_nodes), "--set", "torchtitan.args.training.steps=9",
-                        "--set", "checkpoint.interval=3", "--set", f"checkpoint.remote={remote}")
-    status = cli.wait(second)
-    assert status["state"] == "COMPLETED", status
-    node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
-    assert f"saved by {first_nodes} ranks on {second_nodes} ranks" in node_log
-    assert "the data position is resharded by the data loader" in node_log
-    rank_log = (job_dir(cli, second) / "logs/rank-0.log").read_text()
-    assert f"data position resharded from {first_nodes} to {second_nodes} data-parallel ranks" in rank_log
-    assert [step for step, _ in step_losses(job_dir(cli, second) / "logs/rank-0.log")] == [7, 8, 9]

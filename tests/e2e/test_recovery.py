@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import Cli, run, wait_for
-from tests.support.runs import assert_same_training, job_dir, job_field, step_losses, uninterrupted_losses, wait_for_log
+from tests.support.runs import assert_same_training, job_dir, job_field, step_losses, wait_for_log
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
@@ -26,9 +26,10 @@ CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={S
           "--set", "checkpoint.interval=4"]
 
 
-@pytest.fixture(scope="module")
-def reference(slurm_env: dict, s3_server, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    return uninterrupted_losses(Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server), STEPS, *CONFIG)
+@pytest.fixture
+def reference(reference_losses) -> dict[int, str]:
+    """The uninterrupted run of CONFIG (test_recovery and test_hang share it: tests.support.references)."""
+    return reference_losses(STEPS, *CONFIG)
 
 
 def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:

@@ -1,21 +1,23 @@
 """Resume on another node count with the data position resharded (issue 15), on the bundled Slurm cluster.
 
-A first job trains 6 steps (checkpoints at 3 and 6) on one node count, a second resumes its step 6 on
-another. (On the same node count the resharding loader is what every checkpointed job runs: the
-preemption, recovery and hang tests compare every loss after a resume with an uninterrupted run's.) The rank
-log of the second says the data position was resharded; the data loader entries of the checkpoints (restored
-from the store, read with DCP) show that what was unconsumed at step 6 is a superset of what is unconsumed at
-step 9 and that no sample left between them was read twice. Both jobs train on the debug documents led by
-their ids (tests/support/sample_ids.py) and record, per rank, the tokens of every batch their loader yielded
-(tests/support/loader_record.py): read back as samples, no sample's token was consumed twice over the two jobs and none
-is missing up to the last consumed one. The debug config packs 256-token sequences from documents of 22-238
-tokens, so each checkpoint cuts documents mid-sequence: the cut ones go on at their token offset.
-(tests/integration/overrides/test_loader_record.py runs these jobs' loaders in one process, with the same data,
-batch for batch.)
+A first job trains 6 steps (checkpoints at 3 and 6) on one node count, a second resumes its step 6 on another:
+its node log says so and that the data loader reshards the data position; on more nodes, each node fetches only
+what its new ranks' DCP load reads (fewer nodes: test_restore_share). (On the same node count the resharding
+loader is what every checkpointed job runs: the preemption, recovery and hang tests compare every loss after a
+resume with an uninterrupted run's.) The rank log of the second says the data position was resharded; the data
+loader entries of the checkpoints (restored from the store, read with DCP) show that what was unconsumed at step
+6 is a superset of what is unconsumed at step 9 and that no sample left between them was read twice. Both jobs
+train on the debug documents led by their ids (tests/support/sample_ids.py) and record, per rank, the tokens of
+every batch their loader yielded (tests/support/loader_record.py): read back as samples, no sample's token was
+consumed twice over the two jobs and none is missing up to the last consumed one. The debug config packs
+256-token sequences from documents of 22-238 tokens, so each checkpoint cuts documents mid-sequence: the cut
+ones go on at their token offset. (tests/integration/overrides/test_loader_record.py runs these jobs' loaders in
+one process, with the same data, batch for batch.)
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from slurm_titan.data.cursor import epoch0_rows, pieces_from_tuples, remaining
 from slurm_titan.launch.debug_assets import ensure_assets
 from tests.support.cli import Cli
 from tests.support.paths import REPO
-from tests.support.runs import job_dir, step_losses
+from tests.support.runs import assert_fetched_what_new_ranks_read, job_dir, step_losses
 from tests.support.sample_ids import Samples, check_resumed, recorded, write_dataset
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -65,6 +67,12 @@ def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path
     old, new = first_nodes * per_node, second_nodes * per_node
     assert f"data position resharded from {old} to {new} data-parallel ranks" in rank0.read_text(errors="replace")
     assert [step for step, _ in step_losses(rank0)] == [7, 8, 9]
+    node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
+    assert f"saved by {old} ranks on {new} ranks" in node_log
+    assert "the data position is resharded by the data loader" in node_log
+    if second_nodes > first_nodes:  # fewer nodes: test_restore_share
+        total = json.loads(cli("ckpt", "show", remote, "6", "--json").stdout)["total_bytes"]
+        assert_fetched_what_new_ranks_read(cli, second, second_nodes, per_node, total)
     degree6, left6 = unconsumed(cli, remote, 6, tmp_path / "a")
     degree9, left9 = unconsumed(cli, remote, 9, tmp_path / "b")  # the second job saved where it resumed from
     assert (degree6, degree9) == (old, new)

@@ -1,8 +1,9 @@
 """Restore at scale end to end: on 2 and 4 Slurm nodes each node fetches its share of the checkpoint
 (its ranks' files and only the ranges of other files its ranks' DCP load reads), the losses after
-the resume are the uninterrupted run's, a bad range in one node's share makes every node fall back.
-On another node count each node fetches what its new ranks' load reads (planned at the restore gate).
-Bytes fetched per node come from the node logs (the restore's transfer line), never from timings.
+the resume are the uninterrupted run's; corrupt checkpoints (a shard overwritten whole, a bad range in
+one node's share) are named by `ckpt verify` and make every node fall back. On fewer nodes each node
+fetches what its new ranks' load reads (planned at the restore gate; on more nodes: test_reshard). Bytes
+fetched per node come from the node logs (the restore's transfer line), never from timings.
 
 Needs the supervisor to pass the node's ranks, node index and node count and a verdict folder of
 the attempt to slurm_titan.node.restore.restore (see that function)."""
@@ -10,35 +11,20 @@ the attempt to slurm_titan.node.restore.restore (see that function)."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import s3fs
 
 from slurm_titan.ckpt.share import is_data, merged
 from tests.support.cli import Cli
-from tests.support.runs import job_dir, step_losses
+from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
+from tests.support.runs import FETCHED, assert_fetched_what_new_ranks_read, job_dir, step_losses
 from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 BLOCK_KB = 1024
 CONFIG = ["configs/debug_cpu.yaml", "--set", "checkpoint.interval=5",
           "--set", f"environment.env.SLURM_TITAN_CKPT_BLOCK_KB={BLOCK_KB}"]
-FETCHED = re.compile(r"this node's share \(ranks (\d+)-(\d+)\) fetched: (\d+) of (\d+) bytes")
-
-
-def _remote(cli: Cli, job: str) -> str:
-    return cli.remote.format(name="debug-cpu", job_id=job)
-
-
-def _copy_steps(s3_server: S3Server, src: str, dst: str, steps: list[int]) -> None:
-    """A run location holding only some committed checkpoints of another (catalog entries included)."""
-    fs = s3fs.S3FileSystem(**s3_server.storage_options())
-    for path in fs.find(src[5:]):
-        rel = path[len(src[5:]) + 1:]
-        step = re.match(r"(?:\.slurm-titan/catalog/)?step-(\d+)", rel)
-        if step and int(step.group(1)) in steps:
-            fs.copy(path, f"{dst[5:]}/{rel}")
 
 
 def _record(cli: Cli, remote: str, step: int) -> dict:
@@ -54,23 +40,16 @@ def _fetched(cli: Cli, job: str, nodes: int) -> list[tuple[int, int]]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def run(request, slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory):
-    """An uninterrupted 12-step run on `nodes` nodes (checkpoints 5, 10, 12)."""
-    nodes = request.param
-    cli = Cli(slurm_env, tmp_path_factory.mktemp(f"share-{nodes}"), s3_server)
-    job = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=12")
-    assert cli.wait(job)["state"] == "COMPLETED"
-    return nodes, cli, job
-
-
-def test_same_world_size_each_node_fetches_its_share_and_losses_match(run, s3_server: S3Server) -> None:
-    nodes, cli, job = run
-    remote = _remote(cli, job)
+@TWELVE_STEP_GROUP
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_same_world_size_each_node_fetches_its_share_and_losses_match(twelve_step_run, nodes: int,
+                                                                      s3_server: S3Server) -> None:
+    cli, job = twelve_step_run(nodes)
+    remote = remote_of(cli, job)
     record = _record(cli, remote, 10)
     assert record["read_map"] and len(record["read_map"]) == nodes
     only10 = remote + "-from10"
-    _copy_steps(s3_server, remote, only10, [5, 10])
+    copy_steps(s3_server, remote, only10, [5, 10])
     resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=12",
                          "--set", f"checkpoint.remote={only10}")
     assert cli.wait(resumed)["state"] == "COMPLETED"
@@ -97,43 +76,44 @@ def _read_bytes(record: dict, rank: int) -> int:
         f["size"] for f in record["files"] if not is_data(f["path"]))
 
 
-def test_another_world_size_each_node_fetches_what_its_new_ranks_read(run, s3_server: S3Server) -> None:
-    nodes, cli, job = run
-    other = 4 if nodes == 2 else 2
-    remote = _remote(cli, job)
-    only10 = remote + f"-to{other}"
-    _copy_steps(s3_server, remote, only10, [10])
-    resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={other}", "--set", "torchtitan.args.training.steps=12",
+@TWELVE_STEP_GROUP
+def test_fewer_nodes_each_node_fetches_what_its_new_ranks_read(twelve_step_run, s3_server: S3Server) -> None:
+    """4 nodes' checkpoint resumed on 2 (more nodes: test_reshard's 2 -> 4)."""
+    cli, job = twelve_step_run(4)
+    remote = remote_of(cli, job)
+    only10 = remote + "-to2"
+    copy_steps(s3_server, remote, only10, [10])
+    resumed = cli.submit(*CONFIG, "--set", "slurm.nodes=2", "--set", "torchtitan.args.training.steps=12",
                          "--set", f"checkpoint.remote={only10}")
     assert cli.wait(resumed)["state"] == "COMPLETED"
-    total = _record(cli, remote, 10)["total_bytes"]
-    for k in range(other):
-        log = (job_dir(cli, resumed) / f"{resumed}_{k}_log.out").read_text()
-        assert "resharded by DCP" in log, f"node {k}"
-        m = FETCHED.search(log)
-        assert m, f"node {k} did not restore a share"
-        assert (int(m.group(1)), int(m.group(2))) == (k, k)  # one rank per node: the new world's rank k
-        got, of = int(m.group(3)), int(m.group(4))
-        assert of == total and got < total, f"node {k}"
+    assert_fetched_what_new_ranks_read(cli, resumed, 2, 1, _record(cli, remote, 10)["total_bytes"])
     assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [11, 12]
 
 
-def test_a_bad_range_that_only_one_node_reads_makes_every_node_fall_back(run, s3_server: S3Server) -> None:
-    nodes, cli, job = run
-    remote = _remote(cli, job)
-    copy = remote + "-bad"
-    _copy_steps(s3_server, remote, copy, [5, 10])
+@TWELVE_STEP_GROUP
+def test_corrupt_checkpoints_are_named_and_every_node_falls_back(twelve_step_run, s3_server: S3Server) -> None:
+    """On 4 nodes: step 12 with rank 1's shard overwritten whole, step 10 with a bad range that only node 0 reads;
+    `ckpt verify` names each, and every node resumes from step 5."""
+    nodes = 4
+    cli, job = twelve_step_run(nodes)
+    copy = remote_of(cli, job) + "-bad"
+    copy_steps(s3_server, remote_of(cli, job), copy, [5, 10, 12])
+    fs = s3fs.S3FileSystem(**s3_server.storage_options())
+    fs.pipe_file(f"{copy[5:]}/step-12/__1_0.distcp", b"garbage" * 10)
+    verify = cli("ckpt", "verify", copy, "--step", "12", check=False)
+    assert verify.returncode != 0 and "__1_0.distcp" in verify.stdout + verify.stderr
     record = _record(cli, copy, 10)
     block = next(f for f in record["files"] if f["path"] == "__0_0.distcp")["block_size"]
     read_by_others = {off // block for reads in record["read_map"][1:] for p, off, n in reads if p == "__0_0.distcp"
                       for off in range(off, off + n, block)}
     bad_block = next(b for b in range(len(next(f for f in record["files"] if f["path"] == "__0_0.distcp")["blocks"]))
                      if b not in read_by_others)
-    fs = s3fs.S3FileSystem(**s3_server.storage_options())
     shard = f"{copy[5:]}/step-10/__0_0.distcp"
     data = bytearray(fs.cat_file(shard))
     data[bad_block * block + 7] ^= 0xFF
     fs.pipe_file(shard, bytes(data))
+    verify = cli("ckpt", "verify", copy, "--step", "10", check=False)
+    assert verify.returncode != 0 and "__0_0.distcp" in verify.stdout + verify.stderr
     resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=7",
                          "--set", f"checkpoint.remote={copy}")
     assert cli.wait(resumed)["state"] == "COMPLETED"

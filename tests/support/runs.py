@@ -9,6 +9,7 @@ from pathlib import Path
 from tests.support.cli import Cli, run, wait_for
 
 STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
+FETCHED = re.compile(r"this node's share \(ranks (\d+)-(\d+)\) fetched: (\d+) of (\d+) bytes")  # a node log's restore
 
 
 def step_losses(log: Path) -> list[tuple[int, str]]:
@@ -56,3 +57,16 @@ def assert_same_training(cli: Cli, job: str, reference: dict[int, str], ranks: i
     for rank in range(ranks):
         losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))
         assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"
+
+
+def assert_fetched_what_new_ranks_read(cli: Cli, job: str, nodes: int, per_node: int, total: int) -> None:
+    """Every node of `job`, resumed on another world size, planned its ranks' DCP load and fetched less than the
+    whole checkpoint (of `total` bytes): its share, for the ranks of the new world it holds."""
+    for k in range(nodes):
+        log = (job_dir(cli, job) / f"{job}_{k}_log.out").read_text()
+        assert "resharded by DCP" in log, f"node {k}"
+        m = FETCHED.search(log)
+        assert m, f"node {k} did not restore a share"
+        assert (int(m.group(1)), int(m.group(2))) == (k * per_node, (k + 1) * per_node - 1)  # the new world's ranks
+        got, of = int(m.group(3)), int(m.group(4))
+        assert of == total and got < total, f"node {k}"

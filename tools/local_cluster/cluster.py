@@ -48,6 +48,8 @@ SBIN = "/usr/sbin:/sbin"
 TEMPLATES = Path(__file__).parent
 USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "resv"}
 LOCK_WAIT_S = 300
+ID_CYCLE = 10_000  # slurm-titan's default master-port window (node/rendezvous.py) spans this many job ids
+SLOTS = 2  # clusters side by side: each starts its job ids in its own part of ID_CYCLE
 FREEZE_ROUNDS, FREEZE_WAIT_S = 20, 5.0  # kill_node: rounds of SIGSTOP for processes forked meanwhile; wait per round
 # A node: its hostname, /etc/hosts, /etc/slurm and node-local scratch are private to it (mount propagation is
 # private under unshare); then slurmd, in place of this shell. $1 node, $2 state, $3 scratch, $4 /etc/slurm or "".
@@ -104,6 +106,15 @@ def node_resources(cpus: int, memory_kib: int) -> tuple[int, int]:
     return min(cpus, 2), min(memory_kib // 1024 // 2, 4000)
 
 
+def first_job_id(now: float, slot: int) -> int:
+    """The first job id of a cluster started at `now` in `slot`: clock-derived, so that a fresh cluster does not
+    reuse the ids (and log file names) of a previous one, and in the slot's own part of ID_CYCLE, so that the
+    jobs of clusters side by side (one per test worker) never share an id, nor the master port slurm-titan
+    derives from it (job id modulo ID_CYCLE), while each cluster has run fewer than ID_CYCLE / SLOTS jobs."""
+    clock = int(now) % 10_000_000
+    return clock - clock % ID_CYCLE + (clock + slot * ID_CYCLE // SLOTS) % ID_CYCLE + 1
+
+
 def _memory_kib() -> int:
     meminfo = Path("/proc/meminfo").read_text()
     return int(re.search(r"^MemTotal:\s+(\d+)", meminfo, re.M).group(1))
@@ -130,19 +141,22 @@ class LocalCluster:
     their commands looked up in `search_path(env)`."""
 
     def __init__(self, state: str | os.PathLike = DEFAULT_STATE, port: int = DEFAULT_PORT,
-                 timeout_s: int = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
+                 timeout_s: int = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None, slot: int = 0) -> None:
         self.state = Path(os.path.abspath(state))
-        self.port, self.timeout_s = port, timeout_s
+        self.port, self.timeout_s, self.slot = port, timeout_s, slot
         self.path = search_path(os.environ if env is None else env)
         self.daemon_env = dict(os.environ if env is None else env, PATH=self.path)
         self._started: list[subprocess.Popen] = []  # daemons this object started: reaped once they are gone
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> LocalCluster:
-        """The cluster that SLURM_TITAN_CLUSTER_DIR, _PORT and _TIMEOUT name (or the default one)."""
+        """The cluster that SLURM_TITAN_CLUSTER_DIR, _PORT, _TIMEOUT and _SLOT name (or the default one)."""
+        slot = _whole_number(env, "SLURM_TITAN_CLUSTER_SLOT", 0)
+        if slot >= SLOTS:
+            raise ClusterError(f"SLURM_TITAN_CLUSTER_SLOT must be below {SLOTS}, not {slot}")
         return cls(env.get("SLURM_TITAN_CLUSTER_DIR") or DEFAULT_STATE,
                    _whole_number(env, "SLURM_TITAN_CLUSTER_PORT", DEFAULT_PORT),
-                   _whole_number(env, "SLURM_TITAN_CLUSTER_TIMEOUT", DEFAULT_TIMEOUT_S), env)
+                   _whole_number(env, "SLURM_TITAN_CLUSTER_TIMEOUT", DEFAULT_TIMEOUT_S), env, slot)
 
     # ---- where things are ----------------------------------------------------------------------------------
     @property
@@ -363,7 +377,7 @@ class LocalCluster:
             "STATE": str(self.state), "CTLD_HOST": host, "CTLD_PORT": str(self.port),
             "NODE_LIST": NODE_LIST, "NODE_PORTS": f"{self.port + 1}-{self.port + len(NODES)}",
             "NODE_CPUS": str(cpus), "NODE_MEM": str(memory), "MUNGE_SOCKET": str(self.munge_socket),
-            "FIRST_JOB_ID": str(int(time.time()) % 10_000_000 + 1)})
+            "FIRST_JOB_ID": str(first_job_id(time.time(), self.slot))})
         hosts = render(TEMPLATES / "hosts.tmpl", {"CTLD_HOST": host, "NODE_NAMES": " ".join(NODES)})
         for path, text in ((self.conf, conf), (self.state / "etc" / "hosts", hosts)):
             path.write_text(text)

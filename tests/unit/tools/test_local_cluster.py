@@ -16,11 +16,13 @@ from tests.support.cluster import TOOL
 from tools.local_cluster import cli, procs
 from tools.local_cluster.cluster import (
     APT_LINE,
+    ID_CYCLE,
     NODE_LIST,
     NODES,
     TEMPLATES,
     ClusterError,
     LocalCluster,
+    first_job_id,
     missing_binary,
     node_resources,
     render,
@@ -87,6 +89,16 @@ def test_settings_come_from_the_environment_and_bad_numbers_are_one_line(tmp_pat
     assert (str(default.state), default.port) == ("/var/tmp/slurm-titan-cluster", 17000)
     with pytest.raises(ClusterError, match=r"^SLURM_TITAN_CLUSTER_TIMEOUT must be a whole number, not '1m'$"):
         LocalCluster.from_env({"SLURM_TITAN_CLUSTER_TIMEOUT": "1m"})
+
+
+def test_clusters_side_by_side_start_their_job_ids_half_an_id_cycle_apart() -> None:
+    now = 1_764_650_000.0
+    first, beside = first_job_id(now, 0), first_job_id(now + 30, 1)
+    assert first == int(now) % 10_000_000 + 1  # slot 0: the clock-derived id as before
+    assert (beside - first) % ID_CYCLE == ID_CYCLE // 2 + 30  # master ports job id % 10,000 stay apart
+    assert LocalCluster.from_env({"SLURM_TITAN_CLUSTER_SLOT": "1"}).slot == 1
+    with pytest.raises(ClusterError, match=r"^SLURM_TITAN_CLUSTER_SLOT must be below 2, not 2$"):
+        LocalCluster.from_env({"SLURM_TITAN_CLUSTER_SLOT": "2"})
 
 
 def test_a_cluster_never_brought_up_is_not_up(tmp_path: Path) -> None:
@@ -171,3 +183,28 @@ def test_the_shim_runs_the_python_command_from_any_folder(tmp_path: Path) -> Non
     assert (status.returncode, status.stdout, status.stderr) == (3, f"not up ({tmp_path}/state)\n", "")
     bad = subprocess.run([TOOL, "nope"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("tools/local-cluster: a real multi-node Slurm cluster")
+
+
+def test_a_training_process_is_signalled_once_its_log_shows_the_step_after_it_was_first_seen(tmp_path: Path) -> None:
+    from tools.local_cluster.faults import SignalAtStep, step_reached
+
+    log = tmp_path / "logs" / "rank-1.log"
+    log.parent.mkdir()
+    log.write_text("step:  3  loss: 7.0\n")  # before the process was seen: not counted
+    job = f"test-{os.getpid()}"
+    env = dict(os.environ, SLURM_JOB_ID=job, RANK="1")
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm_titan.rank.entry"], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm_titan.rank.entry"],
+                             env=env | {"RANK": "0"})
+    try:
+        with SignalAtStep(tmp_path, job, {"RANK": "1"}, step_reached(3), poll_s=0.01) as fault:
+            time.sleep(0.5)
+            assert rank.poll() is None and not fault.signalled
+            with log.open("a") as out:
+                out.write("step:  3  loss: 6.9\n")
+            assert rank.wait(10) == -signal.SIGKILL
+        assert [env["RANK"] for env in fault.signalled] == ["1"] and other.poll() is None
+    finally:
+        for process in (rank, other):
+            process.kill()
+            process.wait()
