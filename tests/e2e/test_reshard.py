@@ -56,7 +56,9 @@ def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path
     common = ["--set", f"slurm.devices_per_node={per_node}", "--set", "checkpoint.interval=3",
               "--set", f"torchtitan.args.dataloader.dataset_path={dataset}",
               "--set", "torchtitan.override_imports=[tests.support.loader_record.record_yielded_batches]",
-              "--set", f"environment.env.PYTHONPATH={REPO}"]
+              "--set", f"environment.env.PYTHONPATH={REPO}",
+              # 1 MiB checksum blocks: a node fetches the blocks its ranks read, so on more nodes less than all
+              "--set", "environment.env.SLURM_TITAN_CKPT_BLOCK_KB=1024"]
     first = cli.submit(CONFIG, "--nodes", str(first_nodes), "--set", "torchtitan.args.training.steps=6", *common)
     assert cli.wait(first)["state"] == "COMPLETED"
     remote = cli.remote.format(name="debug-cpu", job_id=first)
