@@ -208,12 +208,20 @@ class LocalCluster:
     def node_processes(self, node: str | None = None) -> list[int]:
         """The processes living in a node's namespaces (its slurmd, slurmstepd, job tasks): of `node`, or of
         every node."""
-        names = [node] if node else list(NODES)
+        return procs.in_namespaces(self.node_namespaces(node))
+
+    def node_namespaces(self, node: str | None = None) -> set[str]:
+        """The namespace keys of `node` (or of every node) whose slurmd still runs in them. A node's namespaces
+        end with its last process, and the kernel gives their numbers to the next namespaces made, another
+        cluster's nodes' too: the key of a node that was killed may name someone else's processes by now."""
         keys = set()
-        for name in names:
+        for name in [node] if node else list(NODES):
             with contextlib.suppress(OSError):
-                keys.add((self.run_dir / "ns" / f"{name}.ns").read_text().strip())
-        return procs.in_namespaces(keys)
+                key = (self.run_dir / "ns" / f"{name}.ns").read_text().strip()
+                slurmd = self.pid_of(f"slurmd-{name}")
+                if slurmd is not None and procs.namespaces(slurmd) == key:
+                    keys.add(key)
+        return keys
 
     def kill_node(self, node: str) -> int:
         """Kill `node` whole, as a lost machine: its slurmd and every process of its namespaces (slurmstepd, the
@@ -492,15 +500,16 @@ class LocalCluster:
     def _stop(self, tell: Callable[[str], None]) -> None:
         """slurmd, slurmctld (and its slurmscriptd), anything still in a node namespace (slurmstepd, job
         tasks), then munged; checks that nothing of ours runs or stays mounted, then drops all but the logs."""
+        namespaces = self.node_namespaces()  # while the slurmds that vouch for them run
         pids = [pid for daemon in self.daemons() if daemon != "munged" and (pid := self.pid_of(daemon))]
         if controller := self.pid_of("slurmctld"):
             pids += procs.children(controller)
         procs.send(pids, signal.SIGTERM)
-        stray = self.node_processes()
+        stray = procs.in_namespaces(namespaces)
         procs.send(stray, signal.SIGTERM)
         if not procs.wait_gone(pids + stray, 10):
             tell("some processes ignored SIGTERM; sending SIGKILL")
-            stray = self.node_processes()
+            stray = procs.in_namespaces(namespaces)
             procs.send(pids + stray, signal.SIGKILL)
             procs.wait_gone(pids + stray, 5)
         if munged := self.pid_of("munged"):
@@ -511,7 +520,7 @@ class LocalCluster:
         self._reap()
 
         left = [f"{daemon}:{pid}" for daemon in self.daemons() if (pid := self.pid_of(daemon))]
-        if stray := self.node_processes():
+        if stray := procs.in_namespaces(namespaces):
             left.append("in-namespace:" + " ".join(map(str, stray)))
         mounts = self._host_mounts()
         if mounts:

@@ -4,6 +4,7 @@ readers. Nothing here starts, stops or asks a cluster (tests/e2e/test_local_clus
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,14 +122,35 @@ def test_recorded_pids_count_only_while_they_run_the_same_program(tmp_path: Path
         assert cluster.pid_of("slurmctld") is None and not cluster.alive()
         assert procs.program(sleeper.pid) == "sleep" and procs.is_running(sleeper.pid)
         assert os.getpid() in procs.children(os.getppid()) and sleeper.pid in procs.children(os.getpid())
-        (tmp_path / "run" / "ns").mkdir()
-        (tmp_path / "run" / "ns" / "n1.ns").write_text(f"{procs.namespaces(os.getpid())}\n")
-        assert sleeper.pid in cluster.node_processes("n1")  # our namespaces, as if we were node n1
-        assert cluster.node_processes("n2") == []
     finally:
         sleeper.kill()
         sleeper.wait()
     assert not procs.is_running(sleeper.pid) and procs.wait_gone([sleeper.pid], 1)
+
+
+def test_a_nodes_namespaces_count_only_while_its_slurmd_runs_in_them(tmp_path: Path) -> None:
+    """A killed node's namespace numbers are the kernel's to give again (another cluster's node may get them):
+    its processes are the ones in its namespaces only while its own slurmd vouches for them."""
+    cluster = LocalCluster(tmp_path)
+    (tmp_path / "run" / "pids").mkdir(parents=True)
+    (tmp_path / "run" / "ns").mkdir()
+    ours = procs.namespaces(os.getpid())
+    for node in ("n1", "n2"):  # as if we were nodes n1 and n2
+        (tmp_path / "run" / "ns" / f"{node}.ns").write_text(f"{ours}\n")
+    shutil.copy("/bin/sleep", tmp_path / "slurmd")
+    slurmd = subprocess.Popen([tmp_path / "slurmd", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while procs.program(slurmd.pid) != "slurmd" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "run" / "pids" / "slurmd-n1.pid").write_text(f"{slurmd.pid}\n")  # n2's slurmd: gone
+        assert cluster.node_namespaces() == {ours}
+        assert slurmd.pid in cluster.node_processes("n1") and os.getpid() in cluster.node_processes("n1")
+        assert cluster.node_processes("n2") == []
+    finally:
+        slurmd.kill()
+        slurmd.wait()
+    assert cluster.node_processes("n1") == []
 
 
 def test_a_frozen_process_tree_is_ordered_children_first_and_killed_without_waking() -> None:
