@@ -35,7 +35,7 @@ def preflight(plan: JobPlan) -> JobPlan:
         plan = plan.excluding(off)
     checkpoint = plan.node.checkpoint
     if checkpoint and checkpoint.remote:
-        from slurm_titan.ckpt.storage import open_store
+        from slurm_titan.ckpt import open_store
 
         root = checkpoint.remote.split(JOB_ID)[0].rstrip("/")
         open_store(root, endpoint_url=checkpoint.endpoint_url, check=True, create=True)

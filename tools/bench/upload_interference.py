@@ -33,8 +33,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 
-from slurm_titan.ckpt import CheckpointSync  # noqa: E402
-from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings  # noqa: E402
+from slurm_titan.ckpt import CheckpointSync, UploaderProcess, UploadSettings  # noqa: E402
 from tests.support.s3 import S3Server  # noqa: E402
 
 TRAIN_CPU, SIDE_CPU = 0, 1
