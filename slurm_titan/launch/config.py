@@ -51,7 +51,7 @@ class SlurmSpec:
     `spare_nodes` more nodes wait idle for a node to leave out. `keep_allocation_on_node_loss` (on by default)
     submits with `--no-kill`: a lost node then leaves the allocation, which goes on (with a spare) without a
     trip through the queue; a lost batch host is seen by the surviving supervisors, which requeue the job
-    (node.batch_host). Off: Slurm ends the job on a lost node and requeues it, spares or not.
+    (node.supervisor.batch_host). Off: Slurm ends the job on a lost node and requeues it, spares or not.
     """
 
     nodes: int = 1
@@ -197,7 +197,7 @@ WATCHDOG_MARGIN_S = 60
 
 @dataclass
 class WatchdogSpec:
-    """The node supervisor's progress watchdog (slurm_titan.node.watchdog): a rank that makes no progress
+    """The node supervisor's progress watchdog (slurm_titan.node.supervisor.watchdog): a rank that makes no progress
     within its phase's budget is a hang; its node's stacks are dumped, its ranks killed, the attempt recovered.
 
     Budgets, in seconds: `startup_s` (process start to the restore), `restore_s` (the checkpoint load), the

@@ -57,7 +57,7 @@ class JobPlan:
     @property
     def launcher(self) -> str:
         """What follows srun's own options on submitit's srun line: the attempt's nodes (srun options,
-        see slurm_titan.node.allocation), then the Python, behind the set-up's hold on Slurm's warning
+        see slurm_titan.node.batch.allocation), then the Python, behind the set-up's hold on Slurm's warning
         signals (see slurm_titan.rank.preemption) and `node_prefix`, which runs on each node first (NPU
         jobs: CANN's set_env.sh, see npu_env.cann_launcher; the signals stay blocked through it)."""
         return f"{STEP_NODES} ${HOLD_SIGNALS_VAR} {self.node_prefix}{shlex.quote(self.python)}"

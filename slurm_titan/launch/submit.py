@@ -11,7 +11,7 @@ from submitit.core.utils import FailedJobError
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.launch.plan import JobPlan
-from slurm_titan.node.supervisor import NodeSupervisor
+from slurm_titan.node.supervisor.supervisor import NodeSupervisor
 from slurm_titan.records import jobs, ledger
 from slurm_titan.records.run_folder import JOB_ID
 

@@ -1,6 +1,6 @@
 """What the login node hands each node supervisor: submitit pickles a NodeSpec into the job.
 
-`launch.plan` fills these in from the job config; `node.supervisor` and `node.restore` read them on the
+`launch.plan` fills these in from the job config; `node.supervisor` and `node.supervisor.restore` read them on the
 node, where `{job_id}` (records.run_folder.JOB_ID) is filled in.
 """
 

@@ -24,10 +24,10 @@ from slurm_titan.ckpt.catalog import read_manifest
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks, node_share, reads_share
 from slurm_titan.ckpt.storage import TransferConfig, open_store
-from slurm_titan.node import restore as node_restore
-from slurm_titan.node.rendezvous import Rendezvous
 from slurm_titan.node.spec import CheckpointPlan
-from slurm_titan.node.supervisor import RankGroup
+from slurm_titan.node.supervisor import restore as node_restore
+from slurm_titan.node.supervisor.rendezvous import Rendezvous
+from slurm_titan.node.supervisor.supervisor import RankGroup
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import REPO, repo_pythonpath

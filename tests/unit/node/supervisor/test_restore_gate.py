@@ -13,9 +13,9 @@ import pytest
 
 from slurm_titan.envvars import RESTORE_FD
 from slurm_titan.node.budgets import Budgets
-from slurm_titan.node.rendezvous import Rendezvous
-from slurm_titan.node.supervisor import RankGroup
-from slurm_titan.node.watchdog import Watchdog
+from slurm_titan.node.supervisor.rendezvous import Rendezvous
+from slurm_titan.node.supervisor.supervisor import RankGroup
+from slurm_titan.node.supervisor.watchdog import Watchdog
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import repo_pythonpath

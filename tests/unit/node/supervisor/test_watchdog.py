@@ -18,8 +18,10 @@ from slurm_titan.errors import ConfigError, ExitCode
 from slurm_titan.launch import config as config_module
 from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import plan_job
-from slurm_titan.node import attribution, budgets, stacks, watchdog
+from slurm_titan.node import budgets
+from slurm_titan.node.batch import attribution
 from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.node.supervisor import stacks, watchdog
 from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.rank_progress import Phase, Progress
 from tests.support.paths import REPO
@@ -261,8 +263,8 @@ def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path)
 
 
 def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path) -> None:
-    from slurm_titan.node.rendezvous import Rendezvous
-    from slurm_titan.node.supervisor import RankGroup
+    from slurm_titan.node.supervisor.rendezvous import Rendezvous
+    from slurm_titan.node.supervisor.supervisor import RankGroup
 
     rank_program = RANK.replace('print("ready", flush=True)',
                                 'import os, signal\nif os.environ["RANK"] == "3": os.kill(os.getpid(), signal.SIGSTOP)')
