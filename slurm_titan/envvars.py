@@ -69,7 +69,7 @@ CKPT_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
 """Newest step folders kept on local disk (default: checkpoint.keep_latest_k; 0 keeps all)."""
 CKPT_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
 """Remote retention applied by rank 0 after each commit: newest checkpoints kept (0: keep all)."""
-CKPT_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
+CKPT_KEEP_EVERY = "SLURM_TITAN_CKPT_KEEP_EVERY"
 """Remote retention: every checkpoint whose step is a multiple of this is kept too (0: none)."""
 CKPT_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 """CPU list the uploader process runs on (checkpoint.upload_cpus; unset: training's CPUs, at a lower priority)."""
@@ -124,7 +124,7 @@ class RankAttemptEnv:
         return attempt_number(self.attempt_id)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RankCheckpointEnv:
     """The checkpoint hook's settings, as the supervisor passes them to every rank."""
 
@@ -132,12 +132,12 @@ class RankCheckpointEnv:
     config_digest: str = ""
     keep_local: int | None = None  # None: checkpoint.keep_latest_k
     keep_remote: int = 0
-    keep_remote_every: int = 0
+    keep_every: int = 0
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
 
     def to_env(self) -> dict[str, str]:
         env = {CKPT_REMOTE: self.remote, CONFIG_DIGEST: self.config_digest,
-               CKPT_KEEP_REMOTE: str(self.keep_remote), CKPT_KEEP_REMOTE_EVERY: str(self.keep_remote_every)}
+               CKPT_KEEP_REMOTE: str(self.keep_remote), CKPT_KEEP_EVERY: str(self.keep_every)}
         if self.keep_local is not None:
             env[CKPT_KEEP_LOCAL] = str(self.keep_local)
         if self.upload_cpus:
@@ -155,8 +155,9 @@ class RankCheckpointEnv:
             upload_cpus = parse_cpu_list(cpus) if cpus else None
         except ValueError as error:
             raise ConfigError("environment", CKPT_UPLOAD_CPUS, str(error)) from None
-        return cls(remote, env.get(CONFIG_DIGEST, ""), _count(env, CKPT_KEEP_LOCAL), _count(env, CKPT_KEEP_REMOTE) or 0,
-                   _count(env, CKPT_KEEP_REMOTE_EVERY) or 0, upload_cpus)
+        return cls(remote=remote, config_digest=env.get(CONFIG_DIGEST, ""), keep_local=_count(env, CKPT_KEEP_LOCAL),
+                   keep_remote=_count(env, CKPT_KEEP_REMOTE) or 0, keep_every=_count(env, CKPT_KEEP_EVERY) or 0,
+                   upload_cpus=upload_cpus)
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:

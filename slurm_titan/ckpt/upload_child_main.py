@@ -52,7 +52,7 @@ def serve(commands: IO[str], events: IO[str]) -> int:
         sync = CheckpointSync(settings.remote, settings.local_folder, rank=settings.rank,
                               world_size=settings.world_size, config_digest=settings.config_digest,
                               attempt=settings.attempt, keep_local=settings.keep_local,
-                              keep_remote=settings.keep_remote, keep_remote_every=settings.keep_remote_every,
+                              keep_remote=settings.keep_remote, keep_every=settings.keep_every,
                               nice=0)
     except StorageError as e:
         say({"event": "error", "message": str(e)})

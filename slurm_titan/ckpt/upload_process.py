@@ -45,7 +45,7 @@ STOP_SIGNALS_AND_INT = (*STOP_SIGNALS, signal.SIGINT)
 CHILD_MODULE = "slurm_titan.ckpt.upload_child_main"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UploadSettings:
     """What the child needs to build its CheckpointSync (see that class for each field)."""
 
@@ -57,7 +57,7 @@ class UploadSettings:
     attempt: str | None = None
     keep_local: int = 0
     keep_remote: int = 0
-    keep_remote_every: int = 0
+    keep_every: int = 0
     nice: int = 10
     cpus: tuple[int, ...] = ()
 

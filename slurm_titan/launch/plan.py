@@ -220,9 +220,10 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
     ckpt = config.checkpoint
     if not ckpt.enable:
         return None
-    return CheckpointPlan(_checkpoint_local(config), _fill(ckpt.remote, config) if ckpt.remote else None,
-                          ckpt.endpoint_url, ckpt.keep_local, ckpt.keep_remote, ckpt.keep_every,
-                          config_digest(config), ckpt.upload_cpus, bool(_data_overrides(ckpt)))
+    return CheckpointPlan(local=_checkpoint_local(config), remote=_fill(ckpt.remote, config) if ckpt.remote else None,
+                          endpoint_url=ckpt.endpoint_url, keep_local=ckpt.keep_local, keep_remote=ckpt.keep_remote,
+                          keep_every=ckpt.keep_every, config_digest=config_digest(config),
+                          upload_cpus=ckpt.upload_cpus, reshards_data=bool(_data_overrides(ckpt)))
 
 
 def _watchdog_budgets(config: JobConfig) -> Budgets | None:
@@ -231,9 +232,10 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
     watchdog = config.watchdog
     if not (watchdog.enable and config.checkpoint.enable):
         return None
-    return Budgets(watchdog.startup_s, watchdog.restore_s, watchdog.first_step_s, watchdog.step_floor_s,
-                   watchdog.step_factor, watchdog.save_s, watchdog.upload_s,
-                   config.timeouts.collective_s - WATCHDOG_MARGIN_S, watchdog.stopped_s)
+    return Budgets(startup_s=watchdog.startup_s, restore_s=watchdog.restore_s, first_step_s=watchdog.first_step_s,
+                   step_floor_s=watchdog.step_floor_s, step_factor=watchdog.step_factor, save_s=watchdog.save_s,
+                   upload_s=watchdog.upload_s, step_cap_s=config.timeouts.collective_s - WATCHDOG_MARGIN_S,
+                   stopped_s=watchdog.stopped_s)
 
 
 def model_parallel_degree(config: JobConfig) -> int:

@@ -20,7 +20,7 @@ from slurm_titan.records.rank_progress import Phase, Progress
 from slurm_titan.records.run_folder import calibration_file
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Budgets:
     """`watchdog` and `timeouts` as the node needs them (node.spec.NodeSpec carries one; picklable)."""
 

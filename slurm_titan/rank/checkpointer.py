@@ -101,14 +101,14 @@ class SyncedCheckpointManager(CheckpointManager):
         keep_local = config.keep_latest_k if settings.keep_local is None else settings.keep_local
         cpus = settings.upload_cpus
         uploader = UploaderProcess(UploadSettings(
-            settings.remote,
-            os.path.abspath(self.folder),
+            remote=settings.remote,
+            local_folder=os.path.abspath(self.folder),
             rank=rank,
             world_size=world,
             config_digest=settings.config_digest,
             keep_local=keep_local,
             keep_remote=settings.keep_remote,
-            keep_remote_every=settings.keep_remote_every,
+            keep_every=settings.keep_every,
             cpus=tuple(sorted(cpus or ())),
         ))
         self.sync = uploader

@@ -88,7 +88,7 @@ def in_thread(url: str, local: Path) -> CheckpointSync:
 
 
 def in_process(url: str, local: Path) -> UploaderProcess:
-    return UploaderProcess(UploadSettings(url, str(local), attempt="bench", cpus=(SIDE_CPU,)))
+    return UploaderProcess(UploadSettings(remote=url, local_folder=str(local), attempt="bench", cpus=(SIDE_CPU,)))
 
 
 def main() -> int:

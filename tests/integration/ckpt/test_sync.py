@@ -137,7 +137,7 @@ def test_rank_without_its_files_leaves_step_incomplete(location, tmp_path):
 
 def test_remote_and_local_retention(location, tmp_path):
     local = tmp_path / "local"
-    syncs = _ranks(location, local, world_size=2, keep_remote=2, keep_remote_every=20, keep_local=1)
+    syncs = _ranks(location, local, world_size=2, keep_remote=2, keep_every=20, keep_local=1)
     for step in (10, 20, 30, 40, 50):
         write_fake_step(local, step, world_size=2)
         for s in syncs:

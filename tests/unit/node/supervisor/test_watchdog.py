@@ -50,8 +50,8 @@ def test_a_stopped_rank_has_a_shorter_budget_in_later_steps_only() -> None:
     assert stopped(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
     assert [stopped(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
                                                                 Phase.UPLOAD, Phase.DONE)] == [None] * 5  # I/O
-    slow = Budgets(900, 800, 700, step_floor_s=10, step_factor=3, save_s=600, upload_s=1800, step_cap_s=1140,
-                   stopped_s=20)
+    slow = Budgets(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=10, step_factor=3, save_s=600,
+                   upload_s=1800, step_cap_s=1140, stopped_s=20)
     assert slow.stopped_budget(Progress(Phase.STEP, 5, 0.0, steps_done=4), 0.0) == 10  # never past the step budget
 
 
@@ -159,7 +159,8 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
         pytest.skip("py-spy is not installed here")
     if method == "faulthandler":
         monkeypatch.setattr(stacks, "py_spy", lambda: None)
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=100)
+    limits = Budgets(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5,
+                     step_cap_s=100, stopped_s=100)
     said: list[str] = []
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=said.append)
     ranks = {rank: _start_rank(dog, rank) for rank in (0, 1)}
@@ -190,7 +191,8 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
 
 def test_a_stopped_rank_is_hung_after_the_stopped_budget_a_sleeping_one_only_after_the_step_floor(
         tmp_path: Path) -> None:
-    limits = Budgets(5, 5, 5, step_floor_s=60, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=1)
+    limits = Budgets(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=60, step_factor=3, save_s=5, upload_s=5,
+                     step_cap_s=100, stopped_s=1)
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=lambda _: None)
     sleeper = RANK.replace("train_forever()\n", "rank_progress.step_done(1)\ntime.sleep(600)\n")
     ranks = {0: _start_rank(dog, 0, sleeper), 1: _start_rank(dog, 1)}  # 0: no progress, but sleeping (S)
@@ -268,7 +270,8 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
 
     rank_program = RANK.replace('print("ready", flush=True)',
                                 'import os, signal\nif os.environ["RANK"] == "3": os.kill(os.getpid(), signal.SIGSTOP)')
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=100)
+    limits = Budgets(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5,
+                     step_cap_s=100, stopped_s=100)
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
     dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
