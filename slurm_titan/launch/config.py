@@ -213,7 +213,8 @@ class WatchdogSpec:
     timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
     `timeouts.collective_s` for steps (the learned budget is capped there) and saves. The final upload has no
     peer waiting in a collective. Off (`enable: false`), a hang lasts until those timeouts fire. The ranks
-    tell their progress from the checkpoint hook: without `checkpoint.enable` there is no watchdog either.
+    tell their progress from the checkpoint hook: without `checkpoint.enable` there is no watchdog either (one
+    warning at submit says so).
     """
 
     enable: bool = True
@@ -441,6 +442,9 @@ def _check_watchdog(config: JobConfig) -> None:
         value = getattr(watchdog, field_.name)
         if field_.name != "enable" and value < 1:
             raise ConfigError(where, f"watchdog.{field_.name}", f"must be >= 1, got {value}")
+    if watchdog.enable and not config.checkpoint.enable:
+        print(f"slurm-titan: WARNING: {where}: checkpoint.enable is false: the ranks report their steps from the "
+              "checkpoint hook, so this job has no progress watchdog and no per-attempt step history", file=sys.stderr)
     if not watchdog.enable:
         limit_s = time_limit_minutes(config.slurm.time) * 60
         longest = max(timeouts.startup_s, timeouts.collective_s)

@@ -115,12 +115,17 @@ def test_watchdog_off_with_timeouts_past_the_time_limit_warns_once(capsys: pytes
     assert capsys.readouterr().err == ""
 
 
-def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook() -> None:
+def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook(capsys: pytest.CaptureFixture) -> None:
     config = REPO / "configs" / "debug_cpu.yaml"
     assert plan_job(load_config(config)).node.watchdog.step_cap_s == 1200 - config_module.WATCHDOG_MARGIN_S
     assert plan_job(load_config(config, [("watchdog.enable", False)])).node.watchdog is None
+    capsys.readouterr()
     assert plan_job(load_config(config, [("checkpoint.enable", False), ("checkpoint.remote", None)])).node.watchdog \
         is None
+    warnings = capsys.readouterr().err.splitlines()  # said at submit, in one line, not dropped silently
+    assert [line for line in warnings if "no progress watchdog" in line] == [
+        f"slurm-titan: WARNING: {config}: checkpoint.enable is false: the ranks report their steps from the checkpoint "
+        "hook, so this job has no progress watchdog and no per-attempt step history"]
 
 
 # ---- real processes ------------------------------------------------------------------------------------
