@@ -22,6 +22,7 @@ import yaml
 from slurm_titan.cpulist import parse_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch.npu_env import NpuJob, NpuSpec, check_npu
+from slurm_titan.node.budgets import WATCHDOG_MARGIN_S, WatchdogSpec
 from slurm_titan.node.notify_config import NotifySpec, check_notify
 from slurm_titan.slurm import time_limit_minutes
 
@@ -188,44 +189,6 @@ class TimeoutSpec:
 
     startup_s: int = 1790
     collective_s: int = 1200
-
-
-WATCHDOG_MARGIN_S = 60
-"""How much sooner than torch's process-group timeout every watchdog budget must end: the time to notice
-(one poll), dump every rank's stacks and write the node report while the peers still wait."""
-
-
-@dataclass
-class WatchdogSpec:
-    """The node supervisor's progress watchdog (slurm_titan.node.supervisor.watchdog): a rank that makes no progress
-    within its phase's budget is a hang; its node's stacks are dumped, its ranks killed, the attempt recovered.
-
-    Budgets, in seconds: `startup_s` (process start to the restore), `restore_s` (the checkpoint load), the
-    `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
-    the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
-    checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
-    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step is hung after
-    max(`stopped_s`, `step_factor` x the slowest step) instead: a stopped process neither computes nor waits
-    for a peer, and its node names it without waiting for the other nodes' views. Uninterruptible sleep (D)
-    keeps the step budget: a rank waiting on its device or on a slow mount can show it while healthy.
-
-    Order of firing (checked here): a budget ends at least WATCHDOG_MARGIN_S before the torch process-group
-    timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
-    `timeouts.collective_s` for steps (the learned budget is capped there) and saves. The final upload has no
-    peer waiting in a collective. Off (`enable: false`), a hang lasts until those timeouts fire. The ranks
-    tell their progress from the checkpoint hook: without `checkpoint.enable` there is no watchdog either (one
-    warning at submit says so).
-    """
-
-    enable: bool = True
-    startup_s: int = 900
-    restore_s: int = 900
-    first_step_s: int = 900
-    step_floor_s: int = 45  # with the watchdog's polling, a hang is named within 60 s (the goal)
-    step_factor: int = 3
-    save_s: int = 600
-    upload_s: int = 1800
-    stopped_s: int = 15
 
 
 @dataclass

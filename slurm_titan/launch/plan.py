@@ -22,7 +22,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from slurm_titan import envvars, titan_configs
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch import npu_env
-from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
+from slurm_titan.launch.config import CheckpointSpec, JobConfig
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
 from slurm_titan.node.budgets import Budgets
@@ -232,10 +232,7 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
     watchdog = config.watchdog
     if not (watchdog.enable and config.checkpoint.enable):
         return None
-    return Budgets(startup_s=watchdog.startup_s, restore_s=watchdog.restore_s, first_step_s=watchdog.first_step_s,
-                   step_floor_s=watchdog.step_floor_s, step_factor=watchdog.step_factor, save_s=watchdog.save_s,
-                   upload_s=watchdog.upload_s, step_cap_s=config.timeouts.collective_s - WATCHDOG_MARGIN_S,
-                   stopped_s=watchdog.stopped_s)
+    return Budgets.from_spec(watchdog, config.timeouts.collective_s)
 
 
 def model_parallel_degree(config: JobConfig) -> int:

@@ -120,7 +120,7 @@ class RankGroup:
             for rank, fd in self.gates.items():
                 with contextlib.suppress(BrokenPipeError):  # that rank has exited: seen below
                     os.write(fd, PlanRequest(folder, paths[rank]).to_line())
-        deadline = time.monotonic() + self.watchdog.limits.startup_s if self.watchdog else None
+        deadline = time.monotonic() + self.watchdog.limits.watchdog.startup_s if self.watchdog else None
         reads: dict[int, Reads] = {}
         while True:
             for rank, path in paths.items():
