@@ -2,7 +2,7 @@
 supervisors and the ranks, one name each with who writes it and who reads it.
 
 Four hops carry them. The login node writes the sbatch script (`launch.plan`: its `export` lines run in
-the batch shell); the batch shell picks each attempt's nodes (`node.allocation`: eval'd `export` lines,
+the batch shell); the batch shell picks each attempt's nodes (`node.batch.allocation`: eval'd `export` lines,
 inherited through srun by the supervisors); each supervisor starts its ranks with a few more
 (`node.supervisor`); a rank's uploader process inherits the rank's. The tuning knobs at the end are the
 user's (`environment.env` in the job config, or the submitting shell): nothing of slurm-titan writes them.
@@ -30,17 +30,17 @@ DEVICE = "SLURM_TITAN_DEVICE"
 cli.doctor_cmd when run on a node without a config."""
 NOTIFY = "SLURM_TITAN_NOTIFY"
 """node.notify_config writes the job's webhooks as JSON (formats, URL variable names, events: never a URL);
-node.notify reads it in the batch shell."""
+node.batch.notify reads it in the batch shell."""
 
-# ---- written by the batch shell for each attempt (node.allocation.AttemptPlan) --------------------------
+# ---- written by the batch shell for each attempt (node.batch.allocation.AttemptPlan) --------------------------
 ATTEMPT_INDEX = "SLURM_TITAN_ATTEMPT_INDEX"
-"""node.allocation writes the attempt's number (attempts/<A>/); node.supervisor, node.step_watch and
-node.finish read it."""
+"""node.batch.allocation writes the attempt's number (attempts/<A>/); node.supervisor, node.batch.step_watch and
+node.batch.finish read it."""
 NODES = "SLURM_TITAN_NODES"
-"""node.allocation writes the attempt's training nodes in node-rank order (spares left out); the srun line
-(launch.plan.STEP_NODES), node.rendezvous, node.step_watch and node.finish read it."""
+"""node.batch.allocation writes the attempt's training nodes in node-rank order (spares left out); the srun line
+(launch.plan.STEP_NODES), node.supervisor.rendezvous, node.batch.step_watch and node.batch.finish read it."""
 NUM_NODES = "SLURM_TITAN_NUM_NODES"
-"""node.allocation writes how many NODES there are; the srun line reads it."""
+"""node.batch.allocation writes how many NODES there are; the srun line reads it."""
 
 # ---- written by the node supervisor into each rank ---------------------------------------------------
 JOB_DIR = "SLURM_TITAN_JOB_DIR"
@@ -52,10 +52,10 @@ STOP_FILE = "SLURM_TITAN_STOP_FILE"
 """node.supervisor writes where it leaves a stop signal that came before the rank could take it;
 rank.preemption reads it (RankAttemptEnv)."""
 PROGRESS_FILE = "SLURM_TITAN_PROGRESS_FILE"
-"""node.watchdog writes the path of the rank's progress record (node-local); records.rank_progress writes
+"""node.supervisor.watchdog writes the path of the rank's progress record (node-local); records.rank_progress writes
 the record there from the rank."""
 STACK_FILE = "SLURM_TITAN_STACK_FILE"
-"""node.watchdog writes the node-local file of the rank's faulthandler; rank.stacks registers it."""
+"""node.supervisor.watchdog writes the node-local file of the rank's faulthandler; rank.stacks registers it."""
 RESTORE_FD = "SLURM_TITAN_RESTORE_FD"
 """node.supervisor writes the pipe the rank waits at for the node's restore; rank.restore_gate reads it."""
 
@@ -69,7 +69,7 @@ CKPT_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
 """Newest step folders kept on local disk (default: checkpoint.keep_latest_k; 0 keeps all)."""
 CKPT_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
 """Remote retention applied by rank 0 after each commit: newest checkpoints kept (0: keep all)."""
-CKPT_KEEP_REMOTE_EVERY = "SLURM_TITAN_CKPT_KEEP_REMOTE_EVERY"
+CKPT_KEEP_EVERY = "SLURM_TITAN_CKPT_KEEP_EVERY"
 """Remote retention: every checkpoint whose step is a multiple of this is kept too (0: none)."""
 CKPT_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 """CPU list the uploader process runs on (checkpoint.upload_cpus; unset: training's CPUs, at a lower priority)."""
@@ -124,7 +124,7 @@ class RankAttemptEnv:
         return attempt_number(self.attempt_id)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RankCheckpointEnv:
     """The checkpoint hook's settings, as the supervisor passes them to every rank."""
 
@@ -132,12 +132,12 @@ class RankCheckpointEnv:
     config_digest: str = ""
     keep_local: int | None = None  # None: checkpoint.keep_latest_k
     keep_remote: int = 0
-    keep_remote_every: int = 0
+    keep_every: int = 0
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
 
     def to_env(self) -> dict[str, str]:
         env = {CKPT_REMOTE: self.remote, CONFIG_DIGEST: self.config_digest,
-               CKPT_KEEP_REMOTE: str(self.keep_remote), CKPT_KEEP_REMOTE_EVERY: str(self.keep_remote_every)}
+               CKPT_KEEP_REMOTE: str(self.keep_remote), CKPT_KEEP_EVERY: str(self.keep_every)}
         if self.keep_local is not None:
             env[CKPT_KEEP_LOCAL] = str(self.keep_local)
         if self.upload_cpus:
@@ -155,8 +155,9 @@ class RankCheckpointEnv:
             upload_cpus = parse_cpu_list(cpus) if cpus else None
         except ValueError as error:
             raise ConfigError("environment", CKPT_UPLOAD_CPUS, str(error)) from None
-        return cls(remote, env.get(CONFIG_DIGEST, ""), _count(env, CKPT_KEEP_LOCAL), _count(env, CKPT_KEEP_REMOTE) or 0,
-                   _count(env, CKPT_KEEP_REMOTE_EVERY) or 0, upload_cpus)
+        return cls(remote=remote, config_digest=env.get(CONFIG_DIGEST, ""), keep_local=_count(env, CKPT_KEEP_LOCAL),
+                   keep_remote=_count(env, CKPT_KEEP_REMOTE) or 0, keep_every=_count(env, CKPT_KEEP_EVERY) or 0,
+                   upload_cpus=upload_cpus)
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:

@@ -21,18 +21,19 @@ The package, top to bottom:
 - :mod:`.retention`  which checkpoints to keep, and pruning
 - :mod:`.priority`   the upload threads' CPU priority and CPUs
 - :mod:`.upload`     per-rank background upload + rank 0's committer thread; the Uploader Protocol
-- :mod:`.upload_process`  a rank's CheckpointSync in a child process (outside training's GIL);
-                     import it from there (it is also the child's ``python -m`` entry)
+- :mod:`.upload_process`  a rank's CheckpointSync in a child process (outside training's GIL): the
+                     parent's side; :mod:`.upload_child_main` is the child's ``python -m`` entry
 - :mod:`.agree`      one verdict on a restored checkpoint for all nodes of a job
 - :mod:`.restore`    restore a complete checkpoint; before a (re)start, onto a node's local disk
 
 The ``slurm-titan ckpt ...`` CLI is :mod:`slurm_titan.cli.ckpt`; the torchtitan hook that
 feeds the uploader is :mod:`slurm_titan.rank.checkpointer`.
 
-The restore itself is ``slurm_titan.ckpt.restore.restore`` (not re-exported here, so that the module's
-name stays the module).
+The public surface is what this module exports (``__all__``) and :mod:`.layout` (the names inside a
+location); other packages import nothing else from ckpt (the ``ckpt-api`` contract in pyproject.toml).
 """
 
+from slurm_titan.ckpt.agree import NodeAgreement
 from slurm_titan.ckpt.catalog import (
     CheckpointInfo,
     VerifyReport,
@@ -42,32 +43,46 @@ from slurm_titan.ckpt.catalog import (
     verify,
 )
 from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, Receipt
-from slurm_titan.ckpt.restore import CorruptCheckpoint, RestoreResult, prepare_resume
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, Range, Receipt
+from slurm_titan.ckpt.restore import CorruptCheckpoint, NodePlanner, RestoreResult, prepare_resume, restore_checkpoint
 from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
-from slurm_titan.ckpt.storage import Store, open_store
+from slurm_titan.ckpt.share import SHARE_FILE, Share, is_data, merged, node_ranks
+from slurm_titan.ckpt.storage import Store, TransferConfig, open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
+from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 
 __all__ = [
+    "SHARE_FILE",
     "CheckpointInfo",
     "CheckpointSync",
     "CorruptCheckpoint",
     "FileEntry",
     "Manifest",
+    "NodeAgreement",
+    "NodePlanner",
     "PrunePlan",
+    "Range",
     "Receipt",
     "RestoreResult",
+    "Share",
     "Store",
+    "TransferConfig",
+    "UploadSettings",
     "Uploader",
+    "UploaderProcess",
     "VerifyReport",
     "delete_checkpoint",
     "is_committed",
+    "is_data",
     "list_checkpoints",
+    "merged",
     "newest_complete",
+    "node_ranks",
     "open_store",
     "plan_retention",
     "prepare_resume",
     "prune",
     "read_manifest",
+    "restore_checkpoint",
     "verify",
 ]

@@ -127,8 +127,9 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
     result: RestoreResult | None = None
     infos = None if step is not None else list_checkpoints(store)
     if infos is None or newest_complete(infos) is not None:
-        result = restore(store, local_folder, step=step, progress=progress, notify=lambda msg: log.warning("%s", msg),
-                         ranks=ranks, world_size=world_size, agree=agree, infos=infos, planner=planner)
+        result = restore_checkpoint(store, local_folder, step=step, progress=progress,
+                                    notify=lambda msg: log.warning("%s", msg), ranks=ranks, world_size=world_size,
+                                    agree=agree, infos=infos, planner=planner)
         log.info("checkpoint step %d %s %s", result.step, "already in" if result.reused else "restored to",
                  result.path)
     hide_uncommitted(local_folder, newer_than=result.step if result else None)
@@ -155,10 +156,10 @@ def hide_uncommitted(local_folder: str, newer_than: int | None) -> list[str]:
     return moved
 
 
-def restore(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
-            notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
-            world_size: int | None = None, agree: Agreement | None = None,
-            infos: list[CheckpointInfo] | None = None, planner: NodePlanner | None = None) -> RestoreResult:
+def restore_checkpoint(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
+                       notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
+                       world_size: int | None = None, agree: Agreement | None = None,
+                       infos: list[CheckpointInfo] | None = None, planner: NodePlanner | None = None) -> RestoreResult:
     """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
 
     ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete

@@ -4,7 +4,7 @@ On the world size that saved it, the commit record's read map (:attr:`.manifest.
 says, per rank, which byte ranges that rank's load reads; DCP's load planner worked them out on the
 saving rank (:mod:`slurm_titan.rank.dcp_plan`). On another world size the node's new ranks work
 them out with the same planner at restore time, from the candidate's ``.metadata`` (asked through
-their gate: node.restore). Either way a node needs only the union of its ranks' ranges, each widened
+their gate: node.supervisor.restore). Either way a node needs only the union of its ranks' ranges, each widened
 to the blocks that cover it (a block is the unit the record has a checksum for): :func:`reads_share`.
 Files that are not DCP data (``.metadata``, anything torchtitan adds) are always fetched whole, and
 so is a data file read in part whose record has no block checksums.

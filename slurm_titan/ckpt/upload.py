@@ -115,7 +115,7 @@ class CheckpointSync:
             attempts are ignored by the committer.
         keep_local: keep this many newest step folders on local disk (0: keep all); a step's
             local files are deleted only after this rank uploaded them.
-        keep_remote, keep_remote_every: remote retention applied by rank 0 after each commit
+        keep_remote, keep_every: remote retention applied by rank 0 after each commit
             (0: keep all).
         nice: how much lower than training's the CPU priority of the upload and commit threads
             (and the transfer threads they start) is: training keeps the cores it needs and the
@@ -127,7 +127,7 @@ class CheckpointSync:
 
     def __init__(self, remote: str | Store, local_folder: str, *, rank: int = 0, world_size: int = 1,
                  config_digest: str = "", attempt: str | None = None, keep_local: int = 0,
-                 keep_remote: int = 0, keep_remote_every: int = 0, endpoint_url: str | None = None,
+                 keep_remote: int = 0, keep_every: int = 0, endpoint_url: str | None = None,
                  storage_options: dict | None = None, retry_initial: float = 1.0, retry_max: float = 60.0,
                  poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM, nice: int = 10,
                  cpus: frozenset[int] | None = None) -> None:
@@ -139,7 +139,7 @@ class CheckpointSync:
         self.rank, self.world_size = rank, world_size
         self.config_digest = config_digest
         self.attempt = default_attempt() if attempt is None else attempt
-        self.keep_local, self.keep_remote, self.keep_remote_every = keep_local, keep_remote, keep_remote_every
+        self.keep_local, self.keep_remote, self.keep_every = keep_local, keep_remote, keep_every
         self.retry_initial, self.retry_max, self.poll_interval = retry_initial, retry_max, poll_interval
         self.algorithm, self.nice, self.cpus = algorithm, nice, cpus
         self.host = socket.gethostname()
@@ -379,9 +379,9 @@ class CheckpointSync:
                 log.error("checkpoint step %d: not committed: %s", step, e)
             finally:
                 st.committed.set()
-            if st.status == "committed" and (self.keep_remote or self.keep_remote_every):
+            if st.status == "committed" and (self.keep_remote or self.keep_every):
                 try:
-                    prune(self.store, self.keep_remote, self.keep_remote_every, protected=self.in_flight())
+                    prune(self.store, self.keep_remote, self.keep_every, protected=self.in_flight())
                 except Exception as e:  # noqa: BLE001
                     log.warning("remote checkpoint retention failed: %s", e)
 

@@ -5,7 +5,7 @@ bit of Python the upload runs (HTTP, retries, receipts) holds the GIL that the t
 needs to launch each operator. ``tools/bench/upload_interference.py`` measured a training loop
 on one core 1.52x slower while a thread of its process uploaded from another core without a
 pause, and 1.11x slower while a child process did the same uploads (5 rounds). So each rank
-starts one child (``python -m slurm_titan.ckpt.upload_process``) and talks to it over a pipe;
+starts one child (``python -m slurm_titan.ckpt.upload_child_main``) and talks to it over a pipe;
 :class:`UploaderProcess` offers the parent the same calls as CheckpointSync (both are an
 :class:`~slurm_titan.ckpt.upload.Uploader`).
 
@@ -34,19 +34,18 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.errors import StorageError
 from slurm_titan.signals import STOP_SIGNALS
 
 log = logging.getLogger("slurm_titan.ckpt.upload_process")
 
-_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGINT)
-_LOG_FORMAT = "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"
+STOP_SIGNALS_AND_INT = (*STOP_SIGNALS, signal.SIGINT)
+CHILD_MODULE = "slurm_titan.ckpt.upload_child_main"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UploadSettings:
     """What the child needs to build its CheckpointSync (see that class for each field)."""
 
@@ -58,7 +57,7 @@ class UploadSettings:
     attempt: str | None = None
     keep_local: int = 0
     keep_remote: int = 0
-    keep_remote_every: int = 0
+    keep_every: int = 0
     nice: int = 10
     cpus: tuple[int, ...] = ()
 
@@ -80,9 +79,9 @@ class UploaderProcess:
         self._close_sent = False
         # The child inherits this thread's signal mask through exec: blocked, a stop signal that
         # comes before the child ignores it stays pending instead of killing it.
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS_AND_INT)
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env=_child_env())
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
@@ -207,80 +206,3 @@ def _child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH", "")
     return dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{path}" if path else root)
-
-
-# ------------------------------------------------------------------------------ child
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to kill this process when the parent does; exit now if it already has."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-def serve(commands: IO[str], events: IO[str]) -> int:
-    """The child: read the settings and then commands from `commands`, answer on `events`."""
-    settings = UploadSettings(**json.loads(commands.readline()))
-    # the whole process at once, before the imports: every thread started from here on inherits both
-    background_thread(settings.nice, frozenset(settings.cpus) or None)
-    from slurm_titan.ckpt.upload import CheckpointSync
-
-    lock = threading.Lock()
-
-    def say(event: dict[str, Any]) -> None:
-        with lock:
-            events.write(json.dumps(event) + "\n")
-            events.flush()
-
-    try:
-        sync = CheckpointSync(settings.remote, settings.local_folder, rank=settings.rank,
-                              world_size=settings.world_size, config_digest=settings.config_digest,
-                              attempt=settings.attempt, keep_local=settings.keep_local,
-                              keep_remote=settings.keep_remote, keep_remote_every=settings.keep_remote_every,
-                              nice=0)
-    except StorageError as e:
-        say({"event": "error", "message": str(e)})
-        return 1
-    say({"event": "ready", "location": sync.store.location})
-
-    def report(step: int) -> None:
-        sync.wait(step)
-        say({"event": "done", "step": step, "status": sync.status(step)})
-
-    reporters: list[threading.Thread] = []
-    for line in commands:
-        command = json.loads(line)
-        if command["op"] == "submit":
-            reads = command.get("reads")
-            spans = {p: [tuple(v) for v in vs] for p, vs in (command.get("spans") or {}).items()}
-            sync.submit(command["step"], None if reads is None else [tuple(r) for r in reads], spans)
-            reporters.append(threading.Thread(target=report, args=(command["step"],), daemon=True))
-            reporters[-1].start()
-        elif command["op"] == "close":
-            ok = sync.close(command.get("timeout"))
-            for reporter in reporters:  # their "done" goes out before "closed"
-                reporter.join(1.0)
-            say({"event": "closed", "ok": ok})
-            return 0 if ok else 1
-    return 0  # the parent is gone: nothing is left to wait for the uploads
-
-
-def main() -> int:
-    parent = os.getppid()
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    _die_with_parent(parent)
-    events = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # anything printed goes to the rank's log, not into the event pipe
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)
-    return serve(sys.stdin, events)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -143,7 +143,7 @@ class Show(SubCommand):
 
 def _restore_ranks(args: argparse.Namespace) -> Any:
     """The ranks of ``--ranks`` or ``--node K --nodes N`` (None: the whole checkpoint)."""
-    from slurm_titan.ckpt.share import node_ranks
+    from slurm_titan.ckpt import node_ranks
 
     if args.ranks is not None and (args.node is not None or args.nodes is not None):
         raise StorageError("ckpt restore: give --ranks or --node/--nodes, not both")
@@ -178,7 +178,7 @@ class Restore(SubCommand):
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(self, args: argparse.Namespace) -> int:
-        from slurm_titan.ckpt.restore import restore
+        from slurm_titan.ckpt import restore_checkpoint
 
         ranks = _restore_ranks(args)
         store = _open(args)
@@ -191,7 +191,7 @@ class Restore(SubCommand):
             bar.start = time.monotonic()
 
         try:
-            result = restore(store, args.to, step=args.step, progress=bar, notify=notify, ranks=ranks)
+            result = restore_checkpoint(store, args.to, step=args.step, progress=bar, notify=notify, ranks=ranks)
         finally:
             bar.close()
         how = "already intact in" if result.reused else "restored to"

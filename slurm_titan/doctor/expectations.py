@@ -18,7 +18,7 @@ class DoctorExpectations:
     ports (CANN: "the start port number of the host NIC"). HCCL_NPU_SOCKET_PORT_RANGE is not among them: those
     ports are bound on the NPU's own network port, which the host's net.ipv4 settings do not govern, and no
     hccn_tool query known here (tests/data/hccn_tool/) shows that port's ranges, so it is not judged at all.
-    The master port is judged by the supervisor (`node.rendezvous.check_port_outside`).
+    The master port is judged by the supervisor (`node.supervisor.rendezvous.check_port_outside`).
     `checkpoint_dir` is where torchtitan saves (it may hold the plan's
     job placeholders until `for_job`); `checkpoint_bytes` is the free space each node needs there: its share
     of one checkpoint (`checkpoint.expected_size_gb`, or estimated from the model's parameter count).

@@ -2,7 +2,7 @@
 
 A fact that cannot be collected is None, with the reason under `problems[<check name>]` (e.g.
 `problems["npu-smi"] = "npu-smi not on PATH"`). torch / torch_npu are imported only in a child process
-(`python -m slurm_titan.doctor.probe`), so neither the supervisor nor the CLI loads them. `hccn_tool` (on
+(`python -m slurm_titan.doctor.probe_main`), so neither the supervisor nor the CLI loads them. `hccn_tool` (on
 PATH or `<ascend home>/driver/tools/hccn_tool`, its default place) is optional: without it the device network
 facts are None and nothing is recorded as a problem.
 """
@@ -230,7 +230,7 @@ def read_reserved_ports(path: str = RESERVED_PORTS_FILE) -> tuple[tuple[int, int
 
 def probe_device_count() -> int:
     """torch.npu.device_count() as the ranks will see it (same Python, same environment), in a child process."""
-    out = run_tool([sys.executable, "-m", "slurm_titan.doctor.probe"], PROBE_TIMEOUT_S, "the torch_npu probe")
+    out = run_tool([sys.executable, "-m", "slurm_titan.doctor.probe_main"], PROBE_TIMEOUT_S, "the torch_npu probe")
     try:
         return int(out.strip().splitlines()[-1])
     except (ValueError, IndexError):

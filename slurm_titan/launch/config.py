@@ -22,6 +22,7 @@ import yaml
 from slurm_titan.cpulist import parse_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch.npu_env import NpuJob, NpuSpec, check_npu
+from slurm_titan.node.budgets import WATCHDOG_MARGIN_S, WatchdogSpec
 from slurm_titan.node.notify_config import NotifySpec, check_notify
 from slurm_titan.slurm import time_limit_minutes
 
@@ -51,7 +52,7 @@ class SlurmSpec:
     `spare_nodes` more nodes wait idle for a node to leave out. `keep_allocation_on_node_loss` (on by default)
     submits with `--no-kill`: a lost node then leaves the allocation, which goes on (with a spare) without a
     trip through the queue; a lost batch host is seen by the surviving supervisors, which requeue the job
-    (node.batch_host). Off: Slurm ends the job on a lost node and requeues it, spares or not.
+    (node.supervisor.batch_host). Off: Slurm ends the job on a lost node and requeues it, spares or not.
     """
 
     nodes: int = 1
@@ -188,43 +189,6 @@ class TimeoutSpec:
 
     startup_s: int = 1790
     collective_s: int = 1200
-
-
-WATCHDOG_MARGIN_S = 60
-"""How much sooner than torch's process-group timeout every watchdog budget must end: the time to notice
-(one poll), dump every rank's stacks and write the node report while the peers still wait."""
-
-
-@dataclass
-class WatchdogSpec:
-    """The node supervisor's progress watchdog (slurm_titan.node.watchdog): a rank that makes no progress
-    within its phase's budget is a hang; its node's stacks are dumped, its ranks killed, the attempt recovered.
-
-    Budgets, in seconds: `startup_s` (process start to the restore), `restore_s` (the checkpoint load), the
-    `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
-    the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
-    checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
-    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step is hung after
-    max(`stopped_s`, `step_factor` x the slowest step) instead: a stopped process neither computes nor waits
-    for a peer, and its node names it without waiting for the other nodes' views. Uninterruptible sleep (D)
-    keeps the step budget: a rank waiting on its device or on a slow mount can show it while healthy.
-
-    Order of firing (checked here): a budget ends at least WATCHDOG_MARGIN_S before the torch process-group
-    timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
-    `timeouts.collective_s` for steps (the learned budget is capped there) and saves. The final upload has no
-    peer waiting in a collective. Off (`enable: false`), a hang lasts until those timeouts fire. The ranks
-    tell their progress from the checkpoint hook: without `checkpoint.enable` there is no watchdog either.
-    """
-
-    enable: bool = True
-    startup_s: int = 900
-    restore_s: int = 900
-    first_step_s: int = 900
-    step_floor_s: int = 45  # with the watchdog's polling, a hang is named within 60 s (the goal)
-    step_factor: int = 3
-    save_s: int = 600
-    upload_s: int = 1800
-    stopped_s: int = 15
 
 
 @dataclass
@@ -441,6 +405,9 @@ def _check_watchdog(config: JobConfig) -> None:
         value = getattr(watchdog, field_.name)
         if field_.name != "enable" and value < 1:
             raise ConfigError(where, f"watchdog.{field_.name}", f"must be >= 1, got {value}")
+    if watchdog.enable and not config.checkpoint.enable:
+        print(f"slurm-titan: WARNING: {where}: checkpoint.enable is false: the ranks report their steps from the "
+              "checkpoint hook, so this job has no progress watchdog and no per-attempt step history", file=sys.stderr)
     if not watchdog.enable:
         limit_s = time_limit_minutes(config.slurm.time) * 60
         longest = max(timeouts.startup_s, timeouts.collective_s)

@@ -22,7 +22,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from slurm_titan import envvars, titan_configs
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch import npu_env
-from slurm_titan.launch.config import WATCHDOG_MARGIN_S, CheckpointSpec, JobConfig
+from slurm_titan.launch.config import CheckpointSpec, JobConfig
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
 from slurm_titan.node.budgets import Budgets
@@ -57,7 +57,7 @@ class JobPlan:
     @property
     def launcher(self) -> str:
         """What follows srun's own options on submitit's srun line: the attempt's nodes (srun options,
-        see slurm_titan.node.allocation), then the Python, behind the set-up's hold on Slurm's warning
+        see slurm_titan.node.batch.allocation), then the Python, behind the set-up's hold on Slurm's warning
         signals (see slurm_titan.rank.preemption) and `node_prefix`, which runs on each node first (NPU
         jobs: CANN's set_env.sh, see npu_env.cann_launcher; the signals stay blocked through it)."""
         return f"{STEP_NODES} ${HOLD_SIGNALS_VAR} {self.node_prefix}{shlex.quote(self.python)}"
@@ -220,9 +220,10 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
     ckpt = config.checkpoint
     if not ckpt.enable:
         return None
-    return CheckpointPlan(_checkpoint_local(config), _fill(ckpt.remote, config) if ckpt.remote else None,
-                          ckpt.endpoint_url, ckpt.keep_local, ckpt.keep_remote, ckpt.keep_every,
-                          config_digest(config), ckpt.upload_cpus, bool(_data_overrides(ckpt)))
+    return CheckpointPlan(local=_checkpoint_local(config), remote=_fill(ckpt.remote, config) if ckpt.remote else None,
+                          endpoint_url=ckpt.endpoint_url, keep_local=ckpt.keep_local, keep_remote=ckpt.keep_remote,
+                          keep_every=ckpt.keep_every, config_digest=config_digest(config),
+                          upload_cpus=ckpt.upload_cpus, reshards_data=bool(_data_overrides(ckpt)))
 
 
 def _watchdog_budgets(config: JobConfig) -> Budgets | None:
@@ -231,9 +232,7 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
     watchdog = config.watchdog
     if not (watchdog.enable and config.checkpoint.enable):
         return None
-    return Budgets(watchdog.startup_s, watchdog.restore_s, watchdog.first_step_s, watchdog.step_floor_s,
-                   watchdog.step_factor, watchdog.save_s, watchdog.upload_s,
-                   config.timeouts.collective_s - WATCHDOG_MARGIN_S, watchdog.stopped_s)
+    return Budgets.from_spec(watchdog, config.timeouts.collective_s)
 
 
 def model_parallel_degree(config: JobConfig) -> int:

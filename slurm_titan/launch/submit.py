@@ -11,7 +11,7 @@ from submitit.core.utils import FailedJobError
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.launch.plan import JobPlan
-from slurm_titan.node.supervisor import NodeSupervisor
+from slurm_titan.node.supervisor.supervisor import NodeSupervisor
 from slurm_titan.records import jobs, ledger
 from slurm_titan.records.run_folder import JOB_ID
 
@@ -35,7 +35,7 @@ def preflight(plan: JobPlan) -> JobPlan:
         plan = plan.excluding(off)
     checkpoint = plan.node.checkpoint
     if checkpoint and checkpoint.remote:
-        from slurm_titan.ckpt.storage import open_store
+        from slurm_titan.ckpt import open_store
 
         root = checkpoint.remote.split(JOB_ID)[0].rstrip("/")
         open_store(root, endpoint_url=checkpoint.endpoint_url, check=True, create=True)

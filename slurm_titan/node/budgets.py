@@ -2,7 +2,7 @@
 
 Steps: a generous `first_step_s` for the first step of an attempt (compilation, warm-up), then
 max(`step_floor_s`, `step_factor` x the slowest step seen), capped `WATCHDOG_MARGIN_S` before torch's
-collective timeout (config.WatchdogSpec gives the order of firing). A rank the kernel shows stopped at every
+collective timeout (WatchdogSpec gives the order of firing). A rank the kernel shows stopped at every
 poll has a shorter step budget: max(`stopped_s`, `step_factor` x the slowest step), never longer than the
 step budget. The slowest step is learned: node 0's
 supervisor keeps it in `<job>/watchdog.json`, and the next attempt starts from it, calibrated (the way
@@ -19,40 +19,79 @@ from pathlib import Path
 from slurm_titan.records.rank_progress import Phase, Progress
 from slurm_titan.records.run_folder import calibration_file
 
+WATCHDOG_MARGIN_S = 60
+"""How much sooner than torch's process-group timeout every watchdog budget must end: the time to notice
+(one poll), dump every rank's stacks and write the node report while the peers still wait."""
 
-@dataclass(frozen=True)
+
+@dataclass
+class WatchdogSpec:
+    """The node supervisor's progress watchdog (slurm_titan.node.supervisor.watchdog; the
+    `watchdog:` section of the job config, validated by launch.config): a rank that makes no progress
+    within its phase's budget is a hang; its node's stacks are dumped, its ranks killed, the attempt recovered.
+
+    Budgets, in seconds: `startup_s` (process start to the restore), `restore_s` (the checkpoint load), the
+    `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
+    the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
+    checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
+    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step is hung after
+    max(`stopped_s`, `step_factor` x the slowest step) instead: a stopped process neither computes nor waits
+    for a peer, and its node names it without waiting for the other nodes' views. Uninterruptible sleep (D)
+    keeps the step budget: a rank waiting on its device or on a slow mount can show it while healthy.
+
+    Order of firing (checked by launch.config): a budget ends at least WATCHDOG_MARGIN_S before the torch
+    process-group timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
+    `timeouts.collective_s` for steps (the learned budget is capped there) and saves. The final upload has no
+    peer waiting in a collective. Off (`enable: false`), a hang lasts until those timeouts fire. The ranks
+    tell their progress from the checkpoint hook: without `checkpoint.enable` there is no watchdog either (one
+    warning at submit says so).
+    """
+
+    enable: bool = True
+    startup_s: int = 900
+    restore_s: int = 900
+    first_step_s: int = 900
+    step_floor_s: int = 45  # with the watchdog's polling, a hang is named within 60 s (the goal)
+    step_factor: int = 3
+    save_s: int = 600
+    upload_s: int = 1800
+    stopped_s: int = 15
+
+
+@dataclass(frozen=True, kw_only=True)
 class Budgets:
-    """`watchdog` and `timeouts` as the node needs them (node.spec.NodeSpec carries one; picklable)."""
+    """The watchdog's budgets as the node applies them: the `watchdog:` section and the step cap it derives from
+    `timeouts` (node.spec.NodeSpec carries one; picklable)."""
 
-    startup_s: int
-    restore_s: int
-    first_step_s: int
-    step_floor_s: int
-    step_factor: int
-    save_s: int
-    upload_s: int
+    watchdog: WatchdogSpec
     step_cap_s: int  # timeouts.collective_s - WATCHDOG_MARGIN_S
-    stopped_s: int
+
+    @classmethod
+    def from_spec(cls, watchdog: WatchdogSpec, collective_s: int) -> Budgets:
+        """The budgets of a job whose collectives time out after `collective_s` (timeouts.collective_s)."""
+        return cls(watchdog=watchdog, step_cap_s=collective_s - WATCHDOG_MARGIN_S)
 
     def step_budget(self, slowest_step_s: float) -> float:
-        return min(max(float(self.step_floor_s), self.step_factor * slowest_step_s), float(self.step_cap_s))
+        watchdog = self.watchdog
+        return min(max(float(watchdog.step_floor_s), watchdog.step_factor * slowest_step_s), float(self.step_cap_s))
 
     def stopped_budget(self, progress: Progress, learned_step_s: float) -> float | None:
         """Seconds a rank may stay stopped (seen stopped at every poll) in a step after the first; None in
         every other phase (the first step, start-up, restore and saves keep their own budgets)."""
         if progress.phase != Phase.STEP or progress.steps_done == 0:
             return None
-        slowest = max(progress.slowest_step_s, learned_step_s)
-        return min(max(float(self.stopped_s), self.step_factor * slowest), self.step_budget(slowest))
+        slowest, watchdog = max(progress.slowest_step_s, learned_step_s), self.watchdog
+        return min(max(float(watchdog.stopped_s), watchdog.step_factor * slowest), self.step_budget(slowest))
 
     def for_progress(self, progress: Progress, learned_step_s: float) -> float | None:
         """Seconds allowed since `progress.since`; None when the phase is not watched (the rank is done)."""
+        watchdog = self.watchdog
         if progress.phase == Phase.STEP:
             if progress.steps_done == 0:
-                return float(self.first_step_s)
+                return float(watchdog.first_step_s)
             return self.step_budget(max(progress.slowest_step_s, learned_step_s))
-        return {Phase.STARTUP: self.startup_s, Phase.RESTORE: self.restore_s, Phase.SAVE: self.save_s,
-                Phase.UPLOAD: self.upload_s}.get(progress.phase)
+        return {Phase.STARTUP: watchdog.startup_s, Phase.RESTORE: watchdog.restore_s, Phase.SAVE: watchdog.save_s,
+                Phase.UPLOAD: watchdog.upload_s}.get(progress.phase)
 
 
 @dataclass(frozen=True)

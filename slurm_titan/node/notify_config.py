@@ -2,7 +2,7 @@
 
 Two channels:
 
-- webhooks, sent from where the job runs (`slurm_titan.node.notify`): each names its message `format` and
+- webhooks, sent from where the job runs (`slurm_titan.node.batch.notify`): each names its message `format` and
   the environment variable that holds its URL (`url_env`). A webhook URL is a secret: the config, the sbatch
   script, the logs and the run's records carry only the variable's name; sbatch's default environment
   propagation (`--export=ALL`, sbatch(1)) carries the value from the submitting shell to the batch shell;
@@ -73,7 +73,7 @@ class NotifySpec:
         return ",".join(MAIL_TYPES[event] for event in MAIL_TYPES if event in self.mail.events) or None
 
     def node_env(self) -> dict[str, str]:
-        """What the batch shell exports for `slurm_titan.node.notify` (nothing without webhooks)."""
+        """What the batch shell exports for `slurm_titan.node.batch.notify` (nothing without webhooks)."""
         if not self.webhooks:
             return {}
         data = {"webhooks": [dataclasses.asdict(hook) for hook in self.webhooks], "timeout_s": self.timeout_s}

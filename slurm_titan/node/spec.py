@@ -1,6 +1,6 @@
 """What the login node hands each node supervisor: submitit pickles a NodeSpec into the job.
 
-`launch.plan` fills these in from the job config; `node.supervisor` and `node.restore` read them on the
+`launch.plan` fills these in from the job config; `node.supervisor` and `node.supervisor.restore` read them on the
 node, where `{job_id}` (records.run_folder.JOB_ID) is filled in.
 """
 
@@ -16,7 +16,7 @@ from slurm_titan.node.budgets import Budgets
 from slurm_titan.records import run_folder
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointPlan:
     """Where a job's checkpoints live; `{job_id}` is filled in on the node."""
 
@@ -39,12 +39,13 @@ class CheckpointPlan:
         remote = self.remote_for(job_id)
         if not remote:
             return {}
-        env = RankCheckpointEnv(remote, self.config_digest, self.keep_local, self.keep_remote, self.keep_every,
-                                parse_cpu_list(self.upload_cpus) if self.upload_cpus else None).to_env()
+        env = RankCheckpointEnv(remote=remote, config_digest=self.config_digest, keep_local=self.keep_local,
+                                keep_remote=self.keep_remote, keep_every=self.keep_every,
+                                upload_cpus=parse_cpu_list(self.upload_cpus) if self.upload_cpus else None).to_env()
         return env | ({"AWS_ENDPOINT_URL": self.endpoint_url} if self.endpoint_url else {})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeSpec:
     """Everything the node supervisor needs; pickled into the job by submitit."""
 

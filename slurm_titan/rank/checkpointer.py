@@ -1,20 +1,24 @@
-"""torchtitan hook: upload every checkpoint to the run's remote location in the background.
+"""torchtitan hook, in each rank: torchtitan's CheckpointManager replaced by :class:`SyncedCheckpointManager`.
 
 Activate with ``--override.imports slurm_titan.rank.checkpointer.synced_checkpoints`` (the
-log then says ``Applied 1 override(s)``). It replaces torchtitan's ``CheckpointManager``
-with :class:`SyncedCheckpointManager`, which after torchtitan's own save of step N on this
-rank (node-local ``checkpoint.folder``) hands step N to the rank's uploader process
-(:mod:`slurm_titan.ckpt.upload_process`, a CheckpointSync outside training's GIL); training goes on
-while the files upload, and rank 0's uploader commits the checkpoint once every rank's files
-are up.
+log then says ``Applied 1 override(s)``). Besides torchtitan's own save and load it carries the rank's
+per-step duties, since ``save`` is what torchtitan calls after every step:
+
+- upload: after torchtitan's save of step N on this rank (node-local ``checkpoint.folder``) step N goes
+  to the rank's uploader process (:class:`slurm_titan.ckpt.UploaderProcess`, outside training's GIL);
+  training goes on while the files upload, and rank 0's uploader commits once every rank's are up;
+- the agreed stop: every step, all ranks agree whether any got Slurm's warning signal, and then save
+  and stop together (:mod:`slurm_titan.rank.preemption`);
+- progress: each step and phase goes to the rank's progress record (the supervisor's watchdog reads
+  it) and, from rank 0, to the run history (:mod:`slurm_titan.rank.progress`);
+- the restore gate: before loading, the rank waits for the node's restore and answers its plan
+  requests (:mod:`slurm_titan.rank.restore_gate`).
 
 Settings come from the environment: what the node supervisor sets
-(:class:`slurm_titan.envvars.RankCheckpointEnv`; without a remote location nothing is uploaded and
-torchtitan behaves exactly as without the hook; local files go only once uploaded),
+(:class:`slurm_titan.envvars.RankCheckpointEnv`; without a remote location nothing is uploaded;
+local files go only once uploaded),
 ``envvars.CKPT_CLOSE_TIMEOUT`` (seconds ``close()`` waits for pending uploads; default: until done),
 and the S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
-
-This is the only module of ``slurm_titan.ckpt`` that imports torch/torchtitan.
 """
 
 from __future__ import annotations
@@ -34,10 +38,7 @@ from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
 
 from slurm_titan import envvars
-from slurm_titan.ckpt.manifest import Range
-from slurm_titan.ckpt.storage import TransferConfig
-from slurm_titan.ckpt.upload import Uploader
-from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
+from slurm_titan.ckpt import Range, TransferConfig, Uploader, UploaderProcess, UploadSettings
 from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
 from slurm_titan.rank import preemption, progress
@@ -100,14 +101,14 @@ class SyncedCheckpointManager(CheckpointManager):
         keep_local = config.keep_latest_k if settings.keep_local is None else settings.keep_local
         cpus = settings.upload_cpus
         uploader = UploaderProcess(UploadSettings(
-            settings.remote,
-            os.path.abspath(self.folder),
+            remote=settings.remote,
+            local_folder=os.path.abspath(self.folder),
             rank=rank,
             world_size=world,
             config_digest=settings.config_digest,
             keep_local=keep_local,
             keep_remote=settings.keep_remote,
-            keep_remote_every=settings.keep_remote_every,
+            keep_every=settings.keep_every,
             cpus=tuple(sorted(cpus or ())),
         ))
         self.sync = uploader

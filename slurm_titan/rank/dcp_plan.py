@@ -20,9 +20,7 @@ from typing import Any
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, Metadata
 from torch.distributed.checkpoint.stateful import Stateful
 
-from slurm_titan.ckpt import layout
-from slurm_titan.ckpt.manifest import Range
-from slurm_titan.ckpt.share import is_data, merged
+from slurm_titan.ckpt import Range, is_data, layout, merged
 
 
 def load_reads(state_dict: dict[str, Any], metadata: Metadata) -> list[Range]:
@@ -64,8 +62,7 @@ def check_share(checkpoint_dir: str, state_dict: dict[str, Any]) -> None:
     range) otherwise, so that a hole of a sparse file is never loaded as zeros."""
     import os
 
-    from slurm_titan.ckpt.manifest import Manifest
-    from slurm_titan.ckpt.share import SHARE_FILE, Share
+    from slurm_titan.ckpt import SHARE_FILE, Manifest, Share
     from slurm_titan.errors import StorageError
 
     meta = os.path.join(checkpoint_dir, layout.META_DIR)

@@ -1,7 +1,7 @@
 """In a rank: wait at the gate for the node's checkpoint restore, answer its plan requests, take its verdict.
 
 The supervisor starts the ranks first and restores while they import torch and build the model
-(node.restore); each rank's checkpoint hook waits here, at a pipe from the supervisor (envvars.RESTORE_FD),
+(node.supervisor.restore); each rank's checkpoint hook waits here, at a pipe from the supervisor (envvars.RESTORE_FD),
 before torchtitan looks at the checkpoint folder. On another world size than the save's the supervisor
 first asks each rank which byte ranges its load of the candidate reads, so that the node fetches only
 those (the messages: records.restore_verdict).

@@ -1,4 +1,4 @@
-"""The rank's half of the watchdog's stack dumps: the faulthandler fallback (node.stacks takes the dumps)."""
+"""The rank's half of the watchdog's stack dumps: the faulthandler fallback (node.supervisor.stacks takes the dumps)."""
 
 from __future__ import annotations
 

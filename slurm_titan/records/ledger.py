@@ -10,7 +10,7 @@ A node is avoided until `period_s` (default 24 h) after a hardware-kind failure,
 second of two failures within `window_s` (default 1 h) that say something about it: a bug that
 crashes every node says nothing about the node it crashed on first, and neither does a peer's fault
 recorded on the node that saw it (`peer`: the log named no peer; a named peer's node is recorded with a
-hardware failure, node.attribution.NodeFailure.blamed). Nothing here fails a job: an unwritable ledger and
+hardware failure, node.batch.attribution.NodeFailure.blamed). Nothing here fails a job: an unwritable ledger and
 a corrupt line are one warning each.
 """
 

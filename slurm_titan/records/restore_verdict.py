@@ -1,9 +1,9 @@
 """What a node's checkpoint restore and its ranks tell each other at each rank's gate pipe: JSON lines.
 
 node.supervisor's RankGroup writes, rank.restore_gate reads. Before the verdict the supervisor may send plan
-requests (:class:`PlanRequest`, on another world size than the save's: node.restore); the rank answers each
+requests (:class:`PlanRequest`, on another world size than the save's: node.supervisor.restore); the rank answers each
 with a reads file (:func:`write_reads`, read back by :func:`read_reads`). The verdict line
-(:class:`RestoreVerdict`, decided by node.restore) ends it; the pipe closed without one means the restore
+(:class:`RestoreVerdict`, decided by node.supervisor.restore) ends it; the pipe closed without one means the restore
 failed or was cut short.
 """
 

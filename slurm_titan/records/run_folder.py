@@ -2,27 +2,27 @@
 node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint location).
 
     <runs_dir>/<name>/<job id>/              job_folder; the plan names it before the id is known: {job_id}
-      <job id>_submission.sh                 submitit: the sbatch script (node.finish reruns its srun line)
+      <job id>_submission.sh                 submitit: the sbatch script (node.batch.finish reruns its srun line)
       <job id>_submitted.pkl                 submitit: the pickled node supervisor
       <job id>_<task>_log.out                submitit: one node log per node (task)
       <job id>_<task>_result.pkl             submitit: each node supervisor's return
       history.jsonl                          records.history: the run's start/end/step events, node 0 appends
       watchdog.json                          node.budgets: the slowest step learned, for the next attempt
-      excluded-nodes.json                    node.allocation: nodes this run left out, with why
+      excluded-nodes.json                    node.batch.allocation: nodes this run left out, with why
       logs/rank-<R>.log                      node.supervisor: each rank's output, over every attempt
       dump/                                  torchtitan's dump_folder (traces, structured logs, flight recorder)
         checkpoint/                          torchtitan's checkpoint folder when checkpoint.local is unset
       doctor/attempt-<A>/                    doctor.exchange: the preflight's reports (node-<N>.json,
                                              reach-<N>.json) and node 0's verdict.json
-      attempts/<A>/                          node.allocation: one per attempt, numbered across restarts and requeues
+      attempts/<A>/                          node.batch.allocation: one per attempt, numbered across restarts, requeues
         node-<N>.json                        node.supervisor: node N's report (exit codes, first failure, hang)
         stop-node-<N>                        node.supervisor: the stop signal node N got, for ranks not yet listening
-        batch-shell-alive                    node.step_watch: touched every second while the batch shell lives
-                                             (node.batch_host: the other nodes' supervisors read its mtime)
+        batch-shell-alive                    node.batch.step_watch: touched every second while the batch shell lives
+                                             (node.supervisor.batch_host: the other nodes' supervisors read its mtime)
         trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it)
-        restore/                             node.restore: the nodes' agreement on each checkpoint candidate
+        restore/                             node.supervisor.restore: the nodes' agreement on each checkpoint candidate
                                              (ckpt.agree: step-<S>/node-<N>.json)
-        stacks/rank-<R>.txt                  node.stacks: each rank's Python stacks, dumped on a hang
+        stacks/rank-<R>.txt                  node.supervisor.stacks: each rank's Python stacks, dumped on a hang
 
 Only names live here; what a file holds belongs to the module that writes it. The names are on disk in
 old runs and read by tests: they never change.

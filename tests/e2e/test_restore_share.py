@@ -6,7 +6,7 @@ fetches what its new ranks' load reads (planned at the restore gate; on more nod
 fetched per node come from the node logs (the restore's transfer line), never from timings.
 
 Needs the supervisor to pass the node's ranks, node index and node count and a verdict folder of
-the attempt to slurm_titan.node.restore.restore (see that function)."""
+the attempt to slurm_titan.node.supervisor.restore.restore (see that function)."""
 
 from __future__ import annotations
 

@@ -37,12 +37,13 @@ def test_the_templates_name_only_known_variables() -> None:
 
 
 def test_the_checkpoint_settings_round_trip() -> None:
-    settings = envvars.RankCheckpointEnv("s3://b/run/7", "abc", 3, 2, 10, frozenset({1, 3}))
+    settings = envvars.RankCheckpointEnv(remote="s3://b/run/7", config_digest="abc", keep_local=3, keep_remote=2,
+                                         keep_every=10, upload_cpus=frozenset({1, 3}))
     env = settings.to_env()
     assert env[envvars.CKPT_UPLOAD_CPUS] == "1,3"
     assert envvars.RankCheckpointEnv.from_env(env) == settings
     assert envvars.RankCheckpointEnv.from_env({}) is None
-    assert envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r"}) == envvars.RankCheckpointEnv("/r")
+    assert envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r"}) == envvars.RankCheckpointEnv(remote="/r")
     with pytest.raises(ConfigError, match=f"{envvars.CKPT_KEEP_LOCAL}: must be >= 0"):
         envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r", envvars.CKPT_KEEP_LOCAL: "-1"})
     with pytest.raises(ConfigError, match=envvars.CKPT_UPLOAD_CPUS):
@@ -50,9 +51,11 @@ def test_the_checkpoint_settings_round_trip() -> None:
 
 
 def test_the_plan_fills_in_the_remote_for_the_job() -> None:
-    plan = CheckpointPlan("/local", "s3://b/run/{job_id}", None, 2, 0, 0, "abc")
+    plan = CheckpointPlan(local="/local", remote="s3://b/run/{job_id}", endpoint_url=None, keep_local=2, keep_remote=0,
+                          keep_every=0, config_digest="abc")
     assert plan.remote_for("77") == "s3://b/run/77" == plan.rank_env("77")[envvars.CKPT_REMOTE]
-    assert CheckpointPlan("/local", None, None, 2, 0, 0, "abc").remote_for("77") is None
+    assert CheckpointPlan(local="/local", remote=None, endpoint_url=None, keep_local=2, keep_remote=0, keep_every=0,
+                          config_digest="abc").remote_for("77") is None
 
 
 def test_the_attempt_id_carries_its_number(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from slurm_titan import failure_kinds
 from slurm_titan.failure_kinds import HARDWARE, NETWORK, OOM, PEER, RETRY, UNKNOWN, USER
-from slurm_titan.node import attribution
+from slurm_titan.node.batch import attribution
 from slurm_titan.records import run_folder
 from tests.support.paths import DATA
 

@@ -1,6 +1,6 @@
 """The import structure holds (pyproject.toml's [tool.importlinter] contracts, checked by `lint-imports`): imports
 only go down the layers, the supervisor and the ranks never import each other, and torch, torchtitan and
-torch_npu stay in rank/, overrides/ and doctor/probe. `lint-imports` runs once for every contract (with its
+torch_npu stay in rank/, overrides/ and doctor/probe_main. `lint-imports` runs once for every contract (with its
 cache); each contract is judged by its own line of the report."""
 
 import os

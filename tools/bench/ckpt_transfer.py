@@ -192,9 +192,9 @@ def our_upload(store, local: Path, step: int) -> None:
 
 
 def our_restore(store, step: int, dest: Path, sync: bool) -> None:
-    from slurm_titan.ckpt.restore import restore
+    from slurm_titan.ckpt import restore_checkpoint
 
-    restore(store, str(dest), step=step)
+    restore_checkpoint(store, str(dest), step=step)
     if sync:
         os.sync()
 

@@ -33,8 +33,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 
-from slurm_titan.ckpt import CheckpointSync  # noqa: E402
-from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings  # noqa: E402
+from slurm_titan.ckpt import CheckpointSync, UploaderProcess, UploadSettings  # noqa: E402
 from tests.support.s3 import S3Server  # noqa: E402
 
 TRAIN_CPU, SIDE_CPU = 0, 1
@@ -89,7 +88,7 @@ def in_thread(url: str, local: Path) -> CheckpointSync:
 
 
 def in_process(url: str, local: Path) -> UploaderProcess:
-    return UploaderProcess(UploadSettings(url, str(local), attempt="bench", cpus=(SIDE_CPU,)))
+    return UploaderProcess(UploadSettings(remote=url, local_folder=str(local), attempt="bench", cpus=(SIDE_CPU,)))
 
 
 def main() -> int:

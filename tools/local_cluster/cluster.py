@@ -48,7 +48,7 @@ SBIN = "/usr/sbin:/sbin"
 TEMPLATES = Path(__file__).parent
 USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "resv"}
 LOCK_WAIT_S = 300
-ID_CYCLE = 10_000  # slurm-titan's default master-port window (node/rendezvous.py) spans this many job ids
+ID_CYCLE = 10_000  # slurm-titan's default master-port window (node/supervisor/rendezvous.py) spans this many job ids
 SLOTS = 2  # clusters side by side: each starts its job ids in its own part of ID_CYCLE
 FREEZE_ROUNDS, FREEZE_WAIT_S = 20, 5.0  # kill_node: rounds of SIGSTOP for processes forked meanwhile; wait per round
 # A node: its hostname, /etc/hosts, /etc/slurm and node-local scratch are private to it (mount propagation is

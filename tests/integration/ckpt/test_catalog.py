@@ -11,7 +11,7 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, verify
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, hash_bytes
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
-from slurm_titan.ckpt.restore import CorruptCheckpoint, restore
+from slurm_titan.ckpt.restore import CorruptCheckpoint, restore_checkpoint
 from slurm_titan.ckpt.storage import LocalStore, open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.cli.main import main as ckpt_main
@@ -57,7 +57,7 @@ def test_verify_names_corrupted_and_truncated_shards(location, tmp_path, capsys)
     assert "__0_0.distcp: checksum mismatch" in out and "__1_0.distcp: truncated" in out
     # a corrupt checkpoint is never restored when asked for by step
     with pytest.raises(CorruptCheckpoint, match="__1_0.distcp"):
-        restore(store, str(tmp_path / "r"), step=1)
+        restore_checkpoint(store, str(tmp_path / "r"), step=1)
     assert not (tmp_path / "r" / "step-1").exists()
 
 
@@ -69,7 +69,7 @@ def test_restore_falls_back_to_previous_complete(location, tmp_path, capsys):
     store.upload_many([(str(tmp_path / "other" / "step-40" / "__0_0.distcp"), "step-40/__0_0.distcp")])
     _overwrite(store, "step-30/__1_0.distcp", b"garbage" * 10)
     notes = []
-    result = restore(store, str(tmp_path / "dest"), notify=notes.append)
+    result = restore_checkpoint(store, str(tmp_path / "dest"), notify=notes.append)
     assert result.step == 20
     assert [s for s, _ in result.skipped] == [30]
     assert len(notes) == 1 and "step 30 is corrupt" in notes[0] and "falling back to step 20" in notes[0]
@@ -83,7 +83,7 @@ def test_restore_falls_back_to_previous_complete(location, tmp_path, capsys):
     assert [(i.step, i.complete) for i in list_checkpoints(local)] == [(20, True)]
     assert verify(local, 20).ok
     # restoring again reuses the intact local copy
-    assert restore(store, str(tmp_path / "dest"), step=20).reused
+    assert restore_checkpoint(store, str(tmp_path / "dest"), step=20).reused
 
     # the CLI says so on stderr and restores
     assert ckpt_main(["ckpt", "restore", location, "--to", str(tmp_path / "cli")]) == 0
@@ -104,7 +104,7 @@ def test_commit_record_with_escaping_path_is_refused(location, tmp_path):
     store.put_bytes(layout.catalog_entry(5, 1, 1, len(evil)), b"{}")
     dest = tmp_path / "a" / "b"
     with pytest.raises(StorageError, match="every complete checkpoint is corrupt: step 5: .*refusing file path"):
-        restore(store, str(dest))  # a bad record is a corrupt checkpoint: the restore falls back past it
+        restore_checkpoint(store, str(dest))  # a bad record is a corrupt checkpoint: the restore falls back past it
     with pytest.raises(ManifestError):
         verify(store, 5)
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "a" / "escaped.txt").exists()
@@ -199,7 +199,7 @@ def test_s3_transfer_paths(s3_env, tmp_path, monkeypatch, data_path):
     assert entry.size == 11 << 20 and store.cat("step-1/__9_0.distcp") == big.read_bytes()
     store.rm_files(["step-1/__9_0.distcp"])
     store.transfer.part_size = 1 << 20
-    result = restore(store, str(tmp_path / "dest"))
+    result = restore_checkpoint(store, str(tmp_path / "dest"))
     for name, data in files.items():
         assert (tmp_path / "dest" / "step-1" / name).read_bytes() == data
     assert verify(store, 1).ok
@@ -218,7 +218,7 @@ def test_list_of_a_restored_folder_reads_its_commit_record(tmp_path, monkeypatch
     committed = Manifest.from_json(store.cat(layout.commit_path(7)))
     committed.committed_at = "2024-01-02T03:04:05Z"  # an old commit: not the time of the restore below
     _overwrite(store, layout.commit_path(7), committed.to_json())
-    restore(store, str(tmp_path / "dest"))
+    restore_checkpoint(store, str(tmp_path / "dest"))
 
     [info] = list_checkpoints(open_store(str(tmp_path / "dest")))
     assert (info.step, info.complete, info.world_size, info.files) == (7, True, 3, 4)

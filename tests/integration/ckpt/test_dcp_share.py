@@ -21,13 +21,13 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import read_manifest
-from slurm_titan.ckpt.restore import restore
+from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks, node_share, reads_share
 from slurm_titan.ckpt.storage import TransferConfig, open_store
-from slurm_titan.node import restore as node_restore
-from slurm_titan.node.rendezvous import Rendezvous
 from slurm_titan.node.spec import CheckpointPlan
-from slurm_titan.node.supervisor import RankGroup
+from slurm_titan.node.supervisor import restore as node_restore
+from slurm_titan.node.supervisor.rendezvous import Rendezvous
+from slurm_titan.node.supervisor.supervisor import RankGroup
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import REPO, repo_pythonpath
@@ -92,7 +92,7 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
         pytest.skip("ranks do not split over the nodes")
     store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
     m = read_manifest(store, 1)
-    whole = restore(store, str(tmp / f"whole-{nodes}"), step=1)
+    whole = restore_checkpoint(store, str(tmp / f"whole-{nodes}"), step=1)
     assert whole.fetched == m.total_bytes and whole.share is None
     sizes = {f.path: f.size for f in m.files}
     node_dirs = {}
@@ -101,7 +101,7 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
         ranks = node_ranks(k, nodes, world)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="slurm_titan.ckpt.restore"):
-            res = restore(store, str(tmp / f"n{nodes}-node{k}"), ranks=ranks, world_size=world)
+            res = restore_checkpoint(store, str(tmp / f"n{nodes}-node{k}"), ranks=ranks, world_size=world)
         node_dirs[k] = Path(res.path)
         line = next(r.getMessage() for r in caplog.records if "fetched" in r.getMessage())
         got = int(re.search(r"fetched (\d+) of (\d+) bytes", line).group(1))
@@ -134,7 +134,7 @@ def test_a_rank_whose_load_reads_outside_its_nodes_share_is_refused(saved):
     node's ranks): the check before dcp.load refuses, instead of loading holes as zeros."""
     world, tmp, remote, _ = saved
     store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
-    res = restore(store, str(tmp / "wrong"), ranks=[0], world_size=world)
+    res = restore_checkpoint(store, str(tmp / "wrong"), ranks=[0], world_size=world)
     # every rank loads from rank 0's share: ranks 1.. find their own shards missing
     port = _free_port()
     env = dict(repo_pythonpath(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
@@ -158,7 +158,7 @@ def test_another_world_size_each_node_fetches_what_its_new_ranks_dcp_load_reads(
         pytest.skip("the world size that saved it")
     store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
     m = read_manifest(store, 1)
-    whole = restore(store, str(tmp_path / "whole"), step=1)
+    whole = restore_checkpoint(store, str(tmp_path / "whole"), step=1)
     per = new_world // nodes
     port = _free_port()
     env = dict(repo_pythonpath(), SAVED_WORLD=str(world), OMP_NUM_THREADS="1")

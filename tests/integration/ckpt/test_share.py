@@ -15,7 +15,7 @@ from slurm_titan.ckpt.agree import NodeAgreement
 from slurm_titan.ckpt.catalog import read_manifest
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
-from slurm_titan.ckpt.restore import restore
+from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
@@ -88,7 +88,7 @@ def test_upload_records_block_checksums_and_the_read_map(location, tmp_path, mon
 def test_each_node_fetches_only_its_share_verified(location, tmp_path, monkeypatch):
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
     store = open_store(location)
-    res = restore(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
     assert res.share.whole == [".metadata", "__1_0.distcp"] and res.share.blocks == {"__0_0.distcp": [3]}
     assert res.fetched == len(files[".metadata"]) + len(files["__1_0.distcp"]) + BLOCK
     folder = tmp_path / "node1" / "step-10"
@@ -98,9 +98,9 @@ def test_each_node_fetches_only_its_share_verified(location, tmp_path, monkeypat
     assert partial[:3 * BLOCK] == bytes(3 * BLOCK)
     assert (folder / "__1_0.distcp").read_bytes() == files["__1_0.distcp"]
     assert json.loads((folder / layout.META_DIR / "share.json").read_bytes())["ranks"] == [1]
-    again = restore(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    again = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
     assert again.reused and again.share == res.share
-    other_size = restore(store, str(tmp_path / "resharded"), ranks=[0], world_size=4)  # another world size
+    other_size = restore_checkpoint(store, str(tmp_path / "resharded"), ranks=[0], world_size=4)  # another world size
     assert other_size.share is None and other_size.fetched == read_manifest(store, 10).total_bytes
 
 
@@ -115,7 +115,7 @@ def test_old_record_without_block_checksums_restores_whole(tmp_path, monkeypatch
             f.pop("block_size"), f.pop("blocks")
 
     _edit_record(store, 10, old)
-    res = restore(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
     assert res.share is None and res.fetched == sum(map(len, files.values()))
     assert all((tmp_path / "node0" / "step-10" / p).read_bytes() == d for p, d in files.items())
     entry = read_manifest(store, 10).files[0]
@@ -136,7 +136,7 @@ def test_bad_record_is_refused_in_one_line_and_the_restore_falls_back(tmp_path, 
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
     _edit_record(store, 11, edit)
-    res = restore(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
     assert res.step == 10 and len(res.skipped) == 1
     assert "\n" not in res.skipped[0][1]
     import re
@@ -151,8 +151,9 @@ def _restore_on_nodes(tmp_path, locations, options):
 
     def node(k):
         try:
-            results[k] = restore(open_store(locations[k]), str(tmp_path / f"node{k}"), **options(k),
-                                 agree=NodeAgreement(tmp_path / "job" / "restore", k, len(locations), timeout_s=60))
+            agree = NodeAgreement(tmp_path / "job" / "restore", k, len(locations), timeout_s=60)
+            results[k] = restore_checkpoint(open_store(locations[k]), str(tmp_path / f"node{k}"), **options(k),
+                                            agree=agree)
         except Exception as e:  # noqa: BLE001
             errors[k] = e
 
@@ -195,7 +196,7 @@ def test_a_node_that_cannot_restore_at_all_tells_the_others_at_once(tmp_path, mo
     (tmp_path / "dest").write_text("a file where the destination folder goes")  # the disk side fails
     agree = NodeAgreement(tmp_path / "v", 0, 2, timeout_s=30)
     with pytest.raises(OSError):
-        restore(open_store(location), str(tmp_path / "dest"), ranks=[0], world_size=2, agree=agree)
+        restore_checkpoint(open_store(location), str(tmp_path / "dest"), ranks=[0], world_size=2, agree=agree)
     verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())
     assert verdict["fatal"] and not verdict["ok"]
     with pytest.raises(StorageError, match="node 0 could not restore checkpoint step 12"):
@@ -257,11 +258,11 @@ def test_a_folder_shared_by_two_nodes_ends_up_with_both_shares(tmp_path, monkeyp
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10], world=4, monkeypatch=monkeypatch)[10]
     store = open_store(location)
-    first = restore(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4)
-    second = restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4)
+    first = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4)
+    second = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4)
     assert first.share.ranks == [0, 1] and second.share.ranks == [0, 1, 2, 3]
     assert all((tmp_path / "shared" / "step-10" / p).read_bytes() == d for p, d in files.items())
-    assert restore(store, str(tmp_path / "shared"), ranks=[1], world_size=4).reused
+    assert restore_checkpoint(store, str(tmp_path / "shared"), ranks=[1], world_size=4).reused
 
 
 def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, monkeypatch):
@@ -270,13 +271,13 @@ def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, mo
     entry = next(f for f in read_manifest(store, 10).files if f.path == "__0_0.distcp")
     data = files[10]["__0_0.distcp"]
     assert entry.spans == ((*ITEM, hash_bytes(data[ITEM[0]:sum(ITEM)], "xxh3_128")),)
-    res = restore(store, str(tmp_path / "node1"), step=10, ranks=[1], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), step=10, ranks=[1], world_size=2)
     assert res.share.blocks == {} and res.share.spans == {"__0_0.distcp": [ITEM]}
     assert res.fetched == len(files[10][".metadata"]) + len(files[10]["__1_0.distcp"]) + ITEM[1]
     partial = (tmp_path / "node1" / "step-10" / "__0_0.distcp").read_bytes()
     assert partial[ITEM[0]:sum(ITEM)] == data[ITEM[0]:sum(ITEM)] and partial.count(0) >= len(data) - ITEM[1]
     _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)
-    res = restore(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
     assert res.step == 10 and f"__0_0.distcp: bytes {ITEM[0]}-{sum(ITEM)} fail their checksum" in res.skipped[0][1]
 
 
@@ -304,7 +305,7 @@ def test_another_world_size_fetches_what_the_new_ranks_plan_against_each_candida
     store = open_store(location)
     _corrupt(store, "step-11/__1_0.distcp", BLOCK + 5)  # in a block the new ranks read: a fallback
     planner = _Planner()
-    res = restore(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
     assert res.step == 10 and "__1_0.distcp: bytes 8192-16384 (block 1) fail their checksum" in res.skipped[0][1]
     assert planner.seen == [files[11][".metadata"], files[10][".metadata"]]  # planned again, against step 10
     assert (res.share.ranks, res.share.world_size) == ([2, 3], 4)
@@ -325,7 +326,7 @@ def test_a_corrupt_metadata_is_refused_before_any_rank_plans_against_it(tmp_path
     store = open_store(location)
     _corrupt(store, "step-11/.metadata", 3)
     planner = _Planner()
-    res = restore(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
     assert res.step == 10 and ".metadata: bytes 0-" in res.skipped[0][1] and "fail their checksum" in res.skipped[0][1]
     assert planner.seen == [files[10][".metadata"]]
 
@@ -350,7 +351,8 @@ def test_when_one_node_cannot_verify_the_metadata_no_node_plans_against_it(tmp_p
 def test_ranks_that_cannot_tell_what_they_read_get_the_whole_checkpoint(tmp_path, monkeypatch):
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
-    res = restore(open_store(location), str(tmp_path / "n"), ranks=[2, 3], world_size=4, planner=_Planner(None))
+    res = restore_checkpoint(open_store(location), str(tmp_path / "n"), ranks=[2, 3], world_size=4,
+                             planner=_Planner(None))
     assert res.share is None and res.fetched == sum(map(len, files.values()))
 
 
@@ -360,16 +362,16 @@ def test_a_share_of_another_world_size_is_replaced_and_one_of_the_same_joined(tm
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
     store = open_store(location)
-    old = restore(store, str(tmp_path / "shared"), ranks=[1], world_size=2)
+    old = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[1], world_size=2)
     assert old.share.whole == [".metadata", "__1_0.distcp"]  # holds all the new ranks 2, 3 read, of world size 2
-    second = restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner())
+    second = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner())
     assert not second.reused and (second.share.ranks, second.share.world_size) == ([2, 3], 4)
     assert second.share.blocks == {"__1_0.distcp": [0, 1, 2]}
     first = {0: [("__0_0.distcp", 0, SIZE)], 1: [("__0_0.distcp", 0, 10)]}
-    both = restore(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4, planner=_Planner(first))
+    both = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4, planner=_Planner(first))
     assert (both.share.ranks, both.share.world_size) == ([0, 1, 2, 3], 4)
     assert both.share.whole == [".metadata", "__0_0.distcp"] and both.share.blocks == {"__1_0.distcp": [0, 1, 2]}
     folder = tmp_path / "shared" / "step-10"
     assert (folder / "__0_0.distcp").read_bytes() == files["__0_0.distcp"]
     assert (folder / "__1_0.distcp").read_bytes()[:3 * BLOCK] == files["__1_0.distcp"][:3 * BLOCK]
-    assert restore(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner()).reused
+    assert restore_checkpoint(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner()).reused

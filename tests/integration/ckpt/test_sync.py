@@ -15,7 +15,7 @@ import pytest
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.manifest import Receipt
-from slurm_titan.ckpt.restore import restore
+from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.errors import StorageError
@@ -58,7 +58,7 @@ def test_upload_and_commit_multi_rank(location, tmp_path):
     assert (m.world_size, m.config_digest, m.attempt) == (3, "sha256:cfg", "attempt-1")
     assert m.committed_at and m.saved_at
     assert verify(store, 20).ok
-    result = restore(store, str(tmp_path / "restored"))
+    result = restore_checkpoint(store, str(tmp_path / "restored"))
     assert result.step == 20 and not result.skipped
     for name, data in written[20].items():
         assert (tmp_path / "restored" / "step-20" / name).read_bytes() == data
@@ -76,9 +76,9 @@ def test_commit_only_after_all_receipts(location, tmp_path):
     [info] = list_checkpoints(store)
     assert not info.complete and "receipt" in info.detail
     with pytest.raises(StorageError, match="no complete checkpoint"):
-        restore(store, str(tmp_path / "r"))
+        restore_checkpoint(store, str(tmp_path / "r"))
     with pytest.raises(StorageError, match="incomplete"):
-        restore(store, str(tmp_path / "r"), step=5)
+        restore_checkpoint(store, str(tmp_path / "r"), step=5)
     assert not (tmp_path / "r" / "step-5").exists()
 
     r1.submit(5)
@@ -137,7 +137,7 @@ def test_rank_without_its_files_leaves_step_incomplete(location, tmp_path):
 
 def test_remote_and_local_retention(location, tmp_path):
     local = tmp_path / "local"
-    syncs = _ranks(location, local, world_size=2, keep_remote=2, keep_remote_every=20, keep_local=1)
+    syncs = _ranks(location, local, world_size=2, keep_remote=2, keep_every=20, keep_local=1)
     for step in (10, 20, 30, 40, 50):
         write_fake_step(local, step, world_size=2)
         for s in syncs:

@@ -24,7 +24,8 @@ from tests.support.s3 import clean_env
 
 
 def _uploaders(location: str, local, world_size: int, **kw) -> list[UploaderProcess]:
-    return [UploaderProcess(UploadSettings(location, str(local), rank=r, world_size=world_size, attempt="a", **kw))
+    return [UploaderProcess(UploadSettings(remote=location, local_folder=str(local), rank=r, world_size=world_size,
+                                           attempt="a", **kw))
             for r in range(world_size)]
 
 
@@ -53,7 +54,7 @@ def test_an_unreachable_store_fails_at_start_in_one_line(monkeypatch, tmp_path):
         s.bind(("127.0.0.1", 0))
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s.getsockname()[1]}")
     with pytest.raises(StorageError) as caught:
-        UploaderProcess(UploadSettings("s3://bucket/run", str(tmp_path)))
+        UploaderProcess(UploadSettings(remote="s3://bucket/run", local_folder=str(tmp_path)))
     assert "cannot connect" in str(caught.value) and "\n" not in str(caught.value)
     assert "EXAMPLEKEY" not in str(caught.value)
 
@@ -88,7 +89,8 @@ def test_a_dead_uploader_fails_the_waits_instead_of_hanging(tmp_path):
 
 def test_the_child_dies_with_its_parent(tmp_path):
     script = ("from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings\n"
-              f"u = UploaderProcess(UploadSettings({str(tmp_path / 'remote')!r}, {str(tmp_path)!r}))\n"
+              f"u = UploaderProcess(UploadSettings(remote={str(tmp_path / 'remote')!r},"
+              f" local_folder={str(tmp_path)!r}))\n"
               "print(u.pid, flush=True)\n"
               "import os; os._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", script], env=repo_pythonpath(), capture_output=True, text=True,

@@ -20,7 +20,7 @@ from torchtitan.config import Configurable
 from torchtitan.config.override import OverrideConfig, apply_overrides
 
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
-from slurm_titan.ckpt.restore import restore
+from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.envvars import PROGRESS_FILE, RESTORE_FD
@@ -99,7 +99,7 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path / "dump" / "ckpt")) == ["step-6", "step-7"]
 
     # the committed checkpoint restores and loads back into a fresh model with DCP
-    restored = restore(store, str(tmp_path / "restored"), ranks=[0], world_size=1)
+    restored = restore_checkpoint(store, str(tmp_path / "restored"), ranks=[0], world_size=1)
     assert restored.share is not None and not restored.share.blocks
     fresh = torch.nn.Linear(16, 16)
     with torch.no_grad():
@@ -130,7 +130,7 @@ def test_real_dcp_save_round_trip(location, tmp_path, one_rank):
     sync.submit(50)
     assert sync.wait(50, timeout=30) and sync.close(timeout=30)
     store = open_store(location)
-    out = restore(store, str(tmp_path / "back"), step=50)
+    out = restore_checkpoint(store, str(tmp_path / "back"), step=50)
     loaded = {"w": torch.zeros(1000), "b": torch.zeros(10)}
     dcp.load(loaded, checkpoint_id=out.path)
     assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["b"], state["b"])

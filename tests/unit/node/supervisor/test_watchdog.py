@@ -18,15 +18,17 @@ from slurm_titan.errors import ConfigError, ExitCode
 from slurm_titan.launch import config as config_module
 from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import plan_job
-from slurm_titan.node import attribution, budgets, stacks, watchdog
-from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.node import budgets
+from slurm_titan.node.batch import attribution
+from slurm_titan.node.budgets import Budgets, Calibration, WatchdogSpec
+from slurm_titan.node.supervisor import stacks, watchdog
 from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.rank_progress import Phase, Progress
 from tests.support.paths import REPO
 from tests.support.reports import node_report
 
-LIMITS = Budgets(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=60, step_factor=3, save_s=600,
-                 upload_s=1800, step_cap_s=1140, stopped_s=15)
+LIMITS = Budgets(watchdog=WatchdogSpec(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=60, step_factor=3,
+                                       save_s=600, upload_s=1800, stopped_s=15), step_cap_s=1140)
 
 
 def test_budgets_per_phase() -> None:
@@ -48,8 +50,8 @@ def test_a_stopped_rank_has_a_shorter_budget_in_later_steps_only() -> None:
     assert stopped(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
     assert [stopped(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
                                                                 Phase.UPLOAD, Phase.DONE)] == [None] * 5  # I/O
-    slow = Budgets(900, 800, 700, step_floor_s=10, step_factor=3, save_s=600, upload_s=1800, step_cap_s=1140,
-                   stopped_s=20)
+    slow = Budgets(watchdog=WatchdogSpec(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=10,
+                                         step_factor=3, save_s=600, upload_s=1800, stopped_s=20), step_cap_s=1140)
     assert slow.stopped_budget(Progress(Phase.STEP, 5, 0.0, steps_done=4), 0.0) == 10  # never past the step budget
 
 
@@ -113,12 +115,17 @@ def test_watchdog_off_with_timeouts_past_the_time_limit_warns_once(capsys: pytes
     assert capsys.readouterr().err == ""
 
 
-def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook() -> None:
+def test_the_plan_carries_the_budgets_only_with_the_checkpoint_hook(capsys: pytest.CaptureFixture) -> None:
     config = REPO / "configs" / "debug_cpu.yaml"
     assert plan_job(load_config(config)).node.watchdog.step_cap_s == 1200 - config_module.WATCHDOG_MARGIN_S
     assert plan_job(load_config(config, [("watchdog.enable", False)])).node.watchdog is None
+    capsys.readouterr()
     assert plan_job(load_config(config, [("checkpoint.enable", False), ("checkpoint.remote", None)])).node.watchdog \
         is None
+    warnings = capsys.readouterr().err.splitlines()  # said at submit, in one line, not dropped silently
+    assert [line for line in warnings if "no progress watchdog" in line] == [
+        f"slurm-titan: WARNING: {config}: checkpoint.enable is false: the ranks report their steps from the checkpoint "
+        "hook, so this job has no progress watchdog and no per-attempt step history"]
 
 
 # ---- real processes ------------------------------------------------------------------------------------
@@ -157,7 +164,8 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
         pytest.skip("py-spy is not installed here")
     if method == "faulthandler":
         monkeypatch.setattr(stacks, "py_spy", lambda: None)
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=100)
+    limits = Budgets(watchdog=WatchdogSpec(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3,
+                                           save_s=5, upload_s=5, stopped_s=100), step_cap_s=100)
     said: list[str] = []
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=said.append)
     ranks = {rank: _start_rank(dog, rank) for rank in (0, 1)}
@@ -188,7 +196,8 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
 
 def test_a_stopped_rank_is_hung_after_the_stopped_budget_a_sleeping_one_only_after_the_step_floor(
         tmp_path: Path) -> None:
-    limits = Budgets(5, 5, 5, step_floor_s=60, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=1)
+    limits = Budgets(watchdog=WatchdogSpec(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=60, step_factor=3,
+                                           save_s=5, upload_s=5, stopped_s=1), step_cap_s=100)
     dog = watchdog.Watchdog(limits, [0, 1], tmp_path, 0, learns=False, say=lambda _: None)
     sleeper = RANK.replace("train_forever()\n", "rank_progress.step_done(1)\ntime.sleep(600)\n")
     ranks = {0: _start_rank(dog, 0, sleeper), 1: _start_rank(dog, 1)}  # 0: no progress, but sleeping (S)
@@ -261,12 +270,13 @@ def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path)
 
 
 def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path) -> None:
-    from slurm_titan.node.rendezvous import Rendezvous
-    from slurm_titan.node.supervisor import RankGroup
+    from slurm_titan.node.supervisor.rendezvous import Rendezvous
+    from slurm_titan.node.supervisor.supervisor import RankGroup
 
     rank_program = RANK.replace('print("ready", flush=True)',
                                 'import os, signal\nif os.environ["RANK"] == "3": os.kill(os.getpid(), signal.SIGSTOP)')
-    limits = Budgets(5, 5, 5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5, step_cap_s=100, stopped_s=100)
+    limits = Budgets(watchdog=WatchdogSpec(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3,
+                                           save_s=5, upload_s=5, stopped_s=100), step_cap_s=100)
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
     dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,

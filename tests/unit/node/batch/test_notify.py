@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from slurm_titan.envvars import NOTIFY as NOTIFY_ENV
-from slurm_titan.node import notify
+from slurm_titan.node.batch import notify
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome
 from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
-from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome
 
 JOB = notify.JobRef("4242", "llama-70b")
 SECRET = "T000-SECRET-TOKEN"

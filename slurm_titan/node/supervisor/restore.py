@@ -26,7 +26,7 @@ from slurm_titan.node.spec import CheckpointPlan
 from slurm_titan.records.restore_verdict import RestoreVerdict
 
 if TYPE_CHECKING:
-    from slurm_titan.ckpt.restore import NodePlanner
+    from slurm_titan.ckpt import NodePlanner
 
 
 def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
@@ -41,12 +41,11 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     size, what these ranks' loads read of a candidate (the supervisor's ``RankGroup.plan``): only
     that is fetched (the whole checkpoint without it). ``verdicts``: a folder of the job attempt on
     the shared filesystem through which the ``nodes`` nodes agree on each candidate before any rank
-    loads it (:class:`slurm_titan.ckpt.agree.NodeAgreement`)."""
+    loads it (:class:`slurm_titan.ckpt.NodeAgreement`)."""
     remote = plan.remote_for(job_id)
     if not remote:
         return RestoreVerdict()
-    from slurm_titan.ckpt import prepare_resume
-    from slurm_titan.ckpt.agree import NodeAgreement
+    from slurm_titan.ckpt import NodeAgreement, prepare_resume
 
     Path(local).mkdir(parents=True, exist_ok=True)
     agree = NodeAgreement(verdicts, node, nodes) if verdicts is not None and nodes > 1 else None

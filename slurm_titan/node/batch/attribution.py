@@ -6,7 +6,7 @@ answer (Slurm calls it down, or a probe step cannot run on it) was lost, and com
 ranks fail or hang because it vanished. Else the attempt's failure is the earliest crash: the rank
 that died first, not the peers that died after it in a collective. A crash seen before any node's
 watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
-rank that stopped making progress first is blamed (node.watchdog.culprit_key: a rank that does not run
+rank that stopped making progress first is blamed (node.culprit.culprit_key: a rank that does not run
 at all, then one that does not wait in a collective, then the earliest `since`); the crashes after it
 are the kill's consequences. A crash whose log shows a peer's fault (failure_kinds.PEER) counts against the
 peer's node when the log names it, and against no node when it does not. A preflight failure after a restart
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from slurm_titan import failure_kinds
 from slurm_titan.doctor import TRANSIENT_CHECKS, Finding, failures, node_rank
-from slurm_titan.node.watchdog import culprit_key
+from slurm_titan.node.culprit import culprit_key
 from slurm_titan.records import run_folder
 
 LOST = "lost"

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from slurm_titan.doctor.facts import read_ephemeral_range
-from slurm_titan.node.rendezvous import RendezvousError, from_slurm_env, master_port
+from slurm_titan.node.supervisor.rendezvous import RendezvousError, from_slurm_env, master_port
 from tests.support.paths import DATA
 
 RECORDED = json.loads((DATA / "slurm-env/local-3node.json").read_text())["tasks"]

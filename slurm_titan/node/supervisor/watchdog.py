@@ -2,7 +2,7 @@
 
 Every rank rewrites its progress record (records.rank_progress) in a node-local folder this watchdog makes;
 each poll of the supervisor reads them and compares the time since each rank's last progress with its
-phase's budget (node.budgets). On a hang it dumps the stacks of every rank of the node (node.stacks) into
+phase's budget (node.budgets). On a hang it dumps the stacks of every rank of the node (node.supervisor.stacks) into
 `<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
 uninterruptible sleep) first, then one that is not waiting in a collective, then the one whose last progress
 is the oldest. The supervisor then kills the ranks and reports the hang (ExitCode.HANG); attribution
@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_titan import envvars
-from slurm_titan.node import budgets, stacks
+from slurm_titan.node import budgets
 from slurm_titan.node.budgets import Budgets, Calibration
+from slurm_titan.node.culprit import culprit_key
+from slurm_titan.node.supervisor import stacks
 from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.rank_progress import Progress
 
@@ -54,11 +56,6 @@ class Hang:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def culprit_key(hang: dict) -> tuple:
-    """Sort key of hang records (a node's ranks, or the nodes' reports): the stuck rank sorts first."""
-    return (not hang.get("frozen"), bool(hang.get("in_collective")), hang["since"])
 
 
 def _scratch_root() -> str | None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.errors import ExitCode
-from slurm_titan.node.finish import attempt_exit_code
-from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
-from slurm_titan.node.supervisor import node_exit_code
+from slurm_titan.node.batch.finish import attempt_exit_code
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.supervisor.supervisor import node_exit_code
 from slurm_titan.records import history, run_folder
 
 POLICY = RetryPolicy(max_requeues=3, max_failures=5, max_failures_without_progress=3)
@@ -113,7 +113,7 @@ def test_attempt_killed_before_its_end_record_reads_as_requeued(tmp_path: Path) 
 
 def test_missing_scontrol_is_an_error_not_a_silent_non_requeue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture) -> None:
-    from slurm_titan.node import finish
+    from slurm_titan.node.batch import finish
 
     _report(tmp_path, 0, ExitCode.PREEMPTED)
     monkeypatch.setenv("PATH", str(tmp_path))  # a compute node without Slurm's client commands
@@ -138,7 +138,7 @@ def _fake_scontrol(folder: Path, failures: int) -> Path:
 
 
 def test_requeue_retries_a_busy_slurmctld(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from slurm_titan.node import finish
+    from slurm_titan.node.batch import finish
 
     calls = _fake_scontrol(tmp_path, failures=2)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
@@ -147,7 +147,7 @@ def test_requeue_retries_a_busy_slurmctld(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_requeue_that_keeps_failing_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from slurm_titan.node import finish
+    from slurm_titan.node.batch import finish
 
     calls = _fake_scontrol(tmp_path, failures=99)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")

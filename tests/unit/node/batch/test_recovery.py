@@ -16,8 +16,9 @@ from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.facts import NodeFacts
 from slurm_titan.doctor.npu_smi import parse_npu_smi_info
 from slurm_titan.errors import ExitCode
-from slurm_titan.node import allocation, attribution, finish, rendezvous, step_watch
-from slurm_titan.node.outcome import RESTART, STOP
+from slurm_titan.node.batch import allocation, attribution, finish, step_watch
+from slurm_titan.node.batch.outcome import RESTART, STOP
+from slurm_titan.node.supervisor import rendezvous
 from slurm_titan.records import history, ledger, run_folder
 from tests.support.paths import DATA
 from tests.support.reports import node_report
@@ -267,7 +268,7 @@ def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.Mo
 ])
 def test_a_job_without_its_batch_host_is_found(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shown: str,
                                                lost: str | None) -> None:
-    from slurm_titan.node import batch_host
+    from slurm_titan.node.supervisor import batch_host
 
     (tmp_path / "scontrol").write_text(f"#!/bin/sh\necho '{shown}'\n")
     (tmp_path / "scontrol").chmod(0o755)

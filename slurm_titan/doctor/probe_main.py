@@ -1,4 +1,4 @@
-"""`python -m slurm_titan.doctor.probe`: print how many NPUs torch_npu sees (`torch.npu.device_count()`).
+"""`python -m slurm_titan.doctor.probe_main`: print how many NPUs torch_npu sees (`torch.npu.device_count()`).
 
 Run by the doctor in a child process with the ranks' Python and environment (ASCEND_RT_VISIBLE_DEVICES
 applies), so that importing torch_npu never happens in the supervisor or the CLI and a hang is bounded.

@@ -7,7 +7,7 @@ left to decide ("Removing failed node n1 from JobId", the job then idles until i
 supervisors of the other nodes are the last of the job to run, and they see it two ways:
 
 - their ranks failed (a lost peer breaks the collectives within seconds, before Slurm notices): the
-  batch shell's watcher touches a heartbeat file every second while the step runs (`step_watch`); a
+  batch shell's watcher touches a heartbeat file every second while the step runs (`node.batch.step_watch.beat`); a
   supervisor whose ranks failed waits for one touch newer than the failure (`BEAT_STALE_S` at most).
   None came: it probes the batch host with a one-task step, and when that does not answer, it
   requeues the job itself;
@@ -27,21 +27,11 @@ from pathlib import Path
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node import allocation
+from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records.run_folder import batch_shell_beat
 
 BEAT_STALE_S = 10.0  # the watcher touches every second; ten missed beats on a loaded node mean gone
 POLL_S = 0.5
-
-
-def beat(job_dir: Path, attempt: int) -> None:
-    """The batch shell is alive (touched by its step watcher while the attempt's step runs)."""
-    path = batch_shell_beat(job_dir, attempt)
-    try:
-        path.touch()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def _job_fields(job_id: str) -> dict[str, str]:
@@ -97,6 +87,6 @@ def requeue_if_batch_shell_gone(job_dir: Path, attempt: int, job_id: str, failed
         if time.time() >= deadline:
             break
         time.sleep(POLL_S)
-    if not allocation.probe_failures([host]):
+    if not probe_failures([host]):
         return None
     return host if _requeue(job_id) else None

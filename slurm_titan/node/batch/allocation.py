@@ -3,7 +3,7 @@
 The job allocates `slurm.nodes + slurm.spare_nodes` nodes with `sbatch --no-kill`, so the
 allocation outlives a dead node. Each attempt is one srun step on `slurm.nodes` of them: the first
 healthy ones (Slurm answers for them) that this run has not excluded. The batch set-up runs
-`python -m slurm_titan.node.allocation` and evals what it prints; `finish` calls `next_attempt`
+`python -m slurm_titan.node.batch.allocation` and evals what it prints; `finish` calls `next_attempt`
 again before a restart inside the allocation. The srun line reads the choice from
 envvars.NODES / envvars.NUM_NODES; the node supervisors from envvars.NODES and envvars.ATTEMPT_INDEX.
 
@@ -17,9 +17,7 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,6 @@ from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.records import run_folder
 
 _UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT")
-PROBE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -76,26 +73,6 @@ def unhealthy_nodes(hosts: list[str]) -> set[str]:
         fields = slurm.parse_key_values(line)
         if any(flag in fields.get("State", "") for flag in _UNHEALTHY):
             bad.add(fields.get("NodeName", ""))
-    return bad
-
-
-def probe_failures(hosts: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> set[str]:
-    """Those of `hosts` on which a one-task probe step (`srun true`, all at once) does not succeed within
-    `timeout_s`: a node that died is found before slurmctld's SlurmdTimeout marks it down."""
-    bad: set[str] = set()
-    probes = {host: subprocess.Popen(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap",
-                                      "--quit-on-interrupt", "true"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-              for host in hosts}
-    deadline = time.monotonic() + timeout_s
-    for host, probe in probes.items():
-        try:
-            if probe.wait(max(0.0, deadline - time.monotonic())) != 0:
-                bad.add(host)
-        except subprocess.TimeoutExpired:
-            probe.kill()
-            probe.wait()
-            bad.add(host)
     return bad
 
 

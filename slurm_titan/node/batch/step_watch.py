@@ -4,12 +4,12 @@ srun waits for every task of its step, and a node that died answers nothing: sru
 slurmctld marks the node down (SlurmdTimeout, 300 s by default; "srun: error: Node failure on n2").
 The surviving nodes' supervisors report within seconds (their ranks fail on the lost peer), so once
 some node has reported and others stay silent for `grace_s`, the silent ones are probed
-(`allocation.probe_failures`); if one does not answer, srun is killed and the batch shell goes on to
+(`node.srun_probe.probe_failures`); if one does not answer, srun is killed and the batch shell goes on to
 `finish`, which finds the same silent, unanswering node and blames it. While it watches, it touches the
-attempt's batch-shell heartbeat (:func:`batch_host.beat`), which tells the other nodes' supervisors that
-the batch shell still lives to decide what follows a failure. The first attempt's watcher
-is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the batch
-shell's children); `finish` watches the steps it starts itself with :func:`watch`.
+attempt's batch-shell heartbeat (:func:`beat`), which tells the other nodes' supervisors
+(`node.supervisor.batch_host`) that the batch shell still lives to decide what follows a failure. The first
+attempt's watcher is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the
+batch shell's children); `finish` watches the steps it starts itself with :func:`watch`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slurm_titan import envvars
-from slurm_titan.node import allocation, attribution, batch_host
+from slurm_titan.node.batch import attribution
+from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import run_folder
 
 GRACE_S = 3.0  # a probe of a node that is only slow to report costs one `srun true`; waiting costs the run
@@ -40,12 +41,22 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def beat(job_dir: Path, attempt: int) -> None:
+    """The batch shell is alive (touched by its step watcher while the attempt's step runs)."""
+    path = run_folder.batch_shell_beat(job_dir, attempt)
+    try:
+        path.touch()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
-          poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = allocation.probe_failures) -> list[str]:
+          poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures) -> list[str]:
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes."""
     waiting_since: float | None = None
     while alive(srun_pid):
-        batch_host.beat(job_dir, attempt)
+        beat(job_dir, attempt)
         reports = attribution.read_reports(job_dir, attempt, len(hosts))
         silent = attribution.silent_nodes(reports, hosts)
         if not reports or not silent:

@@ -1,4 +1,4 @@
-"""A run's alerts to webhooks, sent from the batch shell (`slurm_titan.node.finish`) where the job runs.
+"""A run's alerts to webhooks, sent from the batch shell (`slurm_titan.node.batch.finish`) where the job runs.
 
 `send(event, job, details, spec)` posts one message to every webhook of `spec` that hears `event`, each in
 its own thread, and returns within `deadline_s(spec)` whatever the endpoints do: one try of at most
@@ -40,8 +40,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_titan.envvars import NOTIFY
+from slurm_titan.node.batch.outcome import REQUEUE, Outcome
 from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
-from slurm_titan.node.outcome import REQUEUE, Outcome
 
 RETRY_PAUSE_S = 1.0
 _REPLY_LIMIT = 65536

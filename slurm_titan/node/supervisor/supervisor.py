@@ -3,10 +3,10 @@
 It derives the rendezvous from Slurm's variables, starts one training process per device with
 RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, streams each rank's output to
 `<job>/logs/rank-R.log`, passes Slurm's warning signals on to the ranks, stops the node's other
-ranks when one fails, watches their progress (`slurm_titan.node.watchdog`: a rank without progress
+ranks when one fails, watches their progress (`slurm_titan.node.supervisor.watchdog`: a rank without progress
 within its phase's budget is a hang: the node's stacks are dumped and its ranks killed), and reports
 the node's outcome to `<job>/attempts/<A>/node-<N>.json` for the batch script's final decision
-(`slurm_titan.node.finish`).
+(`slurm_titan.node.batch.finish`).
 
 Exit code: 0 when the ranks finished or checkpointed for a requeue (so srun's
 `--kill-on-bad-exit` does not cut short another node's upload), the failing rank's code otherwise,
@@ -34,9 +34,10 @@ from slurm_titan.doctor import PreflightFailed, run_preflight
 from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
 from slurm_titan.errors import ExitCode, SlurmTitanError
-from slurm_titan.node import batch_host, rendezvous, restore
+from slurm_titan.node.node_log import say
 from slurm_titan.node.spec import NodeSpec
-from slurm_titan.node.watchdog import Hang, Watchdog
+from slurm_titan.node.supervisor import batch_host, rendezvous, restore
+from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
 from slurm_titan.signals import ignore_signals, take_stop_signals
@@ -44,13 +45,6 @@ from slurm_titan.signals import ignore_signals, take_stop_signals
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
 PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
-
-
-def say(message: str) -> None:
-    """One line of the node log: `[slurm-titan HOST HH:MM:SS.mmm] message`."""
-    now = time.time()
-    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
-    print(f"[slurm-titan {socket.gethostname()} {stamp}] {message}", flush=True)
 
 
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
@@ -126,7 +120,7 @@ class RankGroup:
             for rank, fd in self.gates.items():
                 with contextlib.suppress(BrokenPipeError):  # that rank has exited: seen below
                     os.write(fd, PlanRequest(folder, paths[rank]).to_line())
-        deadline = time.monotonic() + self.watchdog.limits.startup_s if self.watchdog else None
+        deadline = time.monotonic() + self.watchdog.limits.watchdog.startup_s if self.watchdog else None
         reads: dict[int, Reads] = {}
         while True:
             for rank, path in paths.items():
@@ -258,7 +252,7 @@ class NodeSupervisor:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
         self.stop_file: Path | None = None
-        self.terminated = False  # Slurm sent SIGTERM: the job may have lost its batch host (node.batch_host)
+        self.terminated = False  # Slurm sent SIGTERM: the job may have lost its batch host (node.supervisor.batch_host)
         self.ranks: RankGroup | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

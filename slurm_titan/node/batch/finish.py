@@ -32,9 +32,10 @@ from slurm_titan import envvars, slurm
 from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node import allocation, attribution, notify, step_watch
-from slurm_titan.node.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
-from slurm_titan.node.supervisor import say
+from slurm_titan.node.batch import allocation, attribution, notify, step_watch
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.node_log import say
+from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import history, ledger, run_folder
 
 REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
@@ -170,7 +171,7 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
     reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))
     silent = attribution.silent_nodes(reports, attempt.hosts)
     lost = {host for host in silent if host in unhealthy}
-    lost |= allocation.probe_failures([host for host in silent if host not in unhealthy])
+    lost |= probe_failures([host for host in silent if host not in unhealthy])
     unhealthy |= lost
     failure = attribution.first_failure(reports, attempt.hosts, lost)
     if failure is None:

@@ -1,4 +1,4 @@
-"""A surviving supervisor requeues the job when the batch shell is gone (slurm_titan.node.batch_host)."""
+"""A surviving supervisor requeues the job when the batch shell is gone (slurm_titan.node.supervisor.batch_host)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.node import batch_host
+from slurm_titan.node.batch import step_watch
+from slurm_titan.node.supervisor import batch_host
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict:
     asked: dict = {"probed": [], "requeued": 0, "answers": True}
     monkeypatch.setattr(batch_host, "_job_fields", lambda job_id: {"BatchHost": "n1", "JobState": "RUNNING",
                                                                    "NodeList": "n[1-2]"})
-    monkeypatch.setattr(batch_host.allocation, "probe_failures",
+    monkeypatch.setattr(batch_host, "probe_failures",
                         lambda hosts: asked["probed"].extend(hosts) or (set() if asked["answers"] else set(hosts)))
     monkeypatch.setattr(batch_host, "_requeue", lambda job_id: asked.__setitem__("requeued", asked["requeued"] + 1)
                         or True)
@@ -27,7 +28,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict:
 
 def test_a_beat_after_the_failure_leaves_the_decision_to_the_batch_shell(tmp_path: Path, cluster: dict) -> None:
     failed_at = time.time()
-    beating = threading.Timer(0.1, batch_host.beat, (tmp_path, 0))
+    beating = threading.Timer(0.1, step_watch.beat, (tmp_path, 0))
     beating.start()
     assert batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", failed_at, "n2", stale_s=5) is None
     beating.join()
@@ -35,7 +36,7 @@ def test_a_beat_after_the_failure_leaves_the_decision_to_the_batch_shell(tmp_pat
 
 
 def test_no_beat_and_no_answer_requeues_the_job(tmp_path: Path, cluster: dict) -> None:
-    batch_host.beat(tmp_path, 0)  # a beat from before the failure does not count
+    step_watch.beat(tmp_path, 0)  # a beat from before the failure does not count
     cluster["answers"] = False
     assert batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", time.time() + 0.01, "n2", stale_s=0.2) == "n1"
     assert cluster["probed"] == ["n1"] and cluster["requeued"] == 1

@@ -8,7 +8,7 @@ allocation after it. What follows an attempt:
   failure instead, so the caps below bound it;
 - `requeue`: back through Slurm's queue (a preemption or the time limit: the allocation is going);
 - `restart`: an unplanned failure; a new attempt inside the allocation when it still has enough
-  healthy nodes, else a requeue without the bad nodes (`slurm_titan.node.finish` chooses).
+  healthy nodes, else a requeue without the bad nodes (`slurm_titan.node.batch.finish` chooses).
 
 Unplanned failures are retried by default. What stops a loop is progress: a failed attempt that
 trained no step beyond every earlier attempt's is "stalled"; `max_failures_without_progress` stalled

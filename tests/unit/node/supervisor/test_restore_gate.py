@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.envvars import RESTORE_FD
-from slurm_titan.node.budgets import Budgets
-from slurm_titan.node.rendezvous import Rendezvous
-from slurm_titan.node.supervisor import RankGroup
-from slurm_titan.node.watchdog import Watchdog
+from slurm_titan.node.budgets import Budgets, WatchdogSpec
+from slurm_titan.node.supervisor.rendezvous import Rendezvous
+from slurm_titan.node.supervisor.supervisor import RankGroup
+from slurm_titan.node.supervisor.watchdog import Watchdog
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support.paths import repo_pythonpath
@@ -147,8 +147,8 @@ def test_a_rank_that_dies_before_answering_ends_the_plan_and_the_restore(tmp_pat
 
 
 def test_a_rank_that_never_reaches_its_gate_ends_the_plan_after_the_startup_budget(tmp_path, capsys):
-    limits = Budgets(startup_s=2, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3, save_s=5, upload_s=5,
-                     step_cap_s=100, stopped_s=15)
+    limits = Budgets(watchdog=WatchdogSpec(startup_s=2, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3,
+                                           save_s=5, upload_s=5, stopped_s=15), step_cap_s=100)
     dog = Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
     hung = "import os, time; os.environ['RANK'] == '3' and time.sleep(120); " + PLANNING
     ranks = _group(tmp_path, rank=hung, watchdog=dog)
