@@ -48,12 +48,17 @@ class AscendUnsupportedError(RuntimeError):
     """An op that the NPU code path must not run on Ascend."""
 
 
-class RefuseAscendUnsupported(TorchDispatchMode):
-    """Raise :class:`AscendUnsupportedError` on any op but a view that takes a complex tensor.
+class HostSyncError(RuntimeError):
+    """An op that would make the host wait for the device."""
 
-    Wrap a CPU run of an NPU code path (with the contract models of
-    :mod:`.kernel_models`) in it to see what the device would refuse.
-    """
+
+class _RefusingMode(TorchDispatchMode):
+    """Runs every op but those :meth:`refusal` gives a reason for, which raise ``error`` with that reason."""
+
+    error: type[RuntimeError] = RuntimeError
+
+    def refusal(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        raise NotImplementedError
 
     def __torch_dispatch__(
         self,
@@ -63,34 +68,39 @@ class RefuseAscendUnsupported(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if (why := self.refusal(func, args, kwargs)) is not None:
+            raise self.error(why)
+        return func(*args, **kwargs)
+
+
+class RefuseAscendUnsupported(_RefusingMode):
+    """Raise :class:`AscendUnsupportedError` on any op but a view that takes a complex tensor.
+
+    Wrap a CPU run of an NPU code path (with the contract models of
+    :mod:`.kernel_models`) in it to see what the device would refuse.
+    """
+
+    error = AscendUnsupportedError
+
+    def refusal(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         complex_inputs = [
             t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_complex()
         ]
-        if complex_inputs and not func.is_view:
-            why = "has no complex kernel on Ascend" if func in COMPLEX_UNSUPPORTED else "is not verified on Ascend"
-            raise AscendUnsupportedError(f"{func} on a {complex_inputs[0].dtype} tensor {why} (NPU code path)")
-        return func(*args, **kwargs)
+        if not complex_inputs or func.is_view:
+            return None
+        why = "has no complex kernel on Ascend" if func in COMPLEX_UNSUPPORTED else "is not verified on Ascend"
+        return f"{func} on a {complex_inputs[0].dtype} tensor {why} (NPU code path)"
 
 
 HOST_SYNCS = frozenset({_aten._local_scalar_dense.default, _aten.nonzero.default})
 """Ops that wait for a device tensor's values on the host (``.item()``, ``int()``, ``bool()``; ``nonzero``'s size)."""
 
 
-class HostSyncError(RuntimeError):
-    """An op that would make the host wait for the device."""
-
-
-class RefuseHostSync(TorchDispatchMode):
+class RefuseHostSync(_RefusingMode):
     """Raise :class:`HostSyncError` on :data:`HOST_SYNCS`: wrap a CPU run of a path meant to leave the device's
     queue alone (e.g. a forward) in it."""
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        if func in HOST_SYNCS:
-            raise HostSyncError(f"{func} waits for the device on the host")
-        return func(*args, **(kwargs or {}))
+    error = HostSyncError
+
+    def refusal(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return f"{func} waits for the device on the host" if func in HOST_SYNCS else None
