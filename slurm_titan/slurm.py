@@ -159,5 +159,13 @@ def time_left_seconds(job_id: str) -> int | None:
     return int((started + limit - datetime.datetime.now()).total_seconds())
 
 
-def cancel(job_id: str, signal_name: str | None = None) -> None:
-    run(["scancel", *(["--signal", signal_name, "--full"] if signal_name else []), job_id])
+def cancel(job_id: str) -> JobState:
+    """Cancel a job that Slurm knows and that has not ended; returns its state before. scancel itself exits 0
+    for an unknown id and for an ended job, so each is a ClusterError here, and nothing is sent."""
+    state = job_state(job_id)
+    if state is None:
+        raise ClusterError(f"no job {job_id}: neither scontrol nor sacct knows it")
+    if state.state in FINISHED_STATES:
+        raise ClusterError(f"job {job_id} has already ended ({state.state}): nothing to cancel")
+    run(["scancel", job_id])
+    return state

@@ -72,10 +72,16 @@ def test_unknown_config_of_an_external_module_fails_at_node_start(cli: Cli) -> N
     assert first_line.startswith("slurm-titan: torchtitan config 'llama3_nope' not found")
 
 
-def test_cancel(cli: Cli) -> None:
+def test_cancel_a_job_then_an_ended_one_and_an_unknown_one(cli: Cli) -> None:
     job = cli.submit("configs/debug_cpu.yaml")
-    assert cli("cancel", job).stdout.strip() == f"cancelled job {job}"
+    assert re.fullmatch(rf"cancelled job {job} \((PENDING|RUNNING|CONFIGURING)\)", cli("cancel", job).stdout.strip())
     assert cli.wait(job, timeout=60)["state"] == "CANCELLED"
+    again = cli("cancel", job, check=False)
+    assert (again.returncode, again.stderr) == (
+        3, f"slurm-titan: job {job} has already ended (CANCELLED): nothing to cancel\n")
+    unknown = cli("cancel", "999999999", check=False)
+    assert (unknown.returncode, unknown.stderr) == (
+        3, "slurm-titan: no job 999999999: neither scontrol nor sacct knows it\n")
 
 
 @pytest.mark.parametrize(
