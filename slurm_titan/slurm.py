@@ -116,29 +116,43 @@ class JobState:
     source: str
 
 
-def _from_scontrol(job_id: str) -> JobState | None:
-    result = run(["scontrol", "show", "job", "-o", job_id], check=False)
-    if result.returncode != 0 or "JobId=" not in result.stdout:
-        return None
-    fields = parse_key_values(result.stdout.splitlines()[0])
-    return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("NodeList", ""),
-                    int(fields.get("Restarts", "0")), fields.get("ExitCode", ""), "scontrol")
+def _from_scontrol(job_ids: list[str]) -> dict[str, JobState]:
+    """One `scontrol show job -o`: of the job asked, or of every job the controller remembers when asked of several."""
+    result = run(["scontrol", "show", "job", "-o", *job_ids[:1 if len(job_ids) == 1 else 0]], check=False)
+    states = {}
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        fields = parse_key_values(line)
+        if (job_id := fields.get("JobId")) in job_ids:
+            states[job_id] = JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""),
+                                      fields.get("NodeList", ""), int(fields.get("Restarts", "0")),
+                                      fields.get("ExitCode", ""), "scontrol")
+    return states
 
 
-def _from_sacct(job_id: str) -> JobState | None:
-    if shutil.which("sacct") is None:
-        return None
-    result = run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,Reason,NodeList,ExitCode"], check=False)
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    if result.returncode != 0 or not lines:
-        return None
-    state, reason, nodelist, exit_code = (lines[-1].split("|") + ["", "", "", ""])[:4]
-    return JobState(job_id, state.split()[0], reason, nodelist, 0, exit_code, "sacct")
+def _from_sacct(job_ids: list[str]) -> dict[str, JobState]:
+    """One sacct over the jobs asked (the last record of each: a requeued job has one per run)."""
+    if not job_ids or shutil.which("sacct") is None:
+        return {}
+    result = run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobIDRaw,State,Reason,NodeList,ExitCode"],
+                 check=False)
+    states = {}
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        job_id, state, reason, nodelist, exit_code = (line.split("|") + ["", "", "", "", ""])[:5]
+        if job_id in job_ids and state.strip():
+            states[job_id] = JobState(job_id, state.split()[0], reason, nodelist, 0, exit_code, "sacct")
+    return states
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobState]:
+    """Slurm's view of jobs in two commands at most, however many (a command per job slows a busy controller):
+    scontrol while the controller remembers a job, else accounting; a job neither knows is left out."""
+    known = _from_scontrol(job_ids) if job_ids else {}
+    return known | _from_sacct([job_id for job_id in job_ids if job_id not in known])
 
 
 def job_state(job_id: str) -> JobState | None:
     """Slurm's view of a job: scontrol while the controller remembers it, else accounting; None if neither knows."""
-    return _from_scontrol(job_id) or _from_sacct(job_id)
+    return job_states([job_id]).get(job_id)
 
 
 def time_left_seconds(job_id: str) -> int | None:

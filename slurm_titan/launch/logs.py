@@ -18,6 +18,7 @@ from slurm_titan.errors import SlurmTitanError
 from slurm_titan.records import jobs, run_folder
 
 FOLLOW_POLL_S = 1.0
+FOLLOW_STATE_S = 5.0
 PROGRESS_RANK = 0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP_LINE = re.compile(r"\bstep:\s*\d+\s+loss:")
@@ -114,8 +115,11 @@ def show(job_id: str, rank: int | None = None, follow: bool = False) -> int:
     if not follow and not follower.files():
         raise SlurmTitanError(f"no logs yet for job {job_id} in {record.job_dir}"
                               + (f" for rank {rank}" if rank is not None else ""))
+    asked = -FOLLOW_STATE_S
     while True:
-        done = not follow or _finished(job_id)
+        done = not follow
+        if follow and time.monotonic() - asked >= FOLLOW_STATE_S:  # Slurm is asked every few polls, not every one
+            asked, done = time.monotonic(), _finished(job_id)
         text = follower.poll()
         if text:
             sys.stdout.write(text)

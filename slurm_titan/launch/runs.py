@@ -49,8 +49,8 @@ def last_checkpoint(job_dir: Path, attempts: list[history.Attempt]) -> int | Non
     return max(known) if known else None
 
 
-def row(record: jobs.JobRecord) -> dict[str, Any]:
-    info = status.describe(record.job_id)
+def row(record: jobs.JobRecord, info: dict[str, Any]) -> dict[str, Any]:
+    """The `runs` line of one job, from its record and :func:`status.describe`'s view of it."""
     attempts = history.read_attempts(record.folder)
     return {"job_id": record.job_id, "name": record.name, "state": info["state"],
             "step": goodput.current_step(record.folder, attempts),
@@ -59,7 +59,9 @@ def row(record: jobs.JobRecord) -> dict[str, Any]:
 
 
 def show(limit: int = 20, as_json: bool = False) -> int:
-    rows = [row(record) for record in jobs.recent(limit)]
+    records = jobs.recent(limit)
+    rows = [row(record, info) for record, info in zip(records, status.describe_all([r.job_id for r in records]),
+                                                      strict=True)]
     if as_json:
         print(json.dumps(rows, indent=1))
         return 0

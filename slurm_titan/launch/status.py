@@ -19,14 +19,15 @@ def _state_from_history(attempts: list[history.Attempt]) -> str:
     return "COMPLETED" if attempts[-1].exit_code == 0 else "FAILED"
 
 
-def describe(job_id: str) -> dict[str, Any]:
-    """Everything known of one job: Slurm's state (or the run record's when Slurm forgot it) and its attempts."""
+def describe(job_id: str, states: dict[str, slurm.JobState] | None = None) -> dict[str, Any]:
+    """Everything known of one job: Slurm's state (or the run record's when Slurm forgot it) and its attempts.
+    `states`: Slurm's answer for several jobs at once (:func:`slurm.job_states`), when the caller has it."""
     try:
         record: jobs.JobRecord | None = jobs.load(job_id)
     except SlurmTitanError:
         record = None
     attempts = history.read_attempts(record.folder) if record else []
-    state = slurm.job_state(job_id)
+    state = slurm.job_state(job_id) if states is None else states.get(job_id)
     if state is None and record is None:
         raise SlurmTitanError(f"job {job_id} is unknown to Slurm and to slurm-titan")
     return {
@@ -41,6 +42,12 @@ def describe(job_id: str) -> dict[str, Any]:
         "exit_code": state.exit_code if state else None,
         "attempts": history.as_dicts(attempts),
     } | _goodput(record, attempts)
+
+
+def describe_all(job_ids: list[str]) -> list[dict[str, Any]]:
+    """:func:`describe` of each job, Slurm asked once for all of them."""
+    states = slurm.job_states(job_ids)
+    return [describe(job_id, states) for job_id in job_ids]
 
 
 def _goodput(record: jobs.JobRecord | None, attempts: list[history.Attempt]) -> dict[str, Any]:
@@ -94,7 +101,7 @@ def _print(info: dict[str, Any]) -> None:
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:
-    infos = [describe(job_id)] if job_id else [describe(r.job_id) for r in jobs.recent()]
+    infos = [describe(job_id)] if job_id else describe_all([r.job_id for r in jobs.recent()])
     if as_json:
         print(json.dumps(infos[0] if job_id else infos, indent=1))
     else:

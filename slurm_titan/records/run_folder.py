@@ -30,6 +30,7 @@ old runs and read by tests: they never change.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 JOB_ID = "{job_id}"
@@ -109,6 +110,17 @@ def attempt_numbers(job_dir: Path) -> list[int]:
 
 def node_report(job_dir: Path, attempt: int, node: int) -> Path:
     return attempt_folder(job_dir, attempt) / f"node-{node}.json"
+
+
+def reported_nodes(job_dir: Path, attempt: int) -> set[int]:
+    """The nodes whose report (:func:`node_report`) is in the attempt's folder: one listing, however many nodes
+    (a lookup per node and per poll, on a shared file system, grows with the square of the node count)."""
+    try:
+        names = os.listdir(attempt_folder(job_dir, attempt))
+    except OSError:
+        return set()
+    return {int(name[5:-5]) for name in names if name.startswith("node-") and name.endswith(".json")
+            and name[5:-5].isdigit()}
 
 
 def stop_file(job_dir: Path, attempt: int, node: int) -> Path:

@@ -84,9 +84,11 @@ def exit_description(code: int | None) -> str:
 
 
 def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
-    """The node reports of an attempt that exist and parse, by node rank."""
+    """The node reports of an attempt that exist and parse, by node rank (one listing, then a read of each)."""
     reports = {}
-    for node in range(nodes):
+    for node in sorted(run_folder.reported_nodes(job_dir, attempt)):
+        if node >= nodes:
+            continue
         try:
             reports[node] = json.loads(run_folder.node_report(job_dir, attempt, node).read_text())
         except (OSError, ValueError):

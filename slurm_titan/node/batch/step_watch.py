@@ -18,6 +18,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from slurm_titan.records import run_folder
 
 GRACE_S = 3.0  # a probe of a node that is only slow to report costs one `srun true`; waiting costs the run
 POLL_S = 1.0
+REPROBE_MAX_S = 60.0
 FIND_SRUN_S = 120.0
 
 
@@ -51,26 +53,53 @@ def beat(job_dir: Path, attempt: int) -> None:
         path.touch()
 
 
+class _Beating:
+    """Touches the attempt's batch-shell heartbeat every `period_s` from a thread of its own, so that the beat never
+    waits on the watcher's reads of the job folder (slow on a busy shared file system)."""
+
+    def __init__(self, job_dir: Path, attempt: int, period_s: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(job_dir, attempt, period_s), daemon=True,
+                                        name="batch-shell-beat")
+
+    def _run(self, job_dir: Path, attempt: int, period_s: float) -> None:
+        while not self._stop.is_set():
+            beat(job_dir, attempt)
+            self._stop.wait(period_s)
+
+    def __enter__(self) -> _Beating:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
           poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures) -> list[str]:
-    """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes."""
+    """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes.
+
+    Silent nodes that answered a probe are probed again only after twice the wait (up to REPROBE_MAX_S): one
+    probe round per failure, not one every `grace_s` while the reports trickle in."""
     waiting_since: float | None = None
-    while alive(srun_pid):
-        beat(job_dir, attempt)
-        reports = attribution.read_reports(job_dir, attempt, len(hosts))
-        silent = attribution.silent_nodes(reports, hosts)
-        if not reports or not silent:
-            waiting_since = None
-        elif waiting_since is None:
-            waiting_since = time.monotonic()
-        elif time.monotonic() - waiting_since >= grace_s:
-            if lost := sorted(probe(silent)):
-                print(f"slurm-titan: {','.join(lost)} of attempt {attempt} does not answer: ending its srun step "
-                      "instead of waiting for Slurm to mark the node down", file=sys.stderr, flush=True)
-                os.kill(srun_pid, signal.SIGKILL)
-                return lost
-            waiting_since = time.monotonic()
-        time.sleep(poll_s)
+    wait_s = grace_s
+    with _Beating(job_dir, attempt, poll_s):
+        while alive(srun_pid):
+            reports = attribution.read_reports(job_dir, attempt, len(hosts))
+            silent = attribution.silent_nodes(reports, hosts)
+            if not reports or not silent:
+                waiting_since, wait_s = None, grace_s
+            elif waiting_since is None:
+                waiting_since = time.monotonic()
+            elif time.monotonic() - waiting_since >= wait_s:
+                if lost := sorted(probe(silent)):
+                    print(f"slurm-titan: {','.join(lost)} of attempt {attempt} does not answer: ending its srun step "
+                          "instead of waiting for Slurm to mark the node down", file=sys.stderr, flush=True)
+                    os.kill(srun_pid, signal.SIGKILL)
+                    return lost
+                waiting_since, wait_s = time.monotonic(), min(2 * wait_s, REPROBE_MAX_S)
+            time.sleep(poll_s)
     return []
 
 

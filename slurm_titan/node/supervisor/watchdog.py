@@ -68,7 +68,7 @@ class Watchdog:
     def __init__(self, limits: Budgets, ranks: list[int], job_dir: Path, attempt: int, learns: bool,
                  say: Callable[[str], None], nodes: int = 1) -> None:
         self.limits, self.job_dir, self.attempt, self.say, self.learns = limits, job_dir, attempt, say, learns
-        self.reports = [run_folder.node_report(job_dir, attempt, node) for node in range(nodes)]
+        self.nodes = nodes
         self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
         self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
         self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
@@ -160,7 +160,7 @@ class Watchdog:
         SIGCONT and SIGTERM the other nodes' tasks, which wakes a stopped rank before its own node's
         watchdog could see it stopped (the strongest sign of the stuck rank)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not all(path.is_file() for path in self.reports):
+        while time.monotonic() < deadline and len(run_folder.reported_nodes(self.job_dir, self.attempt)) < self.nodes:
             time.sleep(poll_s)
 
     def close(self) -> None:

@@ -234,8 +234,13 @@ def test_the_step_of_a_lost_node_is_ended_not_waited_for(tmp_path: Path) -> None
 def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
     srun = subprocess.Popen(["sleep", "1.5"])
     node_report(tmp_path, 0, 0, "n1", 0, None)  # n2 still uploading its last checkpoint
-    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=lambda h: set()) == []
+    probed: list[list[str]] = []
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05,
+                            probe=lambda hosts: probed.append(hosts) or set()) == []
     assert srun.wait(timeout=10) == 0
+    # probed again only after twice the wait each time (0.2, 0.4, 0.8 s): at most 3 rounds in 1.5 s, not 7
+    assert 1 <= len(probed) <= 3 and all(hosts == ["n2"] for hosts in probed)
+    assert run_folder.batch_shell_beat(tmp_path, 0).is_file()  # beaten all along, from its own thread
 
 
 def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
