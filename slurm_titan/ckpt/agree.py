@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 
 from slurm_titan.errors import StorageError
+from slurm_titan.records import run_folder
 
 DEFAULT_TIMEOUT_S = 900.0
 POLL_S = 0.2
+MAX_POLL_S = 2.0
 STAGES = ("plan", "step")
 """The rounds of a candidate, in their order: ``plan`` (resharding restores only), then ``step``, the verdict."""
 
@@ -61,13 +63,13 @@ class NodeAgreement:
         d = self._say(step, {"ok": not why, "why": why}, stage)
         deadline = time.monotonic() + self.timeout_s
         verdicts: dict[int, dict] = {}
+        poll_s = self.poll_s
         while True:
-            for k in range(self.nodes):
-                if k not in verdicts:
-                    try:
-                        verdicts[k] = json.loads((d / f"node-{k}.json").read_text(encoding="utf-8"))
-                    except (FileNotFoundError, ValueError):
-                        pass
+            for k in run_folder.node_files(d) - verdicts.keys():  # one listing a poll, then only the new verdicts
+                try:
+                    verdicts[k] = json.loads((d / f"node-{k}.json").read_text(encoding="utf-8"))
+                except (FileNotFoundError, ValueError):
+                    pass
             fatal = sorted(k for k, v in verdicts.items() if v.get("fatal"))
             if fatal:
                 raise StorageError(f"node {fatal[0]} could not restore checkpoint step {step}: "
@@ -82,4 +84,6 @@ class NodeAgreement:
                 raise StorageError(f"{d}: node(s) {missing} gave no verdict on checkpoint step {step} within "
                                    f"{self.timeout_s:.0f} s (died or cut off): no rank loads it; the restore "
                                    f"ends on every node")
-            time.sleep(self.poll_s)
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, MAX_POLL_S)  # a long wait (a slow node's restore) polls less and less
+

@@ -112,15 +112,20 @@ def node_report(job_dir: Path, attempt: int, node: int) -> Path:
     return attempt_folder(job_dir, attempt) / f"node-{node}.json"
 
 
-def reported_nodes(job_dir: Path, attempt: int) -> set[int]:
-    """The nodes whose report (:func:`node_report`) is in the attempt's folder: one listing, however many nodes
-    (a lookup per node and per poll, on a shared file system, grows with the square of the node count)."""
+def node_files(folder: Path) -> set[int]:
+    """The N of the `node-N.json` files in `folder` (node reports, restore verdicts): one listing, however many
+    nodes (a lookup per node and per poll, on a shared file system, grows with the square of the node count)."""
     try:
-        names = os.listdir(attempt_folder(job_dir, attempt))
+        names = os.listdir(folder)
     except OSError:
         return set()
     return {int(name[5:-5]) for name in names if name.startswith("node-") and name.endswith(".json")
             and name[5:-5].isdigit()}
+
+
+def reported_nodes(job_dir: Path, attempt: int) -> set[int]:
+    """The nodes whose report (:func:`node_report`) is in the attempt's folder."""
+    return node_files(attempt_folder(job_dir, attempt))
 
 
 def stop_file(job_dir: Path, attempt: int, node: int) -> Path:
