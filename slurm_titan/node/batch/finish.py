@@ -33,7 +33,8 @@ from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node.batch import allocation, attribution, notify, step_watch
-from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RunSoFar, decide
+from slurm_titan.node.batch_spec import RetryPolicy
 from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import history, ledger, run_folder
@@ -139,8 +140,9 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     preflight = attribution.preflight_failure(read_verdict(job_dir, attempt.number), attempt.hosts,
                                               attempt.number) if code == ExitCode.PREFLIGHT else None
-    outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
-                                                        args.max_failures_without_progress), preflight is not None)
+    policy = RetryPolicy(max_requeues=args.max_requeues, max_failures=args.max_failures,
+                         max_failures_without_progress=args.max_failures_without_progress)
+    outcome = decide(code, near_limit, run, policy, preflight is not None)
     failure: attribution.NodeFailure | None = preflight
     excluded: list[str] = []
     if code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):

@@ -8,7 +8,8 @@ import pytest
 
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch.finish import attempt_exit_code
-from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RunSoFar, decide
+from slurm_titan.node.batch_spec import RetryPolicy
 from slurm_titan.node.supervisor.supervisor import node_exit_code
 from slurm_titan.records import history, run_folder
 
@@ -55,7 +56,8 @@ def test_crash_is_retried_by_default_and_a_loop_is_named() -> None:
     from slurm_titan.launch.config import PreemptionSpec
 
     spec = PreemptionSpec()
-    policy = RetryPolicy(spec.max_requeues, spec.max_failures, spec.max_failures_without_progress)
+    policy = RetryPolicy(max_requeues=spec.max_requeues, max_failures=spec.max_failures,
+                         max_failures_without_progress=spec.max_failures_without_progress)
     assert decide(1, False, _run(), policy).action == RESTART
     loop = decide(1, False, _run(failures=2, stalled=2, progressed=False), policy)
     assert loop.reason == "restart loop" and "3 failed attempts in a row without progress" in loop.note
