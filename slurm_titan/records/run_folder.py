@@ -6,6 +6,8 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
       <job id>_submitted.pkl                 submitit: the pickled node supervisor
       <job id>_<task>_log.out                submitit: one node log per node (task)
       <job id>_<task>_result.pkl             submitit: each node supervisor's return
+      batch-spec.json                        node.batch_spec: what the batch shell's processes read (the sbatch
+                                             script writes it first)
       history.jsonl                          records.history: the run's start/end/step events, node 0 appends
       watchdog.json                          node.budgets: the slowest step learned, for the next attempt
       excluded-nodes.json                    node.batch.allocation: nodes this run left out, with why
@@ -61,6 +63,10 @@ def node_logs(job_dir: Path, job_id: str) -> list[Path]:
 
 
 # ---- the run's own records ------------------------------------------------------------------------------
+def batch_spec_file(job_dir: Path) -> Path:
+    return job_dir / "batch-spec.json"
+
+
 def history_file(job_dir: Path) -> Path:
     return job_dir / "history.jsonl"
 
