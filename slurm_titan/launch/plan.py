@@ -43,7 +43,7 @@ _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobPlan:
     """A job ready to submit: submitit's folder and parameters, and the node spec."""
 
@@ -347,5 +347,6 @@ def plan_job(config: JobConfig) -> JobPlan:
         watchdog=_watchdog_budgets(config),
     )
     folder = str(run_folder.job_folder(Path(config.runs_dir).absolute(), config.name, SLURM_JOB_ID))
-    return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node,
-                   node_prefix)
+    return JobPlan(config=config, folder=folder, python=python,
+                   parameters=_sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node=node,
+                   node_prefix=node_prefix)
