@@ -201,13 +201,9 @@ def default_overrides(config: JobConfig) -> list[str]:
             + ([METRICS_OVERRIDE] if metrics else []))
 
 
-def _fill(template: str, config: JobConfig) -> str:
-    return template.replace("{name}", config.name).replace(SLURM_JOB_ID, JOB_ID)
-
-
 def _checkpoint_local(config: JobConfig) -> str:
     local = config.checkpoint.local
-    return _fill(local, config) if local else str(run_folder.default_checkpoint_folder(Path(JOB_DIR)))
+    return run_folder.planned(local, config.name) if local else str(run_folder.default_checkpoint_folder(Path(JOB_DIR)))
 
 
 def config_digest(config: JobConfig) -> str:
@@ -220,7 +216,8 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
     ckpt = config.checkpoint
     if not ckpt.enable:
         return None
-    return CheckpointPlan(local=_checkpoint_local(config), remote=_fill(ckpt.remote, config) if ckpt.remote else None,
+    return CheckpointPlan(local=_checkpoint_local(config),
+                          remote=run_folder.planned(ckpt.remote, config.name) if ckpt.remote else None,
                           endpoint_url=ckpt.endpoint_url, keep_local=ckpt.keep_local, keep_remote=ckpt.keep_remote,
                           keep_every=ckpt.keep_every, config_digest=config_digest(config),
                           upload_cpus=ckpt.upload_cpus, reshards_data=bool(_data_overrides(ckpt)))

@@ -34,6 +34,10 @@ class CheckpointPlan:
         """The job's remote location, None without one."""
         return run_folder.fill(self.remote, job_id) if self.remote else None
 
+    def remote_root(self) -> str | None:
+        """What the remote locations of every job of the run share (the part before `{job_id}`), None without one."""
+        return run_folder.before_job_id(self.remote).rstrip("/") if self.remote else None
+
     def rank_env(self, job_id: str) -> dict[str, str]:
         """What the checkpoint hook in every rank reads (no credentials: those come from the environment)."""
         remote = self.remote_for(job_id)

@@ -51,11 +51,13 @@ def test_the_checkpoint_settings_round_trip() -> None:
 
 
 def test_the_plan_fills_in_the_remote_for_the_job() -> None:
-    plan = CheckpointPlan(local="/local", remote="s3://b/run/{job_id}", endpoint_url=None, keep_local=2, keep_remote=0,
-                          keep_every=0, config_digest="abc")
-    assert plan.remote_for("77") == "s3://b/run/77" == plan.rank_env("77")[envvars.CKPT_REMOTE]
-    assert CheckpointPlan(local="/local", remote=None, endpoint_url=None, keep_local=2, keep_remote=0, keep_every=0,
-                          config_digest="abc").remote_for("77") is None
+    plan = CheckpointPlan(local="/local", remote="s3://b/run/{job_id}/ckpt", endpoint_url=None, keep_local=2,
+                          keep_remote=0, keep_every=0, config_digest="abc")
+    assert plan.remote_for("77") == "s3://b/run/77/ckpt" == plan.rank_env("77")[envvars.CKPT_REMOTE]
+    assert plan.remote_root() == "s3://b/run"
+    no_remote = CheckpointPlan(local="/local", remote=None, endpoint_url=None, keep_local=2, keep_remote=0,
+                               keep_every=0, config_digest="abc")
+    assert no_remote.remote_for("77") is None and no_remote.remote_root() is None and no_remote.rank_env("77") == {}
 
 
 def test_the_attempt_id_carries_its_number(tmp_path: Path) -> None:
