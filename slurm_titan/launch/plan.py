@@ -202,8 +202,7 @@ def default_overrides(config: JobConfig) -> list[str]:
 
 
 def _checkpoint_local(config: JobConfig) -> str:
-    local = config.checkpoint.local
-    return run_folder.planned(local, config.name) if local else str(run_folder.default_checkpoint_folder(Path(JOB_DIR)))
+    return config.checkpoint.planned_local(config.name)
 
 
 def config_digest(config: JobConfig) -> str:
@@ -216,11 +215,8 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
     ckpt = config.checkpoint
     if not ckpt.enable:
         return None
-    return CheckpointPlan(local=_checkpoint_local(config),
-                          remote=run_folder.planned(ckpt.remote, config.name) if ckpt.remote else None,
-                          endpoint_url=ckpt.endpoint_url, keep_local=ckpt.keep_local, keep_remote=ckpt.keep_remote,
-                          keep_every=ckpt.keep_every, config_digest=config_digest(config),
-                          upload_cpus=ckpt.upload_cpus, reshards_data=bool(_data_overrides(ckpt)))
+    return CheckpointPlan.from_spec(ckpt, name=config.name, config_digest=config_digest(config),
+                                    reshards_data=bool(_data_overrides(ckpt)))
 
 
 def _watchdog_budgets(config: JobConfig) -> Budgets | None:

@@ -61,7 +61,7 @@ def test_an_unreachable_store_fails_at_start_in_one_line(monkeypatch, tmp_path):
 
 def test_the_child_runs_below_training_on_its_own_cpus_and_ignores_stop_signals(tmp_path):
     cpu = max(os.sched_getaffinity(0))
-    up = _uploaders(str(tmp_path / "remote"), tmp_path / "local", world_size=1, nice=6, cpus=(cpu,))[0]
+    up = _uploaders(str(tmp_path / "remote"), tmp_path / "local", world_size=1, nice=6, upload_cpus=frozenset({cpu}))[0]
     assert os.sched_getaffinity(up.pid) == {cpu}
     assert os.getpriority(os.PRIO_PROCESS, up.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 6)
     for signum in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
