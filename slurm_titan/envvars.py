@@ -64,6 +64,8 @@ RESTORE_FD = "SLURM_TITAN_RESTORE_FD"
 # ---- rank.checkpointer reads them (RankCheckpointEnv); each is the `checkpoint:` setting its name ends in
 CKPT_REMOTE = "SLURM_TITAN_CKPT_REMOTE"
 """The remote location (URL or path) of this job's checkpoints; unset: no upload at all."""
+CKPT_ENDPOINT_URL = "SLURM_TITAN_CKPT_ENDPOINT_URL"
+"""The S3 endpoint of CKPT_REMOTE (checkpoint.endpoint_url; unset: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
 CONFIG_DIGEST = "SLURM_TITAN_CONFIG_DIGEST"
 """The digest of the torchtitan section (launch.plan.config_digest), recorded in every commit record."""
 CKPT_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
@@ -131,6 +133,7 @@ class RankCheckpointEnv:
     makes them; their names are the `checkpoint:` settings')."""
 
     remote: str
+    endpoint_url: str | None = None  # None: the AWS_ENDPOINT_URL(_S3) of the environment
     retention: Retention = KEEP_ALL
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
     config_digest: str = ""
@@ -139,6 +142,8 @@ class RankCheckpointEnv:
         retention = self.retention
         env = {CKPT_REMOTE: self.remote, CONFIG_DIGEST: self.config_digest, CKPT_KEEP_LOCAL: str(retention.keep_local),
                CKPT_KEEP_REMOTE: str(retention.keep_remote), CKPT_KEEP_EVERY: str(retention.keep_every)}
+        if self.endpoint_url:
+            env[CKPT_ENDPOINT_URL] = self.endpoint_url
         if self.upload_cpus:
             env[CKPT_UPLOAD_CPUS] = format_cpu_list(self.upload_cpus)
         return env
@@ -159,8 +164,8 @@ class RankCheckpointEnv:
         retention = Retention(keep_local=default_keep_local if keep_local is None else keep_local,
                               keep_remote=_count(env, CKPT_KEEP_REMOTE) or 0,
                               keep_every=_count(env, CKPT_KEEP_EVERY) or 0)
-        return cls(remote=remote, retention=retention, upload_cpus=upload_cpus,
-                   config_digest=env.get(CONFIG_DIGEST, ""))
+        return cls(remote=remote, endpoint_url=env.get(CKPT_ENDPOINT_URL, "").strip() or None, retention=retention,
+                   upload_cpus=upload_cpus, config_digest=env.get(CONFIG_DIGEST, ""))
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:

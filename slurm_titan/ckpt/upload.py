@@ -118,6 +118,7 @@ class CheckpointSync:
         retention: ``keep_local``: keep this many newest step folders on local disk (0: keep all); a
             step's local files are deleted only after this rank uploaded them. ``keep_remote``,
             ``keep_every``: remote retention applied by rank 0 after each commit (0: keep all).
+        endpoint_url: the S3 endpoint (``checkpoint.endpoint_url``; None: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
         nice: how much lower than training's the CPU priority of the upload and commit threads
             (and the transfer threads they start) is: training keeps the cores it needs and the
             upload takes what is left (0: same priority).
@@ -163,7 +164,7 @@ class CheckpointSync:
         """The uploader `settings` describe (what a rank's uploader process runs)."""
         return cls(settings.remote, settings.local_folder, rank=settings.rank, world_size=settings.world_size,
                    config_digest=settings.config_digest, attempt=settings.attempt, retention=settings.retention,
-                   nice=settings.nice, upload_cpus=settings.upload_cpus)
+                   endpoint_url=settings.endpoint_url, nice=settings.nice, upload_cpus=settings.upload_cpus)
 
     # ------------------------------------------------------------------------------ API
     def submit(self, step: int, reads: list[Range] | None = None,

@@ -53,6 +53,7 @@ class UploadSettings:
     the job's settings keep the names of the `checkpoint:` section)."""
 
     remote: str
+    endpoint_url: str | None = None
     local_folder: str
     rank: int = 0
     world_size: int = 1
@@ -67,7 +68,7 @@ class UploadSettings:
                       world_size: int) -> UploadSettings:
         """The settings of the uploader of `rank` (of `world_size`), whose checkpoints torchtitan saves in
         `local_folder`: the job's `checkpoint` settings as the supervisor passed them to the rank."""
-        return cls(remote=checkpoint.remote, local_folder=local_folder,
+        return cls(remote=checkpoint.remote, endpoint_url=checkpoint.endpoint_url, local_folder=local_folder,
                    rank=rank, world_size=world_size, config_digest=checkpoint.config_digest,
                    retention=checkpoint.retention, upload_cpus=checkpoint.upload_cpus)
 

@@ -105,9 +105,8 @@ class CheckpointPlan:
         remote = self.remote_for(job_id)
         if not remote:
             return {}
-        env = RankCheckpointEnv(remote=remote, retention=self.retention, upload_cpus=self.upload_cpus,
-                                config_digest=self.config_digest).to_env()
-        return env | ({"AWS_ENDPOINT_URL": self.endpoint_url} if self.endpoint_url else {})
+        return RankCheckpointEnv(remote=remote, endpoint_url=self.endpoint_url, retention=self.retention,
+                                 upload_cpus=self.upload_cpus, config_digest=self.config_digest).to_env()
 
 
 @dataclass(frozen=True, kw_only=True)

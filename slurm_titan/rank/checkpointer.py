@@ -18,7 +18,8 @@ Settings come from the environment: what the node supervisor sets
 (:class:`slurm_titan.envvars.RankCheckpointEnv`; without a remote location nothing is uploaded;
 local files go only once uploaded),
 ``envvars.CKPT_CLOSE_TIMEOUT`` (seconds ``close()`` waits for pending uploads; default: until done),
-and the S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
+and the S3 credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ... (the endpoint: ``checkpoint.endpoint_url``,
+else AWS_ENDPOINT_URL).
 """
 
 from __future__ import annotations

@@ -38,8 +38,9 @@ def test_the_templates_name_only_known_variables() -> None:
 
 
 def test_the_checkpoint_settings_round_trip() -> None:
-    settings = envvars.RankCheckpointEnv(remote="s3://b/run/7", config_digest="abc",
-                                         retention=Retention(keep_local=3, keep_remote=2, keep_every=10),
+    settings = envvars.RankCheckpointEnv(remote="s3://b/run/7", endpoint_url="http://s3.local:8333",
+                                         config_digest="abc", retention=Retention(keep_local=3, keep_remote=2,
+                                                                                  keep_every=10),
                                          upload_cpus=frozenset({1, 3}))
     env = settings.to_env()
     assert env[envvars.CKPT_UPLOAD_CPUS] == "1,3"
