@@ -44,7 +44,7 @@ _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobPlan:
     """A job ready to submit: submitit's folder and parameters (the sbatch script's set-up writes `batch` into the
     job folder), and the node spec."""
@@ -204,13 +204,8 @@ def default_overrides(config: JobConfig) -> list[str]:
             + ([METRICS_OVERRIDE] if metrics else []))
 
 
-def _fill(template: str, config: JobConfig) -> str:
-    return template.replace("{name}", config.name).replace(SLURM_JOB_ID, JOB_ID)
-
-
 def _checkpoint_local(config: JobConfig) -> str:
-    local = config.checkpoint.local
-    return _fill(local, config) if local else str(run_folder.default_checkpoint_folder(Path(JOB_DIR)))
+    return config.checkpoint.planned_local(config.name)
 
 
 def config_digest(config: JobConfig) -> str:
@@ -223,10 +218,8 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
     ckpt = config.checkpoint
     if not ckpt.enable:
         return None
-    return CheckpointPlan(local=_checkpoint_local(config), remote=_fill(ckpt.remote, config) if ckpt.remote else None,
-                          endpoint_url=ckpt.endpoint_url, keep_local=ckpt.keep_local, keep_remote=ckpt.keep_remote,
-                          keep_every=ckpt.keep_every, config_digest=config_digest(config),
-                          upload_cpus=ckpt.upload_cpus, reshards_data=bool(_data_overrides(ckpt)))
+    return CheckpointPlan.from_spec(ckpt, name=config.name, config_digest=config_digest(config),
+                                    reshards_data=bool(_data_overrides(ckpt)))
 
 
 def _watchdog_budgets(config: JobConfig) -> Budgets | None:
@@ -358,4 +351,6 @@ def plan_job(config: JobConfig) -> JobPlan:
         watchdog=_watchdog_budgets(config),
     )
     folder = str(run_folder.job_folder(Path(config.runs_dir).absolute(), config.name, SLURM_JOB_ID))
-    return JobPlan(config, folder, python, _sbatch_parameters(config, setup, teardown), node, batch, node_prefix)
+    return JobPlan(config=config, folder=folder, python=python,
+                   parameters=_sbatch_parameters(config, setup, teardown), node=node, batch=batch,
+                   node_prefix=node_prefix)
