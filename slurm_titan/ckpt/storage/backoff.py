@@ -139,6 +139,7 @@ class RetryPolicy:
         began = clock.now()
         others = 0
         attempt = -1
+        last = False  # the try at the deadline
         while True:
             attempt += 1
             try:
@@ -151,12 +152,14 @@ class RetryPolicy:
                 used = clock.now() - began
                 if self.tries is not None and others >= self.tries:
                     raise
-                if used >= self.total:
+                if last or used >= self.total:
                     if throttled and isinstance(e, TransientStoreError):
                         raise e.reworded(f"{e} (still refused after {used:.0f} s and {attempt + 1} tries; "
                                          f"{envvars.STORE_RETRY_S}={self.total:g})") from None
                     raise
-                delay = min(self.delay(attempt + 1, e, rng), self.total - used)
+                delay = self.delay(attempt + 1, e, rng)
+                if delay >= self.total - used:
+                    delay, last = self.total - used, True
                 if on_wait is not None:
                     on_wait(Wait(error=e, tries=attempt + 1, delay=delay, used=used, total=self.total))
                 if clock.sleep(delay):
