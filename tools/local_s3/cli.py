@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
         print_env(s)
         return 0
     if cmd == "throttle":
-        if s.running_pid() is None:
+        if s.running_pid() is None and not {"-h", "--help"} & set(argv):
             print("local-s3: not running (tools/local-s3 up first)", file=sys.stderr)
             return 1
         port = os.environ.get("SLURM_TITAN_S3_PROXY_PORT", "8340")
