@@ -89,6 +89,9 @@ CKPT_FAST_S3 = "SLURM_TITAN_CKPT_FAST_S3"
 """0 uses the generic fsspec (s3fs) S3 path instead of ckpt.storage.s3_http's own HTTP client."""
 CKPT_S3_CHECKSUMS = "SLURM_TITAN_CKPT_S3_CHECKSUMS"
 """1 lets botocore compute and send its own request checksums (off by default: ckpt.storage.s3)."""
+DATA_CACHE = "SLURM_TITAN_DATA_CACHE"
+"""The node-local folder that token shards read from object storage are cached in (default
+/var/tmp/slurm-titan-data); rank.token_store."""
 
 
 def attempt_id(job_id: str, attempt: int) -> str:
