@@ -66,20 +66,48 @@ class TokenShards:
         reader = self.source.tokens(info, index)
         return _Opened(info, index, reader, index.document_offsets(), lengths, self.source.where(info.bin))
 
+    def _shard_of(self, numbers: np.ndarray) -> np.ndarray:
+        if len(numbers) and not (int(numbers.min()) >= 0 and int(numbers.max()) < self.documents):
+            raise IndexError(f"documents {int(numbers.min())}..{int(numbers.max())} of {self.documents}")
+        return np.searchsorted(self._starts, numbers, side="right") - 1
+
+    def lengths(self, numbers: np.ndarray) -> np.ndarray:
+        """Tokens of each of documents ``numbers`` (counted through all shards)."""
+        shard_of = self._shard_of(numbers)
+        out = np.empty(len(numbers), dtype=np.int64)
+        for shard in np.unique(shard_of).tolist():
+            mine = shard_of == shard
+            out[mine] = self._shards[shard].lengths[numbers[mine] - self._starts[shard]]
+        return out
+
+    def read(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids of documents ``numbers`` back to back, and each one's length; a run of consecutive
+        documents of one shard is read as one range."""
+        shard_of = self._shard_of(numbers)
+        breaks = np.flatnonzero((np.diff(numbers) != 1) | (np.diff(shard_of) != 0)) + 1
+        parts, lengths = [], []
+        for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(numbers)]):
+            shard = self._shards[int(shard_of[lo])]
+            first = int(numbers[lo] - self._starts[shard_of[lo]])
+            last = first + hi - lo
+            count = int(shard.offsets[last] - shard.offsets[first]) // shard.index.dtype.itemsize
+            tokens = shard.reader.read(int(shard.offsets[first]), count)
+            if len(tokens) != count:
+                raise ShardError(f"{shard.where}: documents {first}..{last - 1} end past the end of the file: "
+                                 "truncated")
+            if count and int(tokens.max()) >= self.vocab_size:
+                bad = first + int(np.searchsorted(np.cumsum(shard.lengths[first:last]), np.argmax(tokens), "right"))
+                raise ShardError(f"{shard.where}: document {bad} holds token id {int(tokens.max())}, outside the "
+                                 f"vocabulary of {self.vocab_size}")
+            parts.append(tokens)
+            lengths.append(shard.lengths[first:last])
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(parts), np.concatenate(lengths)
+
     def document(self, number: int) -> np.ndarray:
         """The token ids of document ``number`` (counted through all shards)."""
-        shard_number = int(np.searchsorted(self._starts, number, side="right")) - 1
-        if not 0 <= number < self.documents:
-            raise IndexError(f"document {number} of {self.documents}")
-        shard = self._shards[shard_number]
-        local = number - int(self._starts[shard_number])
-        tokens = shard.reader.read(int(shard.offsets[local]), int(shard.lengths[local]))
-        if len(tokens) != shard.lengths[local]:
-            raise ShardError(f"{shard.where}: document {local} ends past the end of the file: truncated")
-        if len(tokens) and int(tokens.max()) >= self.vocab_size:
-            raise ShardError(f"{shard.where}: document {local} holds token id {int(tokens.max())}, outside the "
-                             f"vocabulary of {self.vocab_size}")
-        return tokens
+        return self.read(np.array([number]))[0]
 
 
 def plan_documents(piece: Piece, seed: int) -> np.ndarray:

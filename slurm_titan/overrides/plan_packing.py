@@ -3,20 +3,25 @@ plan with an exact cursor: the base of the resharding loader's text dataset and 
 
 Per document, as torchtitan's ``HuggingFaceTextDataset``: inputs and labels shifted by one inside it (a
 document boundary is never crossed by a label), positions counted from 0 where its run in a sequence starts
-(the per-document mask of the NPU attention and the reference attention). In addition the dataset knows how
-many tokens of each buffered document are still in the buffer, which makes the cursor exact: its state is
-(plan, oldest document with tokens in the buffer, their token offset, epoch), see :mod:`slurm_titan.data.cursor`.
-A subclass says how many documents there are (:attr:`rows`) and reads a piece's documents (:meth:`_read`).
+(the per-document mask of the NPU attention and the reference attention). The documents' inputs and labels
+are kept as flat arrays (:class:`_Buffer`) and each sequence is a ``seq_len`` window of them, its positions
+computed at once: no per-sequence work per document. The buffer knows which plan position and token offset
+each of its tokens comes from, which makes the cursor exact: the state is (plan, the oldest document with
+tokens not yet yielded, how many of its tokens were, epoch), see :mod:`slurm_titan.data.cursor`.
+
+A subclass says how many documents there are (:attr:`rows`) and reads a piece's documents (:meth:`_read`),
+in blocks of consecutive documents, as many at a time as it reads cheaply, and :attr:`read_ahead` says how
+many input tokens to read before packing (``seq_len``: read as late as torchtitan reads).
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
@@ -28,6 +33,83 @@ log = logging.getLogger("slurm_titan.overrides.plan_packing")
 Sequence = tuple[dict[str, torch.Tensor], torch.Tensor]
 """One packed sequence: ``({"input", "positions"}, labels)``."""
 
+Block = tuple[np.ndarray, np.ndarray]
+"""Consecutive documents of a plan: their token ids (BOS .. EOS each) back to back, and each one's length."""
+
+
+class _Buffer:
+    """Inputs and labels of the documents read and not yet yielded, flat, with where each document's run is."""
+
+    def __init__(self) -> None:
+        empty = np.zeros(0, dtype=np.int64)
+        self.inputs, self.labels, self.starts = empty, empty, np.zeros(0, dtype=bool)
+        self.doc_position, self.doc_start, self.doc_end, self.doc_offset = empty, empty, empty, empty
+        self.next = 0  # index of the first input token not yet yielded
+
+    @property
+    def available(self) -> int:
+        return len(self.inputs) - self.next
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray, first_position: int, first_offset: int) -> None:
+        """A block of documents at plan positions ``first_position``..., the first going on at token
+        ``first_offset`` (the others from their start): each contributes ``tokens[offset:-1]`` as inputs and
+        ``tokens[offset + 1:]`` as labels."""
+        self._compact()
+        ends = np.cumsum(lengths, dtype=np.int64)
+        begins = ends - lengths
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        offsets[:1] = first_offset
+        counts = np.maximum(lengths - 1 - offsets, 0)
+        owner = np.repeat(np.arange(len(lengths)), lengths)
+        inside = np.arange(len(tokens)) - begins[owner]
+        keep_input = (inside >= offsets[owner]) & (inside < lengths[owner] - 1)
+        keep_label = (inside > offsets[owner]) & (inside < lengths[owner])
+        starts = np.zeros(int(counts.sum()), dtype=bool)
+        run_begins = np.cumsum(counts) - counts
+        starts[run_begins[counts > 0]] = True
+        base = len(self.inputs)
+        self.inputs = np.concatenate((self.inputs, tokens[keep_input].astype(np.int64, copy=False)))
+        self.labels = np.concatenate((self.labels, tokens[keep_label].astype(np.int64, copy=False)))
+        self.starts = np.concatenate((self.starts, starts))
+        self.doc_position = np.concatenate((self.doc_position, first_position + np.arange(len(lengths))))
+        self.doc_start = np.concatenate((self.doc_start, base + run_begins))
+        self.doc_end = np.concatenate((self.doc_end, base + run_begins + counts))
+        self.doc_offset = np.concatenate((self.doc_offset, offsets))
+
+    def _compact(self) -> None:
+        """Drop what was yielded (the arrays of yielded sequences are views of the old ones, left untouched)."""
+        if not self.next:
+            return
+        done = int(np.searchsorted(self.doc_end, self.next, side="right"))
+        cut = self.next
+        self.inputs, self.labels, self.starts = self.inputs[cut:], self.labels[cut:], self.starts[cut:]
+        self.doc_position, self.doc_offset = self.doc_position[done:], self.doc_offset[done:]
+        self.doc_start, self.doc_end = self.doc_start[done:] - cut, self.doc_end[done:] - cut
+        self.next = 0
+
+    def take(self, seq_len: int, arange: np.ndarray) -> Sequence:
+        """The next ``seq_len`` inputs and labels; positions counted from 0 where each document's run in the
+        sequence starts (a document that starts there, or the rest of one cut by the previous sequence:
+        torchtitan's per-sequence normalisation). The rest of a document cut by the checkpoint starts at 0 too,
+        wherever a reshard puts it (counted from its token offset, a long document's positions would pass
+        seq_len, the RoPE cache's end)."""
+        lo, hi = self.next, self.next + seq_len
+        starts = self.starts[lo:hi].copy()
+        starts[0] = True
+        positions = arange - np.maximum.accumulate(np.where(starts, arange, 0))
+        self.next = hi
+        return ({"input": torch.from_numpy(self.inputs[lo:hi]), "positions": torch.from_numpy(positions)},
+                torch.from_numpy(self.labels[lo:hi]))
+
+    def cursor(self, read: int) -> tuple[int, int | None]:
+        """(plan position, token offset) of the first token not yet yielded; (``read``, None) when every token
+        read was yielded (``read``: the plan position of the next document to read)."""
+        index = int(np.searchsorted(self.doc_end, self.next, side="right"))
+        if index == len(self.doc_end):
+            return read, None
+        return (int(self.doc_position[index]),
+                int(self.doc_offset[index] + max(self.next - int(self.doc_start[index]), 0)))
+
 
 class PlanPackedDataset(IterableDataset, Stateful, abc.ABC):
     """Documents of a plan packed into ``seq_len`` sequences (see the module docstring)."""
@@ -35,8 +117,13 @@ class PlanPackedDataset(IterableDataset, Stateful, abc.ABC):
     def __init__(self, name: str, seq_len: int, dp_rank: int, dp_world_size: int, infinite: bool) -> None:
         self.dataset_name, self.seq_len, self.infinite = name, seq_len, infinite
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
-        self._arange = torch.arange(seq_len)  # the positions of each document's run in a sequence: a slice of it
+        self._arange = np.arange(seq_len)
         self.resume(fresh_plan(self.rows, dp_world_size, dp_rank, 0), 0)
+
+    @property
+    def read_ahead(self) -> int:
+        """Input tokens to have read before packing a sequence (at least ``seq_len``)."""
+        return self.seq_len
 
     @property
     @abc.abstractmethod
@@ -44,60 +131,41 @@ class PlanPackedDataset(IterableDataset, Stateful, abc.ABC):
         """Documents in the dataset (the plan's rows)."""
 
     @abc.abstractmethod
-    def _read(self, piece: Piece, start: int) -> Iterator[torch.Tensor]:
-        """The token ids (BOS .. EOS, int64) of the piece's documents from its position ``start`` to its end."""
+    def _read(self, piece: Piece, start: int) -> Iterator[Block]:
+        """The piece's documents from its position ``start`` to its end, in blocks."""
 
     def resume(self, plan: list[Piece], epoch: int) -> None:
-        """Read ``plan`` from its start with empty buffers (a fresh start or a restored cursor)."""
+        """Read ``plan`` from its start with an empty buffer (a fresh start or a restored cursor)."""
         self._plan, self._epoch, self._position = list(plan), epoch, 0
-        self._buffer: deque[tuple[torch.Tensor, int]] = deque()  # buffered documents' (tokens, first not yielded)
-        self._buffered = 0  # input tokens in the buffer
+        self._buffer = _Buffer()
 
-    def _documents(self) -> Iterator[tuple[torch.Tensor, int]]:
-        """(tokens, token offset) of each document from the current plan position on."""
+    def _fill(self, blocks: Iterator[tuple[np.ndarray, np.ndarray, int]]) -> bool:
+        """Read blocks until ``read_ahead`` input tokens are buffered; False when the plan ran out first."""
+        while self._buffer.available < self.read_ahead:
+            block = next(blocks, None)
+            if block is None:
+                return self._buffer.available >= self.seq_len
+            tokens, lengths, offset = block
+            self._buffer.add(tokens, lengths, self._position, offset)
+            self._position += len(lengths)
+        return True
+
+    def _blocks(self) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+        """(tokens, lengths, token offset of the first) of each block from the current plan position on."""
         index, inside = locate(self._plan, self._position)
         for piece in self._plan[index:]:
             offset = piece.offset if inside == 0 else 0
-            for tokens in self._read(piece, piece.begin + inside):
-                yield tokens, offset
+            for tokens, lengths in self._read(piece, piece.begin + inside):
+                yield tokens, lengths, offset
                 offset = 0
             inside = 0
 
-    def _sequence(self) -> Sequence:
-        """The next ``seq_len`` tokens of the buffer, as torchtitan packs them: inputs and labels shifted inside
-        each document, and each document's positions counted from 0 where its run in the sequence starts (a
-        document that starts there, or the rest of one cut by the previous sequence: torchtitan's per-sequence
-        normalisation). The rest of a document cut by the checkpoint starts at 0 too, wherever a reshard puts it
-        (counted from its token offset, a long document's positions would pass seq_len, the RoPE cache's end)."""
-        inputs, labels, positions, need = [], [], [], self.seq_len
-        while need:
-            tokens, start = self._buffer[0]
-            count = min(len(tokens) - 1 - start, need)
-            inputs.append(tokens[start:start + count])
-            labels.append(tokens[start + 1:start + 1 + count])
-            positions.append(self._arange[:count])
-            need -= count
-            if start + count == len(tokens) - 1:
-                self._buffer.popleft()
-            else:
-                self._buffer[0] = (tokens, start + count)
-        self._buffered -= self.seq_len
-        return {"input": torch.cat(inputs), "positions": torch.cat(positions)}, torch.cat(labels)
-
     def __iter__(self) -> Iterator[Sequence]:
-        # Each document's tokens become one tensor once, and a sequence is cut from slices of them: building the
-        # three tensors of every sequence from Python lists (torchtitan's way) is the loader's largest cost
-        # after the tokenizer (3 x 22 us per 256 tokens), and slicing lists copies a long document's rest per
-        # sequence.
         while True:
-            for tokens, offset in self._documents():
-                self._position += 1
-                if len(tokens) - 1 <= offset:
-                    continue
-                self._buffer.append((tokens, offset))
-                self._buffered += len(tokens) - 1 - offset
-                while self._buffered >= self.seq_len:
-                    yield self._sequence()
+            blocks = self._blocks()
+            while self._fill(blocks):
+                while self._buffer.available >= self.seq_len:
+                    yield self._buffer.take(self.seq_len, self._arange)
             if not self.infinite:
                 log.warning("Dataset %s has run out of data", self.dataset_name)
                 break
@@ -107,8 +175,9 @@ class PlanPackedDataset(IterableDataset, Stateful, abc.ABC):
     def state_dict(self) -> dict[str, Any]:
         """The cursor: plan positions before ``first`` are consumed; the document at ``first`` goes on at token
         ``offset`` (None: at the plan's own offset, nothing of it read)."""
-        return {"pieces": [p.as_tuple() for p in self._plan], "first": self._position - len(self._buffer),
-                "offset": self._buffer[0][1] if self._buffer else None, "epoch": self._epoch}
+        first, offset = self._buffer.cursor(self._position)
+        return {"pieces": [p.as_tuple() for p in self._plan], "first": first, "offset": offset,
+                "epoch": self._epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.resume(remaining(pieces_from_tuples(state_dict["pieces"]), state_dict["first"], state_dict["offset"]),

@@ -24,7 +24,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import derive, override
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -33,12 +32,15 @@ from slurm_titan.data.cursor import SHUFFLE_SEED, DataResumeError, Piece
 from slurm_titan.data.token_manifest import TokenizerInfo
 from slurm_titan.data.token_names import TOKEN_SHARDS_DATASET
 from slurm_titan.data.token_shards import TokenShards, plan_documents
-from slurm_titan.overrides.plan_packing import PlanPackedDataset
+from slurm_titan.overrides.plan_packing import Block, PlanPackedDataset
 from slurm_titan.overrides.resharding_loader import ReshardingDataLoader
 
 
 class TokenShardDataset(PlanPackedDataset):
-    """The documents of :class:`TokenShards` over a plan, packed into ``seq_len`` sequences."""
+    """The documents of :class:`TokenShards` over a plan, packed into ``seq_len`` sequences; read in blocks of
+    about ``BLOCK_TOKENS`` tokens (a run of consecutive documents of a shard is one slice of its ``.bin``)."""
+
+    BLOCK_TOKENS = 1 << 16
 
     def __init__(self, shards: TokenShards, seq_len: int, dp_rank: int, dp_world_size: int, infinite: bool,
                  seed: int = SHUFFLE_SEED) -> None:
@@ -50,10 +52,18 @@ class TokenShardDataset(PlanPackedDataset):
     def rows(self) -> int:
         return self.shards.documents
 
-    def _read(self, piece: Piece, start: int) -> Iterator[torch.Tensor]:
+    @property
+    def read_ahead(self) -> int:
+        return max(self.seq_len, self.BLOCK_TOKENS)
+
+    def _read(self, piece: Piece, start: int) -> Iterator[Block]:
         whole = Piece(piece.rows, piece.shards, piece.shard, piece.epoch, 0, piece.end)  # one order per shard end
-        for number in self._order(whole)[start:]:
-            yield torch.from_numpy(self.shards.document(int(number)).astype(np.int64))
+        numbers = self._order(whole)[start:]
+        lengths = self.shards.lengths(numbers)
+        block = (np.cumsum(lengths) - lengths) // self.BLOCK_TOKENS  # the block each document starts in
+        bounds = [0, *(np.flatnonzero(np.diff(block)) + 1).tolist(), len(numbers)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            yield self.shards.read(numbers[lo:hi])
 
 
 class TokenShardDataLoader(ReshardingDataLoader):
