@@ -126,7 +126,7 @@ def _check_torchtitan(config: JobConfig) -> None:
                           f"torchtitan module {titan.module!r} has no config {titan.config!r}")
     for option in _PATH_OPTIONS:
         value = titan.option(option)
-        if value is not None and not Path(str(value)).exists():
+        if value is not None and "://" not in str(value) and not Path(str(value)).exists():  # URLs: the ranks open them
             raise ConfigError(config.source, f"torchtitan.args.{option}", f"{value}: no such file or directory")
 
 

@@ -29,3 +29,12 @@ def test_target_names_a_registered_override() -> None:
 
     importlib.import_module(TOKEN_SHARD_DATALOADER.rpartition(".")[0])
     assert _REGISTRY[TOKEN_SHARD_DATALOADER].fqns == ["dataloader"]
+
+
+def test_a_store_location_is_not_looked_for_on_the_login_node() -> None:
+    from slurm_titan.launch.config import load_config, parse_assignment
+    from slurm_titan.launch.plan import _check_torchtitan
+    from tests.unit.launch.test_resharding_plan import CONFIG
+
+    sets = [SHARDS[0], "torchtitan.args.dataloader.dataset_path=s3://bucket/tokens"]
+    _check_torchtitan(load_config(CONFIG, [parse_assignment(s) for s in sets]))
