@@ -1,4 +1,5 @@
-"""``slurm-titan data prepare``: tokenize a text dataset once, offline, into token shards that jobs train from.
+"""``slurm-titan data prepare``: tokenize a text dataset once, offline, into token shards that jobs train from;
+``slurm-titan data index``: the manifest of Megatron shards made elsewhere.
 
 The work is :mod:`slurm_titan.data.prepare` (torch-free); the tokenizer is torchtitan's, the one the job
 uses (:mod:`slurm_titan.overrides.shard_tokenizer`), imported only when the command runs.
@@ -10,9 +11,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from slurm_titan.cli.base import SubCommand, add_subcommands, run_chosen
+
+if TYPE_CHECKING:
+    from slurm_titan.data.token_manifest import Manifest
 
 DOCUMENTS_PER_SHARD = 100_000
 
@@ -49,19 +53,53 @@ class Prepare(SubCommand):
                                tokenizer=shard_tokenizer.describe(args.tokenizer),
                                make_shard=shard_tokenizer.make_shard, documents_per_shard=args.documents_per_shard,
                                workers=args.workers, field=args.field)
-        manifest = done.manifest
-        print(f"{args.output}: {len(manifest.shards)} shards ({done.made} made now), {manifest.documents} documents, "
-              f"{manifest.tokens} tokens of {manifest.dtype}")
+        _report(args.output, done.manifest, done.made)
         if args.upload:
-            prepare.upload(args.output, manifest, args.upload, endpoint_url=args.endpoint_url)
-            print(f"{args.upload}: uploaded {len(manifest.shards)} shards and the manifest")
+            _upload(args, args.output, done.manifest)
         return 0
+
+
+class Index(SubCommand):
+    name = "index"
+    help = "write the manifest of Megatron .bin/.idx shards made elsewhere (e.g. by Megatron's preprocess_data.py)"
+    description = ("Write FOLDER/manifest.json for the Megatron shards (*.idx with their .bin) in FOLDER, in name "
+                   "order, checking each pair; --tokenizer is the tokenizer they were made with (the job's), whose "
+                   "digest the job checks at start. --upload copies shards and manifest to a store as prepare does.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("folder", type=Path, metavar="FOLDER", help="folder of the shards")
+        parser.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer the shards were made with")
+        parser.add_argument("--upload", metavar="LOCATION", help="also copy the shards to this store location")
+        parser.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from slurm_titan.data import prepare
+        from slurm_titan.overrides import shard_tokenizer
+
+        manifest = prepare.index_folder(args.folder, shard_tokenizer.describe(args.tokenizer))
+        _report(args.folder, manifest, None)
+        if args.upload:
+            _upload(args, args.folder, manifest)
+        return 0
+
+
+def _report(folder: Path, manifest: Manifest, made: int | None) -> None:
+    now = f" ({made} made now)" if made is not None else ""
+    print(f"{folder}: {len(manifest.shards)} shards{now}, {manifest.documents} documents, {manifest.tokens} tokens "
+          f"of {manifest.dtype}")
+
+
+def _upload(args: argparse.Namespace, folder: Path, manifest: Manifest) -> None:
+    from slurm_titan.data import prepare
+
+    prepare.upload(folder, manifest, args.upload, endpoint_url=args.endpoint_url)
+    print(f"{args.upload}: uploaded {len(manifest.shards)} shards and the manifest")
 
 
 class Data(SubCommand):
     name = "data"
     help = "prepare token shards for training"
-    commands: ClassVar[tuple[SubCommand, ...]] = (Prepare(),)
+    commands: ClassVar[tuple[SubCommand, ...]] = (Prepare(), Index())
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_subcommands(parser, self.commands, dest="data_command")

@@ -1,5 +1,6 @@
 """``slurm-titan data prepare``: text (JSON lines) -> token shards and their manifest, in parallel, resumable
-(torch-free: the tokenizing function is handed in by the command, see :mod:`slurm_titan.overrides.shard_tokenizer`).
+(torch-free: the tokenizing function is handed in by the command, see :mod:`slurm_titan.overrides.shard_tokenizer`),
+and ``slurm-titan data index``: the manifest of Megatron shards made elsewhere.
 
 The documents are the inputs' lines in order (files in the order given, a folder's ``*.jsonl``/``*.json``
 sorted by name), so document ``n`` of the shards is row ``n`` of the same JSON lines read by the resharding
@@ -171,10 +172,30 @@ def prepare(inputs: list[str], output: Path, *, tokenizer_dir: str, tokenizer: T
                     progress(done, len(missing))
     manifest = Manifest(tokenizer=tokenizer, dtype=dtype, shards=tuple(_made(job) for job in jobs),
                         source={"inputs": [str(p.absolute()) for p in files], "field": field})
+    _write_manifest(output, manifest)
+    return Prepared(manifest=manifest, made=len(missing))
+
+
+def index_folder(folder: Path, tokenizer: TokenizerInfo) -> Manifest:
+    """The manifest of Megatron shards made elsewhere (every ``*.idx`` of ``folder`` with its ``.bin``, in name
+    order), written into ``folder``: the tokenizer is the caller's word; the shards' token ids are checked against
+    its vocabulary when a job starts."""
+    prefixes = sorted(p.with_suffix("") for p in folder.glob("*.idx") if not p.name.startswith("."))
+    if not prefixes:
+        raise ShardError(f"{folder}: no Megatron shards (*.idx with their .bin) in the folder")
+    shards = tuple(describe_shard(prefix) for prefix in prefixes)
+    dtypes = {read_index(idx_path(prefix)).dtype.name for prefix in prefixes}
+    if len(dtypes) > 1:
+        raise ShardError(f"{folder}: shards of several token dtypes ({', '.join(sorted(dtypes))}): one dataset has one")
+    manifest = Manifest(tokenizer=tokenizer, dtype=dtypes.pop(), shards=shards, source={"indexed": str(folder)})
+    _write_manifest(folder, manifest)
+    return manifest
+
+
+def _write_manifest(output: Path, manifest: Manifest) -> None:
     tmp = output / f".{MANIFEST_FILE}.tmp"
     tmp.write_text(manifest.to_json())
     os.replace(tmp, output / MANIFEST_FILE)
-    return Prepared(manifest=manifest, made=len(missing))
 
 
 def upload(output: Path, manifest: Manifest, location: str, *, endpoint_url: str | None = None) -> Manifest:

@@ -27,7 +27,7 @@ from slurm_titan.overrides import TOKEN_SHARD_DATALOADER  # noqa: E402
 from slurm_titan.overrides.resharding_loader import ReshardingDataLoader  # noqa: E402
 from slurm_titan.overrides.token_shard_loader import TokenShardDataLoader  # noqa: E402
 from tests.integration.overrides.test_resharding_loader import batches, checkpoint, same  # noqa: E402
-from tests.support.sample_ids import Samples, check_resumed, write_dataset  # noqa: E402
+from tests.support.sample_ids import Samples, check_resumed, recorded, write_dataset  # noqa: E402
 
 SEQ, BATCH = 256, 4  # the debug config's sequence and local batch
 ROWS = 400
@@ -173,3 +173,39 @@ def test_a_text_loader_checkpoint_is_refused(assets) -> None:
         build(config(shards), tokenizer, 1, 0).load_state_dict(state)
     with pytest.raises(DataResumeError, match="for a map-style dataset, this one is token-shards"):
         build(config(shards), tokenizer, 1, 0, allow_dataset_change=True).load_state_dict(state)
+
+
+def test_the_e2e_recorder_records_the_token_shard_loader(assets, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """tests/support/loader_record.py (the e2e tests' override) next to the token-shard override: records what
+    each rank yielded, which sample_ids reads back as a resharded continuation."""
+    _, tokenizer, shards, samples = assets
+    monkeypatch.setattr(ReshardingDataLoader, "__iter__", ReshardingDataLoader.__iter__)
+    cfg = config(shards, f"{TOKEN_SHARD_DATALOADER},tests.support.loader_record.record_yielded_batches")
+    from tests.support import loader_record
+
+    loader_record.install()  # imported above by torchtitan; again after an earlier test undid it
+    yielded, state = {}, None
+    for job, degree, steps in (("first", 2, 4), ("second", 1, 3)):
+        monkeypatch.setenv("SLURM_TITAN_JOB_DIR", str(tmp_path / job))
+        monkeypatch.setenv("SLURM_TITAN_ATTEMPT", f"{job}.0")
+        loaders = [build(cfg, tokenizer, degree, r, infinite=False) for r in range(degree)]
+        for ld in loaders:
+            if state is not None:
+                ld.load_state_dict(state)
+        yielded[job] = streams(loaders, steps)
+        state = checkpoint(loaders)
+    first, second = recorded(tmp_path / "first"), recorded(tmp_path / "second")
+    assert (first, second) == (yielded["first"], yielded["second"])
+    check_resumed(samples, first, second)
+
+
+def test_index_writes_the_manifest_of_shards_made_elsewhere(assets, tmp_path: Path) -> None:
+    _, tokenizer, shards, _ = assets
+    elsewhere = tmp_path / "megatron"
+    elsewhere.mkdir()
+    for path in shards.glob("shard-*"):
+        shutil.copy(path, elsewhere / path.name)
+    assert cli_main(["data", "index", str(elsewhere), "--tokenizer", str(tokenizer)]) == 0
+    made, indexed = (json.loads((f / "manifest.json").read_text()) for f in (shards, elsewhere))
+    assert {**made, "source": None} == {**indexed, "source": None}

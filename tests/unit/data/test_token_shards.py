@@ -118,3 +118,26 @@ def test_epoch_0_reads_in_order_and_later_epochs_a_seeded_permutation_of_the_sha
     assert np.array_equal(order, plan_documents(later, 42))
     assert not np.array_equal(order, plan_documents(later, 7))
     assert np.array_equal(plan_documents(replace(later, begin=10, end=20), 42), order[10:20])
+
+
+def test_megatron_shards_made_elsewhere_get_a_manifest(tmp_path: Path) -> None:
+    """`slurm-titan data index`: Megatron's own layout (several sequences a document, int32) read as documents."""
+    from slurm_titan.data.prepare import index_folder
+    from tests.unit.data.test_megatron_index import megatron_idx
+
+    folder = tmp_path / "megatron"
+    folder.mkdir()
+    for name, lengths, documents, first in (("a_text_document", [2, 3, 1], [0, 2, 3], 0), ("b_text_document", [4],
+                                                                                            [0, 1], 6)):
+        (folder / f"{name}.idx").write_bytes(megatron_idx(4, 4, lengths, documents))
+        (folder / f"{name}.bin").write_bytes(np.arange(first, first + sum(lengths), dtype=np.int32).tobytes())
+    manifest = index_folder(folder, TOKENIZER)
+    assert [(s.name, s.documents, s.tokens, s.max_token) for s in manifest.shards] == [
+        ("a_text_document", 2, 6, 5), ("b_text_document", 1, 4, 9)]
+    shards = TokenShards.open(str(folder), TOKENIZER)
+    assert [shards.document(n).tolist() for n in range(3)] == [[0, 1, 2, 3, 4], [5], [6, 7, 8, 9]]
+    (folder / "b_text_document.bin").unlink()
+    with pytest.raises(ShardError, match=f"^{folder / 'b_text_document.bin'}: cannot read the token data"):
+        index_folder(folder, TOKENIZER)
+    with pytest.raises(ShardError, match="no Megatron shards"):
+        index_folder(tmp_path, TOKENIZER)
