@@ -2,13 +2,15 @@
 ``Store`` into a node-local cache.
 
 The manifest is read from the store at every start (a dataset changed in the store is seen, not hidden by
-the cache). Each ``.idx`` is fetched whole, its checksum checked against the manifest's record, and kept in
-the cache; of a ``.bin`` only the blocks holding the documents a rank reads are fetched, with the store's
-ranged read (:meth:`Store.download_pieces`: the checkpoint restore's retries and throttling answers), each
-verified against the block checksum the upload recorded, then renamed into the cache: a cached block is a
-verified one, so a restart on the node fetches nothing again, and ranks of one node that fetch the same block
-at once each rename a whole copy. The cache lives under ``$SLURM_TITAN_DATA_CACHE`` (default
-``/var/tmp/slurm-titan-data``), one folder per location.
+the cache), and one process a node (local rank 0) checks the objects' sizes against it in one listing. Each
+``.idx`` is fetched whole, its checksum checked against the manifest's record, and kept in the cache; of a
+``.bin`` only the blocks holding the documents a rank reads are fetched, with the store's ranged read
+(:meth:`Store.download_pieces`: the checkpoint restore's retries and throttling answers), each verified against
+the block checksum the upload recorded, then renamed into the cache: a cached block is a verified one, so a
+restart on the node fetches nothing again, and ranks of one node that fetch the same block at once each rename a
+whole copy. (A cached block is a sparse file holding the block at its own offset: the store's ranged download
+writes at the file's offsets.) The cache lives under ``$SLURM_TITAN_DATA_CACHE`` (default
+``/var/tmp/slurm-titan-data``), one folder per location, and is never pruned: it holds what the node read.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -57,7 +58,6 @@ class BlockReader:
     def __init__(self, store: Store, entry: FileEntry, algorithm: str, folder: Path, dtype: np.dtype) -> None:
         self.store, self.entry, self.algorithm, self.folder, self.dtype = store, entry, algorithm, folder, dtype
         self._open: OrderedDict[int, int] = OrderedDict()  # block -> fd of its cached file
-        self._lock = threading.Lock()
         self.fetched = 0
         """Blocks this reader fetched from the store (the others were in the cache)."""
 
@@ -88,17 +88,10 @@ class BlockReader:
         size, block_size = count * self.dtype.itemsize, self.entry.block_size
         end = min(offset + size, self.entry.size)
         parts = []
-        with self._lock:
-            for block in range(offset // block_size, -(-end // block_size)):
-                lo, hi = max(offset, block * block_size), min(end, (block + 1) * block_size)
-                parts.append(os.pread(self._fd(block), hi - lo, lo))
+        for block in range(offset // block_size, -(-end // block_size)):
+            lo, hi = max(offset, block * block_size), min(end, (block + 1) * block_size)
+            parts.append(os.pread(self._fd(block), hi - lo, lo))
         return np.frombuffer(b"".join(parts), dtype=self.dtype)
-
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._open.values():
-                os.close(fd)
-            self._open.clear()
 
 
 class StoreSource:
@@ -111,6 +104,9 @@ class StoreSource:
         self.cache = (cache or cache_root()) / digest
         self._manifest: Manifest | None = None
         self._sizes: dict[str, int] | None = None
+        self._lists = os.environ.get("LOCAL_RANK", "0") == "0"
+        """Whether this process checks the objects' sizes in a listing: one process a node, not every rank at once
+        (the others meet a changed object in its checksums, a truncated one in a short read, both one line)."""
         self.readers: list[BlockReader] = []
 
     def where(self, rel: str) -> str:
@@ -133,6 +129,8 @@ class StoreSource:
             raise ShardError(f"{self.where(rel)}: the manifest records no checksums for it, so its ranges cannot be "
                              "verified: upload the shards with `slurm-titan data prepare --upload`")
         entry = FileEntry.from_dict(record, self.where(MANIFEST_FILE))
+        if not self._lists:
+            return entry, manifest.checksum_algorithm
         if self._sizes is None:
             self._sizes = {item.path: item.size for item in self.store.find()}
         stored = self._sizes.get(rel)

@@ -17,6 +17,7 @@ from slurm_titan.data.token_names import ShardError
 from slurm_titan.data.token_shards import TokenShards
 from slurm_titan.data.token_sources import open_source
 from slurm_titan.data.token_store import StoreSource
+from slurm_titan.errors import StorageError
 from tests.support.token_shards import TOKENIZER, write_shards
 
 BLOCK_KIB = 4
@@ -75,6 +76,18 @@ def test_a_truncated_object_is_refused_at_start(uploaded, tmp_path: Path) -> Non
     path.write_bytes(path.read_bytes()[:-8])
     with pytest.raises(ShardError, match="shard-00001.bin: .* bytes in the store, the manifest records .*: truncated"):
         opened(location, tmp_path / "cache")
+
+
+def test_other_ranks_of_the_node_meet_a_truncated_object_where_they_read_it(uploaded, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _, location = uploaded
+    monkeypatch.setenv("LOCAL_RANK", "1")  # the node's local rank 0 lists the store; the others do not
+    path = Path(location) / "shard-00001.bin"
+    path.write_bytes(path.read_bytes()[:-8])
+    shards, _ = opened(location, tmp_path / "cache")
+    with pytest.raises(StorageError, match="shard-00001.bin") as refused:
+        [shards.document(n) for n in range(60, 120)]
+    assert "\n" not in str(refused.value)
 
 
 def test_an_object_changed_since_the_upload_is_refused_where_read(uploaded, tmp_path: Path) -> None:
