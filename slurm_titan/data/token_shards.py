@@ -12,6 +12,7 @@ after it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -110,10 +111,14 @@ class TokenShards:
         return self.read(np.array([number]))[0]
 
 
+@lru_cache(maxsize=2)
+def _permutation(length: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(length)
+
+
 def plan_documents(piece: Piece, seed: int) -> np.ndarray:
     """Global document numbers of the piece's positions, in reading order."""
     rows = base_rows(piece)
     if not piece.epoch:
         return np.arange(rows.start + piece.begin, rows.start + piece.end, dtype=np.int64)
-    order = np.random.default_rng(seed + piece.epoch).permutation(len(rows))
-    return rows.start + order[piece.begin:piece.end].astype(np.int64)
+    return rows.start + _permutation(len(rows), seed + piece.epoch)[piece.begin:piece.end].astype(np.int64)

@@ -19,8 +19,7 @@ Epoch 0 reads each rank's contiguous share in order; later epochs a permutation 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,11 +40,12 @@ class TokenShardDataset(PlanPackedDataset):
     about ``BLOCK_TOKENS`` tokens (a run of consecutive documents of a shard is one slice of its ``.bin``)."""
 
     BLOCK_TOKENS = 1 << 16
+    WINDOW_DOCUMENTS = 1 << 16
+    """Documents whose numbers and lengths are worked out at a time (a rank's share can be billions)."""
 
     def __init__(self, shards: TokenShards, seq_len: int, dp_rank: int, dp_world_size: int, infinite: bool,
                  seed: int = SHUFFLE_SEED) -> None:
         self.shards, self.seed = shards, seed
-        self._order = lru_cache(maxsize=2)(lambda piece: plan_documents(piece, seed))
         super().__init__(TOKEN_SHARDS_DATASET, seq_len, dp_rank, dp_world_size, infinite)
 
     @property
@@ -57,13 +57,14 @@ class TokenShardDataset(PlanPackedDataset):
         return max(self.seq_len, self.BLOCK_TOKENS)
 
     def _read(self, piece: Piece, start: int) -> Iterator[Block]:
-        whole = Piece(piece.rows, piece.shards, piece.shard, piece.epoch, 0, piece.end)  # one order per shard end
-        numbers = self._order(whole)[start:]
-        lengths = self.shards.lengths(numbers)
-        block = (np.cumsum(lengths) - lengths) // self.BLOCK_TOKENS  # the block each document starts in
-        bounds = [0, *(np.flatnonzero(np.diff(block)) + 1).tolist(), len(numbers)]
-        for lo, hi in zip(bounds, bounds[1:]):
-            yield self.shards.read(numbers[lo:hi])
+        for lo in range(start, piece.end, self.WINDOW_DOCUMENTS):
+            numbers = plan_documents(replace(piece, begin=lo, end=min(lo + self.WINDOW_DOCUMENTS, piece.end)),
+                                     self.seed)
+            lengths = self.shards.lengths(numbers)
+            block = (np.cumsum(lengths) - lengths) // self.BLOCK_TOKENS  # the block each document starts in
+            bounds = [0, *(np.flatnonzero(np.diff(block)) + 1).tolist(), len(numbers)]
+            for first, end in zip(bounds, bounds[1:]):
+                yield self.shards.read(numbers[first:end])
 
 
 class TokenShardDataLoader(ReshardingDataLoader):
