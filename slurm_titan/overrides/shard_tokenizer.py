@@ -14,11 +14,15 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from slurm_titan.data.megatron_index import ShardWriter
 from slurm_titan.data.prepare import ShardJob, read_documents
 from slurm_titan.data.token_manifest import TokenizerInfo
+from slurm_titan.data.token_names import ShardError
 
 
 @lru_cache(maxsize=1)
 def load(tokenizer_dir: str) -> HuggingFaceTokenizer:
-    return HuggingFaceTokenizer(tokenizer_path=tokenizer_dir)
+    try:
+        return HuggingFaceTokenizer(tokenizer_path=tokenizer_dir)
+    except (OSError, ValueError) as error:  # torchtitan's: a missing folder or file, a file it cannot parse
+        raise ShardError(f"{tokenizer_dir}: cannot load the tokenizer: {error}") from None
 
 
 def describe(tokenizer_dir: str) -> TokenizerInfo:

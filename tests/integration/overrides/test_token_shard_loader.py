@@ -209,3 +209,16 @@ def test_index_writes_the_manifest_of_shards_made_elsewhere(assets, tmp_path: Pa
     assert cli_main(["data", "index", str(elsewhere), "--tokenizer", str(tokenizer)]) == 0
     made, indexed = (json.loads((f / "manifest.json").read_text()) for f in (shards, elsewhere))
     assert {**made, "source": None} == {**indexed, "source": None}
+
+
+def test_prepare_names_a_bad_line_and_a_missing_tokenizer_in_one_line(assets, tmp_path: Path, capsys) -> None:
+    _, tokenizer, _, _ = assets
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "Ka lo."}\n{"body": "no text"}\n')
+    assert cli_main(["data", "prepare", str(bad), "--tokenizer", str(tokenizer), "--output", str(tmp_path / "o"),
+                     "--workers", "1"]) == 1
+    assert capsys.readouterr().err == (f"slurm-titan: {bad}: line 2 after byte 0 is not a JSON object with a 'text' "
+                                       "field\n")
+    assert cli_main(["data", "prepare", str(bad), "--tokenizer", str(tmp_path / "none"), "--output",
+                     str(tmp_path / "p")]) == 1
+    assert capsys.readouterr().err.startswith(f"slurm-titan: {tmp_path / 'none'}: cannot load the tokenizer: ")
