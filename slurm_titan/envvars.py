@@ -96,6 +96,9 @@ STORE_RETRY_S = "SLURM_TITAN_STORE_RETRY_S"
 """Seconds one store operation may spend waiting out a store that throttles (503 SlowDown, 429) before it
 fails (default 1800); ckpt.storage.backoff.Backoff, in every process that opens a store (the node's
 restore too)."""
+DATA_CACHE = "SLURM_TITAN_DATA_CACHE"
+"""The node-local folder that token shards read from object storage are cached in (default
+/var/tmp/slurm-titan-data); rank.token_store."""
 
 
 def attempt_id(job_id: str, attempt: int) -> str:
