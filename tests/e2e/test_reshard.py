@@ -12,7 +12,9 @@ every batch their loader yielded (tests/support/loader_record.py): read back as 
 consumed twice over the two jobs and none is missing up to the last consumed one. The debug config packs
 256-token sequences from documents of 22-238 tokens, so each checkpoint cuts documents mid-sequence: the cut
 ones go on at their token offset. (tests/integration/overrides/test_loader_record.py runs these jobs' loaders in
-one process, with the same data, batch for batch.)
+one process, with the same data, batch for batch.) The same cases on pre-tokenized token shards of the same documents
+(`slurm-titan data prepare`; issue 28), from a folder and from the store: the same guarantees, through the token-shard
+loader.
 """
 
 from __future__ import annotations
@@ -48,13 +50,29 @@ def unconsumed(cli: Cli, remote: str, step: int, into: Path) -> tuple[int, list[
     return saved["dp_world_size"], rows
 
 
-@pytest.mark.parametrize(("first_nodes", "second_nodes", "per_node"),
-                         [(2, 1, 1), (1, 2, 1), (2, 4, 1), (2, 1, 2), (1, 2, 2)])
+def _token_shards(cli: Cli, dataset: Path, shards: str, into: Path) -> list[str]:
+    """The job options that train on token shards of `dataset` (slurm-titan data prepare), kept in a folder or
+    (`shards == "s3"`) at the store, read through each node's cache."""
+    tokenizer = REPO / ".cache/debug-assets/tokenizer"
+    ensure_assets(REPO / ".cache/debug-assets")
+    location = cli.remote.format(name="token-shards", job_id=into.parent.name) if shards == "s3" else str(into)
+    upload = ["--upload", location] if shards == "s3" else []
+    cli("data", "prepare", dataset, "--tokenizer", tokenizer, "--output", into, "--documents-per-shard", "100",
+        *upload, timeout=300)
+    return ["--set", "torchtitan.args.dataloader.dataset=token_shards",
+            "--set", f"torchtitan.args.dataloader.dataset_path={location}",
+            "--set", f"environment.env.SLURM_TITAN_DATA_CACHE={into.parent / 'cache'}"]
+
+
+@pytest.mark.parametrize(("first_nodes", "second_nodes", "per_node", "shards"),
+                         [(2, 1, 1, None), (1, 2, 1, None), (2, 4, 1, None), (2, 1, 2, None), (1, 2, 2, None),
+                          (2, 1, 1, "folder"), (1, 2, 1, "folder"), (2, 4, 1, "s3")])
 def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path, first_nodes: int,
-                                                         second_nodes: int, per_node: int) -> None:
+                                                         second_nodes: int, per_node: int, shards: str | None) -> None:
     dataset = write_dataset(tmp_path / "ids")
-    common = ["--set", f"slurm.devices_per_node={per_node}", "--set", "checkpoint.interval=3",
-              "--set", f"torchtitan.args.dataloader.dataset_path={dataset}",
+    data = (_token_shards(cli, dataset, shards, tmp_path / "shards") if shards
+            else ["--set", f"torchtitan.args.dataloader.dataset_path={dataset}"])
+    common = ["--set", f"slurm.devices_per_node={per_node}", "--set", "checkpoint.interval=3", *data,
               "--set", "torchtitan.override_imports=[tests.support.loader_record.record_yielded_batches]",
               "--set", f"environment.env.PYTHONPATH={REPO}"]
     first = cli.submit(CONFIG, "--nodes", str(first_nodes), "--set", "torchtitan.args.training.steps=6", *common)
