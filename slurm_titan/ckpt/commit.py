@@ -18,7 +18,8 @@ Making step N complete, in the order of this file:
 3. only then does it write the commit record's index (format 2: O(files + ranks), naming every
    part with its checksum; :mod:`.manifest`), create-only (``Store.create_bytes``: S3 one
    conditional PUT, the index being bounded below the single-PUT limit; a directory a temporary
-   file hard-linked into place), so the record appears whole or not at all and is never replaced;
+   file hard-linked into place), so the record appears whole or not at all and is never replaced,
+   and reads it back: the committer whose record is there has committed;
 4. then the catalog entry (:func:`.layout.catalog_entry`), which saves a listing from reading
    the record.
 
@@ -136,8 +137,13 @@ def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm:
         raise StorageError(f"{store.url(layout.commit_path(step))}: the commit record's index would be "
                            f"{len(index) / 2**20:.0f} MiB, above the {INDEX_MAX_BYTES >> 20} MiB that one "
                            f"create-only PUT may hold; step {step} stays incomplete")
-    created = retry("writing the commit record", lambda: store.create_bytes(layout.commit_path(step), index))
-    if not created:
+    path = layout.commit_path(step)
+    retry("writing the commit record", lambda: store.exists(path) or store.create_bytes(path, index))
+    # The record there decides, not what the PUT answered: a store that ignores If-None-Match (rclone's
+    # `serve s3`, on PUT and on multipart complete alike) lets a second committer replace the first's, and a
+    # retried PUT may find its own first try. Two committers racing within one PUT's time on such a store
+    # can still both see their own: only a store with conditional writes makes the record create-only.
+    if retry("reading the commit record back", lambda: store.cat(path)) != index:
         log.warning("checkpoint step %d was committed by someone else meanwhile; keeping theirs", step)
         return None
     entry = layout.catalog_entry(step, world_size, len(files), manifest.total_bytes)
