@@ -120,14 +120,13 @@ def find_srun(shell_pid: int, timeout_s: float = FIND_SRUN_S) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--shell-pid", type=int, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is for the ranks
-    job_dir = Path(run_folder.fill(args.job_dir, os.environ["SLURM_JOB_ID"]))
     srun = find_srun(args.shell_pid)
     if srun is not None:
-        watch(job_dir, int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(","), srun)
+        watch(args.job_dir, int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(","), srun)
     return 0
 
 
