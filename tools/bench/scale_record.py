@@ -211,6 +211,10 @@ def report(rows: list[dict], label: str) -> bool:
     ok = True
     for at in (4096, 16384):
         measured = next((r for r in rows if r["ranks"] == at), None)
+        if measured is None and len(rows) < 2:
+            print(f"{at:>6} ranks: too few points to fit (give --ranks two or more)")
+            ok = False
+            continue
         got = {k: (measured[k] if measured else fit(rows, k, at)) for k in GOALS}
         how = "measured" if measured else "fitted"
         extra = {k: (measured[k] if measured else fit(rows, k, at)) for k in ("node_cpu_s", "node_rss_mib")}
