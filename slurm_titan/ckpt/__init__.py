@@ -9,7 +9,8 @@ The package, top to bottom:
 
 - :mod:`.layout`     names of things inside a checkpoint location
 - :mod:`.checksum`   file checksums (xxh3_128, or sha256 without xxhash)
-- :mod:`.manifest`   the commit record and the per-rank receipt (JSON, path-checked)
+- :mod:`.manifest`   the commit record (its index) and the per-rank receipt (JSON, path-checked)
+- :mod:`.parts`      each rank's part of the record: its read map, named by the index
 - :mod:`.share`      a node's share of a checkpoint (the blocks its ranks' load reads, worked out
                      in each rank by :mod:`slurm_titan.rank.dcp_plan`)
 - :mod:`.storage`    open a location (URL or path) as a Store: one interface, one module per
@@ -44,6 +45,7 @@ from slurm_titan.ckpt.catalog import (
 )
 from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Range, Receipt
+from slurm_titan.ckpt.parts import all_reads
 from slurm_titan.ckpt.restore import CorruptCheckpoint, NodePlanner, RestoreResult, prepare_resume, restore_checkpoint
 from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
 from slurm_titan.ckpt.share import SHARE_FILE, Share, is_data, merged, node_ranks
@@ -71,6 +73,7 @@ __all__ = [
     "Uploader",
     "UploaderProcess",
     "VerifyReport",
+    "all_reads",
     "delete_checkpoint",
     "is_committed",
     "is_data",

@@ -8,17 +8,19 @@ without the record is incomplete whatever it holds, and is never restored.
 
 Making step N complete, in the order of this file:
 
-1. each rank uploads its own files of ``step-N/`` (:mod:`.upload`), then writes its receipt
-   (:func:`write_receipt`): every file's size and the checksum of the bytes it sent, or why
-   it failed;
+1. each rank uploads its own files of ``step-N/`` (:mod:`.upload`), then writes its part of the
+   record (its read map, :mod:`.parts`) and its receipt (:func:`write_receipt`): every file's size
+   and the checksum of the bytes it sent, its part's name, size and checksum, or why it failed;
 2. rank 0 waits until the receipts of all ``world_size`` ranks of this attempt are there
    (:func:`wait_for_receipts`: each poll lists them and reads only those that are new or changed,
    :class:`ReceiptPoll`), refuses a failed rank or a file uploaded twice
-   (:func:`checked_files`), and checks every file's size against one listing of the step
-   folder (:func:`check_sizes`);
-3. only then does it write the commit record, create-only (``Store.create_bytes``: S3 a
-   conditional PUT, a directory a temporary file hard-linked into place), so the record appears
-   whole or not at all and is never replaced;
+   (:func:`checked_files`), and checks every file's and part's size against one listing of the
+   step folder (:func:`check_sizes`);
+3. only then does it write the commit record's index (format 2: O(files + ranks), naming every
+   part with its checksum; :mod:`.manifest`), create-only (``Store.create_bytes``: S3 one
+   conditional PUT, the index being bounded below the single-PUT limit; a directory a temporary
+   file hard-linked into place), so the record appears whole or not at all and is never replaced,
+   and reads it back: the committer whose record is there has committed;
 4. then the catalog entry (:func:`.layout.catalog_entry`), which saves a listing from reading
    the record.
 
@@ -62,6 +64,7 @@ Collective contracts (who calls what):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -71,7 +74,8 @@ from typing import Protocol, TypeVar
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, Receipt, utc_iso
+from slurm_titan.ckpt.manifest import INDEX_MAX_BYTES, FileEntry, Manifest, PartRef, Receipt, utc_iso
+from slurm_titan.ckpt.parts import write_part
 from slurm_titan.ckpt.share import merged
 from slurm_titan.ckpt.storage import Entry, Store
 from slurm_titan.errors import StorageError
@@ -99,7 +103,11 @@ def has_local_record(step_folder: str) -> bool:
 
 # ------------------------------------------------------------------------------ 1. every rank
 def write_receipt(store: Store, receipt: Receipt) -> None:
-    """A rank's part of the step is done (or failed: ``receipt.failed``)."""
+    """A rank's part of the step is done (or failed: ``receipt.failed``). Its reads, when known, go to its
+    part of the record, written first; the receipt names the part."""
+    if receipt.reads is not None:
+        part = write_part(store, receipt.step, receipt.rank, merged(receipt.reads), receipt.algorithm)
+        receipt = dataclasses.replace(receipt, reads=None, part=part)
     store.put_bytes(layout.receipt_path(receipt.step, receipt.rank), receipt.to_json())
 
 
@@ -114,25 +122,29 @@ def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm:
     missing or has the wrong size, or ``stop`` was set while waiting."""
     receipts = wait_for_receipts(store, step, world_size, attempt, retry, stop, poll_interval)
     files = checked_files(receipts, step)
+    parts = _parts(receipts, step)
     listing = retry("listing the step folder", lambda: store.find(layout.step_dir(step)))
-    check_sizes(store, step, files, listing)
+    check_sizes(store, step, files, listing, parts or [])
     manifest = Manifest(
         step=step, world_size=world_size, files=files, algorithm=algorithm,
         config_digest=config_digest, attempt=attempt,
         saved_at=receipts[0].saved_at or saved_at, committed_at=utc_iso(),
-        extra={"committed_by": committed_by},
-        read_map=_read_map(receipts, step),
+        extra={"committed_by": committed_by}, parts=parts,
     )
-    if manifest.read_map is not None:
-        try:
-            Manifest.from_json(manifest.to_json(), step=step)
-        except ManifestError as e:
-            log.warning("checkpoint step %d: committed without a read map (every node will fetch all of it): "
-                        "%s", step, e)
-            manifest.read_map = None
-    created = retry("writing the commit record",
-                    lambda: store.create_bytes(layout.commit_path(step), manifest.to_json()))
-    if not created:
+    # Built once, from receipts each checked when parsed (paths, sizes, block counts) and by
+    # checked_files (no file twice): no round trip through the parser.
+    index = manifest.to_json()
+    if len(index) > INDEX_MAX_BYTES:
+        raise StorageError(f"{store.url(layout.commit_path(step))}: the commit record's index would be "
+                           f"{len(index) / 2**20:.0f} MiB, above the {INDEX_MAX_BYTES >> 20} MiB that one "
+                           f"create-only PUT may hold; step {step} stays incomplete")
+    path = layout.commit_path(step)
+    retry("writing the commit record", lambda: store.exists(path) or store.create_bytes(path, index))
+    # The record there decides, not what the PUT answered: a store that ignores If-None-Match (rclone's
+    # `serve s3`, on PUT and on multipart complete alike) lets a second committer replace the first's, and a
+    # retried PUT may find its own first try. Two committers racing within one PUT's time on such a store
+    # can still both see their own: only a store with conditional writes makes the record create-only.
+    if retry("reading the commit record back", lambda: store.cat(path)) != index:
         log.warning("checkpoint step %d was committed by someone else meanwhile; keeping theirs", step)
         return None
     entry = layout.catalog_entry(step, world_size, len(files), manifest.total_bytes)
@@ -219,26 +231,28 @@ def checked_files(receipts: list[Receipt], step: int) -> list[FileEntry]:
     return files
 
 
-def check_sizes(store: Store, step: int, files: list[FileEntry], listing: list[Entry]) -> None:
-    """StorageError unless each file is in the step folder's ``listing`` with its receipt's size."""
+def check_sizes(store: Store, step: int, files: list[FileEntry], listing: list[Entry],
+                parts: list[PartRef]) -> None:
+    """StorageError unless each file and part is in the step folder's ``listing`` with its receipt's size."""
     sizes = {e.path: e.size for e in listing}
-    for f in files:
-        got = sizes.get(f"{layout.step_dir(step)}/{f.path}")
-        if got != f.size:
-            raise StorageError(f"{store.url(layout.step_dir(step))}/{f.path}: store has "
-                               f"{'no such file' if got is None else f'{got} bytes'}, expected {f.size}; "
-                               f"step {step} stays incomplete")
+    wanted = [(f"{layout.step_dir(step)}/{f.path}", f.size) for f in files]
+    wanted += [(layout.part_path(step, p.name), p.size) for p in parts]
+    for path, size in wanted:
+        got = sizes.get(path)
+        if got != size:
+            raise StorageError(f"{store.url(path)}: store has {'no such file' if got is None else f'{got} bytes'}, "
+                               f"expected {size}; step {step} stays incomplete")
 
 
-def _read_map(receipts: list[Receipt], step: int) -> list[list[Range]] | None:
-    """Every rank's reads, in rank order, when every receipt has them; else None."""
-    missing = [r.rank for r in receipts if r.reads is None]
+def _parts(receipts: list[Receipt], step: int) -> list[PartRef] | None:
+    """Every rank's part, in rank order, when every receipt names one; else None."""
+    missing = [r.rank for r in receipts if r.part is None]
     if missing:
         if len(missing) < len(receipts):
             log.warning("checkpoint step %d: ranks %s sent no read map: every node will fetch all of it", step,
                         missing[:8])
         return None
-    return [merged(r.reads or []) for r in receipts]
+    return [r.part for r in receipts if r.part is not None]
 
 
 # ------------------------------------------------------------------------------ deleting

@@ -2,7 +2,8 @@
 
     <root>/step-<N>/...                                 torchtitan's DCP files (.metadata, __R_I.distcp)
     <root>/step-<N>/.slurm-titan/receipts/rank-<R>.json  per-rank upload receipt
-    <root>/step-<N>/.slurm-titan/commit.json             the commit record, written last, atomically
+    <root>/step-<N>/.slurm-titan/parts/rank-<R>.<T>.json one rank's part of the commit record (its read map)
+    <root>/step-<N>/.slurm-titan/commit.json             the commit record's index, written last, create-only
     <root>/.slurm-titan/catalog/step-<N>.w<W>.f<F>.b<B>  catalog entry written right after the commit
 
 The catalog entry's name carries the checkpoint's world size, file count and byte count, so
@@ -30,6 +31,7 @@ _CATALOG_RE = re.compile(r"^step-(\d+)\.w(\d+)\.f(\d+)\.b(\d+)$")
 _RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
 _RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
 _RECEIPT_RE = re.compile(r"^rank-(\d+)\.json$")
+_PART_RE = re.compile(r"^rank-(\d+)\.[0-9a-f]{8,32}\.json$")
 
 
 def step_dir(step: int) -> str:
@@ -52,6 +54,21 @@ def receipt_dir(step: int) -> str:
 
 def receipt_path(step: int, rank: int) -> str:
     return f"{receipt_dir(step)}/rank-{int(rank):05d}.json"
+
+
+def part_name(rank: int, token: str) -> str:
+    """The name of one rank's part of a commit record (``token``: hex, unique to the writer)."""
+    return f"rank-{int(rank):05d}.{token}.json"
+
+
+def part_path(step: int, name: str) -> str:
+    return f"{step_dir(step)}/{META_DIR}/parts/{name}"
+
+
+def parse_part_name(name: object) -> int | None:
+    """The rank of a part's name (:func:`part_name`), or None when ``name`` is not one."""
+    m = _PART_RE.match(name) if isinstance(name, str) else None
+    return int(m.group(1)) if m else None
 
 
 def parse_receipt_name(name: str) -> int | None:

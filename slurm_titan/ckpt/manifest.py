@@ -1,5 +1,12 @@
 """The commit record (manifest) of a checkpoint and the per-rank upload receipt, as JSON.
 
+Format 2 (written since 4,096-rank saves: records of O(N x items) took minutes to write and were
+parsed by every process) is an *index*, O(files + ranks) and compact: each file's size, checksum and
+block checksums (one string per file), the checksums of the few small items other ranks read
+(replicated ones), and one :class:`PartRef` per rank naming that rank's part (its read map,
+:mod:`.parts`) with its size and checksum. The index is the commit point. Format 1 (the read map
+inline, block checksums as lists) is still read.
+
 Every path in a record is relative to its step folder; a record holding an absolute path,
 a ``..`` component, an empty component or a backslash is refused, so a corrupt or hostile
 record can never make ``restore`` write outside its destination. Records carry no storage
@@ -18,8 +25,18 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.checksum import BlockHasher
 from slurm_titan.errors import StorageError
 
-FORMAT = "slurm-titan-checkpoint/1"
+FORMAT = "slurm-titan-checkpoint/2"
+FORMAT_1 = "slurm-titan-checkpoint/1"
 RECEIPT_FORMAT = "slurm-titan-receipt/1"
+INDEX_MAX_BYTES = 64 << 20
+"""The most a commit record's index may hold: below s3fs's single-PUT limit (100 MiB; a multipart upload
+above it carries If-None-Match only on its complete, which not every store honours), so the commit point
+is one conditional PUT. An index of 16,384 ranks of a 70B model with AdamW is about 5 MiB."""
+
+
+def compact_json(obj: Any) -> bytes:
+    """``obj`` as one line of JSON without whitespace (CPython's C encoder; ``indent`` is pure Python)."""
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
 class ManifestError(StorageError):
@@ -69,10 +86,12 @@ class FileEntry:
     """(offset, length, checksum) of small DCP items that other ranks read (a few bytes to a few
     KiB at the head and tail of a file): fetched and verified exactly, not by whole blocks."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, blocks_listed: bool = False) -> dict[str, Any]:
+        """As JSON: the block checksums as one string (each as long as ``checksum``), or as a list
+        (``blocks_listed``: format 1's shape, what ``ckpt show --json`` prints)."""
         d: dict[str, Any] = {"path": self.path, "size": self.size, "checksum": self.checksum}
         if self.block_size:
-            d.update(block_size=self.block_size, blocks=list(self.blocks))
+            d.update(block_size=self.block_size, blocks=list(self.blocks) if blocks_listed else "".join(self.blocks))
         if self.spans:
             d["spans"] = [list(s) for s in self.spans]
         return d
@@ -93,6 +112,8 @@ class FileEntry:
             return cls(path, size, checksum, spans=spans)
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0 or block_size % 4096:
             raise ManifestError(f"{where}: {path}: bad block_size {block_size!r} (a positive multiple of 4096)")
+        if isinstance(blocks, str) and len(blocks) % len(checksum) == 0:  # format 2: one string, as in to_dict
+            blocks = [blocks[i:i + len(checksum)] for i in range(0, len(blocks), len(checksum))]
         if not isinstance(blocks, list) or not all(isinstance(b, str) and b for b in blocks):
             raise ManifestError(f"{where}: {path}: 'blocks' is not a list of checksums")
         expected = -(-size // block_size)
@@ -191,25 +212,27 @@ def ranges_from(raw: Any, where: str) -> list[Range]:
 
 
 def _read_map_from(raw: Any, m: Manifest, where: str) -> list[list[Range]]:
-    """The record's read map, each range checked against the file list: a range of a file the
-    record does not list, or outside its file, is refused with one line (checkpoint, file, range)."""
+    """A format-1 record's read map (one list of ranges per rank, each checked by :func:`checked_reads`)."""
     if not isinstance(raw, list) or len(raw) != m.world_size:
         raise ManifestError(f"{where}: 'read_map' does not hold one list per rank of {m.world_size}")
     files = {f.path: f for f in m.files}
-    out = []
-    for rank, reads in enumerate(raw):
-        ranges = ranges_from(reads, f"{where}: read_map of rank {rank}")
-        for path, off, length in ranges:
-            f = files.get(path)
-            if f is None:
-                raise ManifestError(f"{where}: rank {rank} reads bytes {off}-{off + length} of {path}, a file "
-                                    f"missing from the record")
-            f.covering_blocks(off, length, where)
-        out.append(ranges)
-    return out
+    return [checked_reads(reads, rank, files, where) for rank, reads in enumerate(raw)]
 
 
-def _load_json(data: bytes, where: str) -> dict[str, Any]:
+def checked_reads(raw: Any, rank: int, files: dict[str, FileEntry], where: str) -> list[Range]:
+    """One rank's read map, each range checked against the record's files (by path): a range of a file the
+    record does not list, or outside its file, is refused with one line (checkpoint, file, range)."""
+    ranges = ranges_from(raw, f"{where}: read_map of rank {rank}")
+    for path, off, length in ranges:
+        f = files.get(path)
+        if f is None:
+            raise ManifestError(f"{where}: rank {rank} reads bytes {off}-{off + length} of {path}, a file "
+                                f"missing from the record")
+        f.covering_blocks(off, length, where)
+    return ranges
+
+
+def load_json(data: bytes, where: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
@@ -226,6 +249,34 @@ def _int_field(obj: dict[str, Any], key: str, where: str, minimum: int = 0) -> i
     return v
 
 
+@dataclass(frozen=True)
+class PartRef:
+    """One rank's part of a format-2 record (:mod:`.parts`): its name in the step's ``parts/`` folder,
+    size and checksum (of the record's algorithm)."""
+
+    name: str
+    size: int
+    checksum: str
+
+    def to_list(self) -> list[Any]:
+        return [self.name, self.size, self.checksum]
+
+    @classmethod
+    def from_raw(cls, raw: Any, rank: int, where: str) -> PartRef:
+        ok = (isinstance(raw, list) and len(raw) == 3 and layout.parse_part_name(raw[0]) == rank
+              and isinstance(raw[1], int) and not isinstance(raw[1], bool) and raw[1] > 0
+              and isinstance(raw[2], str) and raw[2])
+        if not ok:
+            raise ManifestError(f"{where}: bad part of rank {rank}: {raw!r} (expected [name, size, checksum])")
+        return cls(raw[0], raw[1], raw[2])
+
+
+def _parts_from(raw: Any, world_size: int, where: str) -> list[PartRef]:
+    if not isinstance(raw, list) or len(raw) != world_size:
+        raise ManifestError(f"{where}: 'parts' does not hold one part per rank of {world_size}")
+    return [PartRef.from_raw(p, rank, where) for rank, p in enumerate(raw)]
+
+
 @dataclass
 class Manifest:
     """The commit record: a checkpoint is complete exactly when this exists in its step folder."""
@@ -239,19 +290,24 @@ class Manifest:
     saved_at: str = ""
     committed_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    parts: list[PartRef] | None = None
+    """Format 2: per rank of the saving world size, its part (:mod:`.parts`: the byte ranges that rank's
+    DCP load reads, worked out by DCP's load planner on the saving rank, :mod:`slurm_titan.rank.dcp_plan`);
+    None in records without read maps (every node of the saving world size then fetches the whole
+    checkpoint; on another world size the loading ranks work out their reads at restore time: :mod:`.share`)."""
     read_map: list[list[Range]] | None = None
-    """Per rank of the saving world size: the byte ranges (file, offset, length) that rank's DCP
-    load reads, worked out by DCP's load planner on the saving rank (:mod:`slurm_titan.rank.dcp_plan`); None in
-    records without one (every node of the saving world size then fetches the whole checkpoint; on another
-    world size the loading ranks work out their reads at restore time: :mod:`.share`)."""
+    """Format 1: the read maps of all ranks, inline (what ``parts`` name in format 2)."""
+    format: str = FORMAT
+    raw: bytes = field(default=b"", repr=False, compare=False)
+    """The bytes this record was read from (b"": built here): what a restore copies, unparsed."""
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def to_json(self) -> bytes:
+    def _body(self, blocks_listed: bool) -> dict[str, Any]:
         body = {
-            "format": FORMAT,
+            "format": self.format,
             "step": self.step,
             "world_size": self.world_size,
             "config_digest": self.config_digest,
@@ -260,18 +316,33 @@ class Manifest:
             "committed_at": self.committed_at,
             "checksum_algorithm": self.algorithm,
             "total_bytes": self.total_bytes,
-            "files": [f.to_dict() for f in sorted(self.files, key=lambda f: f.path)],
+            "files": [f.to_dict(blocks_listed) for f in sorted(self.files, key=lambda f: f.path)],
             "extra": self.extra,
         }
-        if self.read_map is not None:
-            body["read_map"] = [[list(r) for r in reads] for reads in self.read_map]
-        return (json.dumps(body, indent=1) + "\n").encode()
+        if self.parts is not None:
+            body["parts"] = [p.to_list() for p in self.parts]
+        return body
+
+    def to_json(self) -> bytes:
+        """The format-2 index, compact (a record read from format 1 cannot be written back)."""
+        if self.format != FORMAT or self.read_map is not None:
+            raise ManifestError(f"step {self.step}: a {self.format} record is only read, never written")
+        return compact_json(self._body(False))
+
+    def view(self, read_map: list[list[Range]] | None) -> dict[str, Any]:
+        """The record in format 1's shape (block checksums listed, the read map inline: ``read_map``, the
+        parts' ranges in rank order, or None): what ``ckpt show --json`` prints, whatever the format."""
+        body = self._body(True)
+        if read_map is not None:
+            body["read_map"] = [[list(r) for r in reads] for reads in read_map]
+        return body
 
     @classmethod
     def from_json(cls, data: bytes, where: str = "commit record", step: int | None = None) -> Manifest:
-        obj = _load_json(data, where)
-        if obj.get("format") != FORMAT:
-            raise ManifestError(f"{where}: unknown format {obj.get('format')!r}")
+        obj = load_json(data, where)
+        fmt = obj.get("format")
+        if fmt not in (FORMAT, FORMAT_1):
+            raise ManifestError(f"{where}: unknown format {fmt!r}")
         extra = obj.get("extra")
         m = cls(
             step=_int_field(obj, "step", where),
@@ -283,9 +354,13 @@ class Manifest:
             saved_at=str(obj.get("saved_at") or ""),
             committed_at=str(obj.get("committed_at") or ""),
             extra=extra if isinstance(extra, dict) else {},
+            format=fmt,
+            raw=data,
         )
-        if obj.get("read_map") is not None:
+        if fmt == FORMAT_1 and obj.get("read_map") is not None:
             m.read_map = _read_map_from(obj["read_map"], m, where)
+        if fmt == FORMAT and obj.get("parts") is not None:
+            m.parts = _parts_from(obj["parts"], m.world_size, where)
         if not m.algorithm:
             raise ManifestError(f"{where}: no checksum_algorithm")
         if step is not None and m.step != step:
@@ -307,7 +382,10 @@ class Receipt:
     saved_at: str = ""
     failed: str = ""
     reads: list[Range] | None = None
-    """The byte ranges this rank's DCP load of the step reads (None: not known)."""
+    """The byte ranges this rank's DCP load of the step reads (None: not known), before they go to its
+    part (:func:`.commit.write_receipt`); in receipts written before parts, inline."""
+    part: PartRef | None = None
+    """This rank's part of the record (its reads), written before the receipt."""
 
     def to_json(self) -> bytes:
         body = {
@@ -324,16 +402,19 @@ class Receipt:
         }
         if self.reads is not None:
             body["reads"] = [list(r) for r in self.reads]
-        return (json.dumps(body) + "\n").encode()
+        if self.part is not None:
+            body["part"] = self.part.to_list()
+        return compact_json(body)
 
     @classmethod
     def from_json(cls, data: bytes, where: str = "receipt") -> Receipt:
-        obj = _load_json(data, where)
+        obj = load_json(data, where)
         if obj.get("format") != RECEIPT_FORMAT:
             raise ManifestError(f"{where}: unknown format {obj.get('format')!r}")
+        rank = _int_field(obj, "rank", where)
         return cls(
             step=_int_field(obj, "step", where),
-            rank=_int_field(obj, "rank", where),
+            rank=rank,
             world_size=_int_field(obj, "world_size", where, minimum=1),
             attempt=str(obj.get("attempt") or ""),
             files=_files_from(obj.get("files"), where),
@@ -342,4 +423,5 @@ class Receipt:
             saved_at=str(obj.get("saved_at") or ""),
             failed=str(obj.get("failed") or ""),
             reads=None if obj.get("reads") is None else ranges_from(obj["reads"], where),
+            part=None if obj.get("part") is None else PartRef.from_raw(obj["part"], rank, where),
         )

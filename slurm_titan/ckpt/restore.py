@@ -40,6 +40,7 @@ from slurm_titan.ckpt.catalog import (
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range
+from slurm_titan.ckpt.parts import rank_reads
 from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share, reads_share
 from slurm_titan.ckpt.storage import Store, open_store
 from slurm_titan.errors import StorageError
@@ -258,6 +259,7 @@ def _read_share(folder: str, m: Manifest) -> Share | None:
             share = Share.from_json(f.read(), path)
     except FileNotFoundError:
         return None
+    share = share if share.files else share.with_files(m)
     return share if share.world_size is not None else dataclasses.replace(share, world_size=m.world_size)
 
 
@@ -265,7 +267,9 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
     """Whether ``folder`` holds an intact copy of at least ``share`` (None: the whole checkpoint)."""
     try:
         with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as record:
-            local = Manifest.from_json(record.read(), step=m.step)
+            raw = record.read()
+        # the record as fetched (restores since format 2), or one re-written by an older restore: parsed
+        local = m if raw == m.raw else Manifest.from_json(raw, step=m.step)
         held = _read_share(folder, m)
     except (OSError, StorageError):
         return False
@@ -383,7 +387,7 @@ def _wanted_share(store: Store, m: Manifest, dest: str, ranks: Ranks | None, wor
             ranks = ranks(m.world_size)
         except ValueError as e:  # not a fault of the checkpoint: no fallback
             raise StorageError(f"{where}: {e}") from None
-    share = node_share(m, ranks, where)
+    share = node_share(m, rank_reads(store, m, ranks), where)
     if share is None:
         log.info("checkpoint step %d has no read map (saved before read maps, or without the checkpointer's "
                  "plan): fetching all of it", m.step)
@@ -483,7 +487,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
         meta = os.path.join(tmp, layout.META_DIR)
         os.makedirs(meta, exist_ok=True)
         with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as out:
-            out.write(m.to_json())
+            out.write(m.raw)  # as fetched: the index alone (format 2), so that nothing here re-serializes it
         if share is not None:
             with open(os.path.join(meta, SHARE_FILE), "wb") as out:
                 out.write(share.to_json())

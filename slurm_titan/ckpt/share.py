@@ -1,7 +1,7 @@
 """A node's share of a checkpoint: the files and blocks its ranks' DCP load reads (torch-free).
 
-On the world size that saved it, the commit record's read map (:attr:`.manifest.Manifest.read_map`)
-says, per rank, which byte ranges that rank's load reads; DCP's load planner worked them out on the
+On the world size that saved it, the commit record's read maps (each rank's part, :mod:`.parts`)
+say, per rank, which byte ranges that rank's load reads; DCP's load planner worked them out on the
 saving rank (:mod:`slurm_titan.rank.dcp_plan`). On another world size the node's new ranks work
 them out with the same planner at restore time, from the candidate's ``.metadata`` (asked through
 their gate: node.supervisor.restore). Either way a node needs only the union of its ranks' ranges, each widened
@@ -10,18 +10,19 @@ Files that are not DCP data (``.metadata``, anything torchtitan adds) are always
 so is a data file read in part whose record has no block checksums.
 
 The restored step folder records what it holds, and for which ranks of which world size, in
-``.slurm-titan/share.json``; the blocks not fetched are holes in sparse files, at the offsets DCP's
-FileSystemReader reads, and the rank's checkpointer checks its own load plan against that record
-before torchtitan loads.
+``.slurm-titan/share.json``, with the size and block size of each file held in part; the blocks not
+fetched are holes in sparse files, at the offsets DCP's FileSystemReader reads, and the rank's
+checkpointer checks its own load plan against that file alone before torchtitan loads (the node
+parses the commit record; its ranks do not).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range
-from slurm_titan.errors import StorageError
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, compact_json
 
 SHARE_FILE = "share.json"
 """Inside ``<step>/.slurm-titan/`` of a restored folder that holds part of the checkpoint."""
@@ -39,6 +40,9 @@ class Share:
     world_size: int | None = None
     """The world size ``ranks`` belong to (None in records written before shares of another world size
     than the save's: the saving one)."""
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Files fetched in part: (size, block size) of each, so that :meth:`covers` needs no commit record
+    (empty in share records written before: :meth:`with_files`)."""
 
     def pieces(self, f: FileEntry) -> list[tuple[int, int, str]]:
         """(offset, length, checksum) of what this share holds of a file fetched in part."""
@@ -49,17 +53,25 @@ class Share:
         """Bytes this share moves out of the store."""
         return sum(f.size if f.path in self.whole else sum(n for _, n, _ in self.pieces(f)) for f in m.files)
 
-    def covers(self, m: Manifest, path: str, offset: int, length: int) -> bool:
+    def covers(self, path: str, offset: int, length: int) -> bool:
         """Whether bytes [offset, offset + length) of ``path`` are on local disk in this share."""
         if path in self.whole:
             return True
-        f = next((f for f in m.files if f.path == path), None)
-        if f is None:
+        if path not in self.files:
             return False
         held = merged([(path, o, n) for o, n in self.spans.get(path, [])])
         if any(o <= offset and offset + length <= o + n for _, o, n in held):
             return True
-        return bool(self.blocks.get(path)) and set(f.covering_blocks(offset, length)) <= set(self.blocks[path])
+        size, block_size = self.files[path]
+        if offset < 0 or length < 0 or offset + length > size:
+            return False
+        wanted = range(offset // block_size, -(-(offset + length) // block_size))
+        return bool(self.blocks.get(path)) and set(wanted) <= set(self.blocks[path])
+
+    def with_files(self, m: Manifest) -> Share:
+        """This share with :attr:`files` filled in from its commit record (a share record written before)."""
+        files = {f.path: (f.size, f.block_size) for f in m.files if f.path in self.blocks or f.path in self.spans}
+        return dataclasses.replace(self, files=files)
 
     def joined(self, other: Share, m: Manifest) -> Share:
         """One share holding what this one and ``other`` (of ranks of the same world size) hold."""
@@ -75,10 +87,10 @@ class Share:
         return _normalized(m, Share(ranks, world_size=self.world_size), wanted, spans)
 
     def to_json(self) -> bytes:
-        return (json.dumps({"ranks": self.ranks, "world_size": self.world_size, "whole": sorted(self.whole),
+        return compact_json({"ranks": self.ranks, "world_size": self.world_size, "whole": sorted(self.whole),
                             "blocks": {p: b for p, b in sorted(self.blocks.items())},
-                            "spans": {p: [list(s) for s in v] for p, v in sorted(self.spans.items())}},
-                           indent=1) + "\n").encode()
+                            "spans": {p: [list(s) for s in v] for p, v in sorted(self.spans.items())},
+                            "files": {p: list(v) for p, v in sorted(self.files.items())}})
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Share:
@@ -88,7 +100,8 @@ class Share:
             return cls([int(r) for r in obj["ranks"]], [str(p) for p in obj["whole"]],
                        {str(p): [int(b) for b in bs] for p, bs in obj["blocks"].items()},
                        {str(p): [(int(o), int(n)) for o, n in v] for p, v in obj.get("spans", {}).items()},
-                       None if world is None else int(world))
+                       None if world is None else int(world),
+                       {str(p): (int(n), int(b)) for p, (n, b) in obj.get("files", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ManifestError(f"{where}: not a share record ({e})") from None
 
@@ -108,16 +121,11 @@ def node_ranks(node: int, nodes: int, world_size: int) -> list[int]:
     return list(range(node * per, (node + 1) * per))
 
 
-def node_share(m: Manifest, ranks: list[int], where: str) -> Share | None:
-    """The share of ``ranks`` (ranks of the saving world size) from the record's read map, or None when
-    the record has none (the whole checkpoint is needed). StorageError (one line) for a rank outside the
-    world size; ManifestError as :func:`reads_share`."""
-    if m.read_map is None:
-        return None
-    bad = [r for r in ranks if not 0 <= r < m.world_size]
-    if bad:
-        raise StorageError(f"{where}: rank {bad[0]} is not one of the {m.world_size} ranks that saved step {m.step}")
-    return reads_share(m, {r: m.read_map[r] for r in ranks}, m.world_size, where)
+def node_share(m: Manifest, reads: dict[int, list[Range]] | None, where: str) -> Share | None:
+    """The share of the ranks (of the saving world size) whose loads read ``reads`` (their read maps:
+    :func:`.parts.rank_reads`), or None when the record has none (the whole checkpoint is needed).
+    ManifestError as :func:`reads_share`."""
+    return None if reads is None else reads_share(m, reads, m.world_size, where)
 
 
 def reads_share(m: Manifest, reads: dict[int, list[Range]], world_size: int, where: str) -> Share:
@@ -161,6 +169,8 @@ def _normalized(m: Manifest, share: Share, wanted: dict[str, set[int]],
             continue
         if left:
             share.spans[f.path] = left
+        if f.path in share.blocks or f.path in share.spans:
+            share.files[f.path] = (f.size, f.block_size)
     return share
 
 

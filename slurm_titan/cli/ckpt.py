@@ -126,7 +126,7 @@ class Show(SubCommand):
         store = _open(args)
         m = read_manifest(store, args.step)
         if args.json:
-            sys.stdout.write(m.to_json().decode())
+            sys.stdout.write(json.dumps(m.view(_read_maps(store, m)), indent=1) + "\n")
             return 0
         print(f"step:          {m.step}")
         print(f"where:         {store.url(layout.step_dir(m.step))}")
@@ -139,6 +139,18 @@ class Show(SubCommand):
         for f in sorted(m.files, key=lambda f: f.path):
             print(f"  {f.size:>14}  {f.checksum}  {f.path}")
         return 0
+
+
+def _read_maps(store: Any, m: Any) -> list | None:
+    """Every rank's read map of a record (None, said on stderr, when its parts are not all there: a node's
+    restored copy holds the index alone)."""
+    from slurm_titan.ckpt import all_reads
+
+    try:
+        return all_reads(store, m)
+    except StorageError as e:
+        print(f"slurm-titan: warning: no read maps shown: {e}", file=sys.stderr)
+        return None
 
 
 def _restore_ranks(args: argparse.Namespace) -> Any:

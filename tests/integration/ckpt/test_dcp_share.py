@@ -21,6 +21,7 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.parts import all_reads, rank_reads
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks, node_share, reads_share
 from slurm_titan.ckpt.storage import TransferConfig, open_store
@@ -73,16 +74,24 @@ def saved(request, tmp_path_factory):
 
 def test_read_map_comes_from_each_ranks_plan(saved):
     world, _tmp, remote, results = saved
-    m = read_manifest(open_store(str(remote)), 1)
-    assert m.read_map == [[tuple(r) for r in res["reads"]] for res in results]
+    store = open_store(str(remote))
+    m = read_manifest(store, 1)
+    read_map = all_reads(store, m)
+    assert read_map == [[tuple(r) for r in res["reads"]] for res in results]
     assert all(f.block_size == BLOCK and len(f.blocks) == -(-f.size // BLOCK) for f in m.files)
-    for rank, reads in enumerate(m.read_map):
+    for rank, reads in enumerate(read_map):
         own = f"__{rank}_0.distcp"
         size = next(f.size for f in m.files if f.path == own)
         assert (own, 0, size) in reads  # a rank reads all it wrote (its shards, its data loader position)
     # the replicated items (saved once, in one rank's file) are read by every rank: some rank reads
     # part of a file it did not write
-    assert any(p != f"__{rank}_0.distcp" for rank, reads in enumerate(m.read_map) for p, _, _ in reads)
+    assert any(p != f"__{rank}_0.distcp" for rank, reads in enumerate(read_map) for p, _, _ in reads)
+    # and only items other ranks read have their own checksums (a shard is read by its own rank only): the
+    # record's index stays O(files), and each rank's reads are in its own part
+    by_others = [(p, o, n) for rank, reads in enumerate(read_map) for p, o, n in reads if p != f"__{rank}_0.distcp"]
+    spans = [(f.path, o, n) for f in m.files for o, n, _ in f.spans]
+    assert spans and all(any(p == q and a <= o and o + n <= a + k for q, a, k in by_others) for p, o, n in spans)
+    assert m.parts is not None and len(m.parts) == world
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -105,7 +114,7 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
         node_dirs[k] = Path(res.path)
         line = next(r.getMessage() for r in caplog.records if "fetched" in r.getMessage())
         got = int(re.search(r"fetched (\d+) of (\d+) bytes", line).group(1))
-        assert got == res.fetched == node_share(m, ranks, "t").nbytes(m)
+        assert got == res.fetched == node_share(m, rank_reads(store, m, ranks), "t").nbytes(m)
         own = sum(sizes[f"__{r}_0.distcp"] for r in ranks) + sizes[".metadata"]
         assert own <= got  # its own ranks' files, whole, and the metadata
         # plus, of other ranks' files, only the blocks covering what its ranks read
@@ -212,7 +221,7 @@ def test_another_world_size_each_node_fetches_what_its_new_ranks_dcp_load_reads(
             assert got < m.total_bytes
         for r, res in results.items():
             assert [tuple(x) for x in res["read"]] == planned[r], f"rank {r}"  # what dcp.load read: the plan
-            assert all(share.covers(m, *x) for x in planned[r])
+            assert all(share.covers(*x) for x in planned[r])
             assert res["share"] == res["whole"] == res["saved"], f"rank {r}"  # no hole was loaded as zeros
 
 

@@ -15,6 +15,7 @@ from slurm_titan.ckpt.agree import NodeAgreement
 from slurm_titan.ckpt.catalog import read_manifest
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
+from slurm_titan.ckpt.parts import all_reads, part_bytes
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks
 from slurm_titan.ckpt.storage import open_store
@@ -59,6 +60,16 @@ def _edit_record(store, step, edit):
     assert store.create_bytes(layout.commit_path(step), json.dumps(body).encode())
 
 
+def _edit_part(store, step, rank, edit):
+    """Rewrite rank's part with edit(reads) applied, and the index to name it (its size and checksum)."""
+    name = json.loads(store.cat(layout.commit_path(step)))["parts"][rank][0]
+    reads = json.loads(store.cat(layout.part_path(step, name)))["reads"]
+    edit(reads)
+    data = part_bytes(step, rank, [tuple(r) for r in reads])
+    store.put_bytes(layout.part_path(step, name), data)
+    _edit_record(store, step, lambda b: b["parts"][rank].__setitem__(slice(1, 3), [len(data), hash_bytes(data)]))
+
+
 def _corrupt(store, rel, offset):
     data = bytearray(store.cat(rel))
     data[offset] ^= 0xFF
@@ -77,12 +88,15 @@ def test_block_checksums_come_from_the_same_pass(pieces):
 
 def test_upload_records_block_checksums_and_the_read_map(location, tmp_path, monkeypatch):
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
-    m = read_manifest(open_store(location), 10)
+    store = open_store(location)
+    m = read_manifest(store, 10)
     for f in m.files:
         data = files[f.path]
         assert f.block_size == BLOCK
         assert list(f.blocks) == [hash_bytes(data[i:i + BLOCK], m.algorithm) for i in range(0, len(data), BLOCK)]
-    assert m.read_map == [sorted(r) for r in _reads(2)]
+    assert all_reads(store, m) == [sorted(r) for r in _reads(2)]
+    index = store.cat(layout.commit_path(10))
+    assert b" " not in index and b"read_map" not in index and index.count(b"\n") == 1  # compact, the parts named
 
 
 def test_each_node_fetches_only_its_share_verified(location, tmp_path, monkeypatch):
@@ -110,7 +124,7 @@ def test_old_record_without_block_checksums_restores_whole(tmp_path, monkeypatch
     store = open_store(location)
 
     def old(body):
-        body.pop("read_map")
+        body.pop("parts")
         for f in body["files"]:
             f.pop("block_size"), f.pop("blocks")
 
@@ -123,20 +137,27 @@ def test_old_record_without_block_checksums_restores_whole(tmp_path, monkeypatch
         entry.covering_blocks(0, 1)
 
 
+PART = r"step-11/.slurm-titan/parts/rank-0000{}\.[0-9a-f]+\.json: "
+
+
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda b: b["files"][1].update(blocks=b["files"][1]["blocks"][:-1]),
+    (lambda s: _edit_record(s, 11, lambda b: b["files"][1].update(blocks=b["files"][1]["blocks"][:-32])),
      r"step-11/.slurm-titan/commit.json: __0_0.distcp: bytes 0-41060: 5 block checksum\(s\) for 41060 bytes"),
-    (lambda b: b["read_map"][1].append(["__0_0.distcp", SIZE - 10, 20]),
-     r"step-11/.slurm-titan/commit.json: __0_0.distcp: bytes 41050-41070 are outside the file \(41060 bytes\)"),
-    (lambda b: b["read_map"][0].append(["__7_0.distcp", 0, 5]),
-     r"step-11/.slurm-titan/commit.json: rank 0 reads bytes 0-5 of __7_0.distcp, a file missing from the record"),
+    (lambda s: _edit_part(s, 11, 1, lambda reads: reads.append(["__0_0.distcp", SIZE - 10, 20])),
+     PART.format(1) + r"__0_0.distcp: bytes 41050-41070 are outside the file \(41060 bytes\)"),
+    (lambda s: _edit_part(s, 11, 0, lambda reads: reads.append(["__7_0.distcp", 0, 5])),
+     PART.format(0) + r"rank 0 reads bytes 0-5 of __7_0.distcp, a file missing from the record"),
+    (lambda s: s.put_bytes(layout.part_path(11, json.loads(s.cat(layout.commit_path(11)))["parts"][0][0]), b"{}\n"),
+     PART.format(0) + r"the part of rank 0 is not the one the commit record names \(3 bytes, expected \d+"),
+    (lambda s: s.rm_files([layout.part_path(11, json.loads(s.cat(layout.commit_path(11)))["parts"][0][0])]),
+     PART.format(0) + r"the part of rank 0 named by the commit record is missing"),
 ])
 def test_bad_record_is_refused_in_one_line_and_the_restore_falls_back(tmp_path, monkeypatch, caplog, edit, message):
     location = str(tmp_path / "remote")
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
-    _edit_record(store, 11, edit)
-    res = restore_checkpoint(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
+    edit(store)
+    res = restore_checkpoint(store, str(tmp_path / "node0"), ranks=[0, 1], world_size=2)  # reads both parts
     assert res.step == 10 and len(res.skipped) == 1
     assert "\n" not in res.skipped[0][1]
     import re

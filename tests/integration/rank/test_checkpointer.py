@@ -20,6 +20,7 @@ from torchtitan.config import Configurable
 from torchtitan.config.override import OverrideConfig, apply_overrides
 
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
+from slurm_titan.ckpt.parts import all_reads
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
@@ -94,7 +95,7 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     assert m.config_digest == "sha256:test" and m.world_size == 1
     assert {f.path for f in m.files} == {".metadata", "__0_0.distcp"}
     size = next(f.size for f in m.files if f.path == "__0_0.distcp")
-    assert m.read_map == [[("__0_0.distcp", 0, size)]]  # DCP's plan of the one rank's load: all of its file
+    assert all_reads(store, m) == [[("__0_0.distcp", 0, size)]]  # DCP's plan of the one rank's load: all of its file
     assert verify(store, 7).ok
     assert sorted(os.listdir(tmp_path / "dump" / "ckpt")) == ["step-6", "step-7"]
 

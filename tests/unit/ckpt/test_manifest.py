@@ -9,9 +9,11 @@ import pytest
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo
 from slurm_titan.ckpt.manifest import (
+    FORMAT_1,
     FileEntry,
     Manifest,
     ManifestError,
+    PartRef,
     Receipt,
     check_relpath,
 )
@@ -81,6 +83,60 @@ def test_receipt_round_trip():
     r = Receipt(5, 1, 2, "att", [FileEntry("__1_0.distcp", 4, "ff")], "xxh3_128", failed="")
     back = Receipt.from_json(r.to_json())
     assert back == r
+    with_part = Receipt(5, 1, 2, "att", [], "xxh3_128", part=PartRef(layout.part_name(1, "ab" * 8), 9, "cc"))
+    assert Receipt.from_json(with_part.to_json()) == with_part
+    body = json.loads(with_part.to_json())
+    body["part"][0] = layout.part_name(0, "ab" * 8)  # another rank's part
+    with pytest.raises(ManifestError, match="bad part of rank 1"):
+        Receipt.from_json(json.dumps(body).encode())
+
+
+def _blocked(path: str, nblocks: int) -> FileEntry:
+    return FileEntry(path, nblocks * 4096 - 1, f"{nblocks:032x}", 4096,
+                     tuple(f"{nblocks * 100 + b:032x}" for b in range(nblocks)))
+
+
+def _indexed(world: int = 2) -> Manifest:
+    parts = [PartRef(layout.part_name(r, f"{r:016x}"), 10 + r, f"{r:032x}") for r in range(world)]
+    files = [_blocked(f"__{r}_0.distcp", 3 + r) for r in range(world)] + [_blocked(".metadata", 1)]
+    return _manifest(world_size=world, files=files, parts=parts)
+
+
+def test_the_index_is_compact_its_block_checksums_one_string_a_file():
+    m = _indexed()
+    raw = m.to_json()
+    assert raw.count(b"\n") == 1 and b" " not in raw and b"read_map" not in raw
+    body = json.loads(raw)
+    assert all(isinstance(f["blocks"], str) for f in body["files"])
+    back = Manifest.from_json(raw, step=100)
+    assert back.files == sorted(m.files, key=lambda f: f.path) and back.parts == m.parts and back.raw == raw
+    shown = back.view([[("__0_0.distcp", 0, 5)], []])  # what `ckpt show --json` prints: format 1's shape
+    assert all(isinstance(f["blocks"], list) for f in shown["files"])
+    assert shown["read_map"][0] == [["__0_0.distcp", 0, 5]]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda b: b["parts"].pop(), "'parts' does not hold one part per rank of 2"),
+    (lambda b: b["parts"][1].__setitem__(0, "rank-00000.0000000000000000.json"), "bad part of rank 1"),
+    (lambda b: b["parts"][0].__setitem__(0, "../../x.json"), "bad part of rank 0"),
+    (lambda b: b["parts"][0].__setitem__(1, 0), "bad part of rank 0"),
+    (lambda b: b["files"][1].update(blocks=b["files"][1]["blocks"][:-32]), "__0_0.distcp: bytes 0-12287: 2 block"),
+    (lambda b: b["files"][0].update(blocks=b["files"][0]["blocks"] + "x"), "'blocks' is not a list of checksums"),
+])
+def test_a_malformed_index_is_refused_in_one_line(mutate, message):
+    body = json.loads(_indexed().to_json())
+    mutate(body)
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_json(json.dumps(body).encode())
+
+
+def test_a_format1_record_is_read_never_written():
+    body = dict(json.loads(_indexed().to_json()), format=FORMAT_1, read_map=[[["__0_0.distcp", 0, 10]], []])
+    del body["parts"]
+    m = Manifest.from_json(json.dumps(body).encode())
+    assert m.format == FORMAT_1 and m.read_map == [[("__0_0.distcp", 0, 10)], []] and m.parts is None
+    with pytest.raises(ManifestError, match="only read"):
+        m.to_json()
 
 
 def test_layout_names():
@@ -94,6 +150,8 @@ def test_layout_names():
     assert layout.file_owner("__5.metadata") == 5
     assert layout.file_owner(".metadata") == 0
     assert layout.file_owner("sharded/__3_0.distcp") == 0
+    assert layout.parse_part_name(layout.part_name(12, "0123456789abcdef")) == 12
+    assert layout.parse_part_name("rank-00012.json") is None and layout.parse_part_name("../rank-1.ab.json") is None
 
 
 def _info(step, complete, t=0.0):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
+from slurm_titan.ckpt.manifest import FORMAT_1, FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.share import Share, node_share, reads_share
 
 BLOCK = 100
@@ -20,7 +20,13 @@ def _file(path: str, size: int, spans: tuple = ()) -> FileEntry:
 
 M = Manifest(step=5, world_size=2, algorithm="xxh3_128",
              files=[_file(".metadata", 30), _file("__0_0.distcp", 450, ((*ITEM, "s"),)), _file("__1_0.distcp", 450)],
-             read_map=[[("__0_0.distcp", 0, 450)], [("__0_0.distcp", *ITEM), ("__1_0.distcp", 0, 450)]])
+             read_map=[[("__0_0.distcp", 0, 450)], [("__0_0.distcp", *ITEM), ("__1_0.distcp", 0, 450)]],
+             format=FORMAT_1)
+
+
+def _node(ranks: list[int]) -> Share | None:
+    """The share of saving ranks, from M's read map (what .parts.rank_reads gives a node)."""
+    return node_share(M, {r: M.read_map[r] for r in ranks}, "t")
 
 # four new ranks, each reading a quarter of the model: ranks 0, 1 in rank 0's old file, ranks 2, 3 in rank 1's
 NEW = {0: [("__0_0.distcp", *ITEM), ("__0_0.distcp", 10, 215)],
@@ -29,7 +35,7 @@ NEW = {0: [("__0_0.distcp", *ITEM), ("__0_0.distcp", 10, 215)],
 
 
 def test_the_read_maps_share_is_the_share_of_its_reads():
-    share = node_share(M, [1], "t")
+    share = _node([1])
     assert share == reads_share(M, {1: M.read_map[1]}, 2, "t")
     assert (share.ranks, share.world_size, share.whole, share.blocks, share.spans) == (
         [1], 2, [".metadata", "__1_0.distcp"], {}, {"__0_0.distcp": [ITEM]})
@@ -50,7 +56,8 @@ def test_shares_of_one_world_size_join_into_the_share_of_all_their_ranks():
     one = {r: reads_share(M, {r: NEW[r]}, 4, "t") for r in NEW}
     for a, b in ((0, 1), (0, 2), (2, 3), (1, 3)):
         assert one[a].joined(one[b], M) == reads_share(M, {a: NEW[a], b: NEW[b]}, 4, "t")
-    assert node_share(M, [0], "t").joined(node_share(M, [1], "t"), M) == node_share(M, [0, 1], "t")
+    assert _node([0]).joined(_node([1]), M) == _node([0, 1])
+    assert node_share(M, None, "t") is None  # a record without read maps: all of it
 
 
 def test_a_read_of_a_file_missing_from_the_record_names_the_rank():
@@ -64,3 +71,18 @@ def test_share_json_says_whose_share_it_is():
     old = json.loads(share.to_json())
     del old["world_size"]  # written before shares of another world size: the saving one's
     assert Share.from_json(json.dumps(old).encode(), "t").world_size is None
+
+
+def test_share_json_alone_tells_what_is_held():
+    """A rank checks its load against share.json, without the commit record: the share records the size and
+    block size of each file held in part (older share records do not: filled in from the record)."""
+    share = reads_share(M, {2: NEW[2]}, 4, "t")
+    assert share.files == {"__1_0.distcp": (450, BLOCK), "__0_0.distcp": (450, BLOCK)}
+    back = Share.from_json(share.to_json(), "t")
+    assert back.covers("__1_0.distcp", 0, 300) and back.covers("__0_0.distcp", *ITEM) and back.covers(".metadata", 0, 5)
+    assert not back.covers("__1_0.distcp", 250, 60) and not back.covers("__0_0.distcp", 0, 11)
+    assert not back.covers("__1_0.distcp", 440, 20)  # outside the file
+    old = json.loads(share.to_json())
+    del old["files"]
+    before = Share.from_json(json.dumps(old).encode(), "t")
+    assert not before.covers("__1_0.distcp", 0, 10) and before.with_files(M) == share
