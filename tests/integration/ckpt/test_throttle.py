@@ -46,8 +46,7 @@ def _committed(proxy: ThrottledS3, local: Path, step: int, world_size: int, size
 
 
 def _plan(location: str, endpoint: str) -> CheckpointPlan:
-    return CheckpointPlan(local="", remote=location, endpoint_url=endpoint, keep_local=0, keep_remote=0, keep_every=0,
-                          config_digest="")
+    return CheckpointPlan(local="", remote=location, endpoint_url=endpoint, config_digest="")
 
 
 def test_a_restore_at_half_slow_down_completes_with_the_right_bytes(throttled_s3, data_path, tmp_path):
