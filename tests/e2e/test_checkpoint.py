@@ -12,6 +12,7 @@ from tests.support.cli import Cli, run
 from tests.support.references import TWELVE_STEP_GROUP, remote_of
 from tests.support.runs import checkpoints, job_dir, step_losses, wait_for_log
 from tests.support.s3 import S3Server
+from tests.support.throttle import ThrottledS3
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 CONFIG = ["configs/debug_cpu.yaml", "--set", "torchtitan.args.training.steps=12", "--set", "checkpoint.interval=5"]
@@ -101,3 +102,32 @@ def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPath
         listed = checkpoints(cli, remote)
         assert [(c["step"], c["complete"]) for c in listed] == [(s, True) for s in (4, 8, 12, 16, 20, 24)]
         assert cli("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
+
+
+@TWELVE_STEP_GROUP
+def test_a_throttling_store_is_waited_out_by_the_save_and_by_the_restore(
+        finished_run: tuple[Cli, str], slurm_env: dict, s3_server: S3Server,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Through a proxy that answers 503 SlowDown (issue 24): a 2-node run checkpoints at 30% SlowDown, a second
+    # job resumes its location on fresh node-local disks at 50%; both complete with the uninterrupted run's losses.
+    reference, reference_job = finished_run
+    original = dict(step_losses(job_dir(reference, reference_job) / "logs/rank-0.log"))
+    with ThrottledS3(s3_server, share=0.3) as proxy:
+        cli = Cli(slurm_env, tmp_path_factory.mktemp("throttled"), proxy)
+        through = ["--set", f"checkpoint.endpoint_url={proxy.endpoint}"]
+        first = cli.submit(*CONFIG, "--set", "torchtitan.args.training.steps=10", *through)
+        assert cli.wait(first)["state"] == "COMPLETED"
+        remote = remote_of(cli, first)
+        saved = proxy.stats()
+        proxy.configure(share=0.5)
+        proxy.reset()
+        second = cli.submit(*CONFIG, *through, "--set", f"checkpoint.remote={remote}")
+        assert cli.wait(second)["state"] == "COMPLETED"
+        restored = proxy.stats()
+    assert sum(m["throttled"] for m in saved.values()) > 0 and sum(m["throttled"] for m in restored.values()) > 0
+    first_losses = step_losses(job_dir(cli, first) / "logs/rank-0.log")
+    second_losses = step_losses(job_dir(cli, second) / "logs/rank-0.log")
+    assert [s for s, _ in first_losses] == list(range(1, 11)) and [s for s, _ in second_losses] == [11, 12]
+    assert all(original[step] == loss for step, loss in first_losses + second_losses)
+    direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)
+    assert direct("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
