@@ -32,6 +32,10 @@ NOTIFY = "SLURM_TITAN_NOTIFY"
 """node.notify_config writes the job's webhooks as JSON (formats, URL variable names, events: never a URL);
 node.batch.notify reads it in the batch shell."""
 
+STRAGGLER = "SLURM_TITAN_STRAGGLER"
+"""node.straggler_config writes the slow-node judge's settings as JSON (StragglerPlan); node.batch.straggler reads
+it in the batch shell (the step watcher)."""
+
 # ---- written by the batch shell for each attempt (node.batch.allocation.AttemptPlan) --------------------------
 ATTEMPT_INDEX = "SLURM_TITAN_ATTEMPT_INDEX"
 """node.batch.allocation writes the attempt's number (attempts/<A>/); node.supervisor, node.batch.step_watch and

@@ -28,8 +28,10 @@ from slurm_titan.launch.templating import export_lines, render
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.notify_config import submit_warnings
 from slurm_titan.node.spec import CheckpointPlan, NodeSpec
+from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import run_folder
 from slurm_titan.records.run_folder import JOB_DIR, JOB_ID, SLURM_JOB_ID
+from slurm_titan.records.slow_nodes import OFF
 from slurm_titan.signals import STOP_SIGNALS
 from slurm_titan.slurm import time_limit_minutes
 
@@ -235,6 +237,17 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
     return Budgets.from_spec(watchdog, config.timeouts.collective_s)
 
 
+def _straggler_plan(config: JobConfig) -> StragglerPlan:
+    """The slow-node judge's settings for the batch shell: it needs the nodes' timing, which the ranks report
+    through the watchdog's progress records, so without a watchdog (_watchdog_budgets) it is off."""
+    spec = config.straggler
+    action = spec.resolved_action(config.slurm.spare_nodes) if _watchdog_budgets(config) else OFF
+    steps = config.torchtitan.option("training.steps")
+    return StragglerPlan(action=action, threshold=spec.threshold, window_steps=spec.window_steps,
+                         warmup_steps=spec.warmup_steps, total_steps=steps if isinstance(steps, int) else None,
+                         signal_seconds=config.preemption.signal_seconds)
+
+
 def model_parallel_degree(config: JobConfig) -> int:
     """The ranks one model replica spans (tensor x pipeline x context parallel): a world size must be a multiple."""
     degree = 1
@@ -327,7 +340,8 @@ def plan_job(config: JobConfig) -> JobPlan:
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
     node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), str(run_folder.dump_folder(Path(job_dir))))
                              if env.device == "npu" else ("", {}))
-    node_env = _BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env() | env.env
+    node_env = (_BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env()
+                | _straggler_plan(config).to_env() | env.env)
     unset = npu_env.left_out(npu_vars) if env.device == "npu" else []
     _warn_notify(config)
     if line := npu_env.inherited_warning(os.environ, unset):
