@@ -161,19 +161,25 @@ def judged_run(*, nodes: int, step_s: float, slowdown: float | None, healthy_s: 
 def sampler_cost(steps: int, calls: int) -> dict[str, Any]:
     """The sampler's and the whole hook's cost against a debug-model step, in this process."""
     import torch
+    from torchtitan.config import apply_overrides
     from torchtitan.config.manager import ConfigManager
 
-    config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel"])
+    from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES
+
+    config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
+                                         "--override.imports", ",".join(DEFAULT_CPU_OVERRIDES)])
     config.model_spec.model.update_from_config(config=config)
+    apply_overrides(config.override, config)
     torch.manual_seed(0)
     model = config.model_spec.model.build()
     model.init_states(buffer_device=torch.device("cpu"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 2048, (4, 256))
+    tokens, positions = torch.randint(0, 2048, (4, 256)), torch.arange(256).repeat(4, 1)
 
     def step() -> float:
         begin = time.perf_counter()
-        loss = model(tokens).float().logsumexp(-1).mean()
+        loss = model(tokens, positions=positions, attention_masks=model.get_attention_masks(positions))
+        loss = loss.float().logsumexp(-1).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
