@@ -18,6 +18,7 @@ from pathlib import Path
 
 from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
 from slurm_titan.errors import ConfigError
+from slurm_titan.retention import KEEP_ALL, Retention
 
 # ---- the login node -----------------------------------------------------------------------------------
 HOME = "SLURM_TITAN_HOME"
@@ -31,10 +32,6 @@ cli.doctor_cmd when run on a node without a config."""
 NOTIFY = "SLURM_TITAN_NOTIFY"
 """node.notify_config writes the job's webhooks as JSON (formats, URL variable names, events: never a URL);
 node.batch.notify reads it in the batch shell."""
-
-STRAGGLER = "SLURM_TITAN_STRAGGLER"
-"""node.straggler_config writes the slow-node judge's settings as JSON (StragglerPlan); node.batch.straggler reads
-it in the batch shell (the step watcher)."""
 
 # ---- written by the batch shell for each attempt (node.batch.allocation.AttemptPlan) --------------------------
 ATTEMPT_INDEX = "SLURM_TITAN_ATTEMPT_INDEX"
@@ -64,13 +61,15 @@ RESTORE_FD = "SLURM_TITAN_RESTORE_FD"
 """node.supervisor writes the pipe the rank waits at for the node's restore; rank.restore_gate reads it."""
 
 # ---- the checkpoint hook's settings: node.spec.CheckpointPlan writes them (through the supervisor),
-# ---- rank.checkpointer reads them (RankCheckpointEnv)
+# ---- rank.checkpointer reads them (RankCheckpointEnv); each is the `checkpoint:` setting its name ends in
 CKPT_REMOTE = "SLURM_TITAN_CKPT_REMOTE"
 """The remote location (URL or path) of this job's checkpoints; unset: no upload at all."""
+CKPT_ENDPOINT_URL = "SLURM_TITAN_CKPT_ENDPOINT_URL"
+"""The S3 endpoint of CKPT_REMOTE (checkpoint.endpoint_url; unset: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
 CONFIG_DIGEST = "SLURM_TITAN_CONFIG_DIGEST"
 """The digest of the torchtitan section (launch.plan.config_digest), recorded in every commit record."""
 CKPT_KEEP_LOCAL = "SLURM_TITAN_CKPT_KEEP_LOCAL"
-"""Newest step folders kept on local disk (default: checkpoint.keep_latest_k; 0 keeps all)."""
+"""Newest step folders kept on local disk (unset: torchtitan's checkpoint.keep_latest_k; 0 keeps all)."""
 CKPT_KEEP_REMOTE = "SLURM_TITAN_CKPT_KEEP_REMOTE"
 """Remote retention applied by rank 0 after each commit: newest checkpoints kept (0: keep all)."""
 CKPT_KEEP_EVERY = "SLURM_TITAN_CKPT_KEEP_EVERY"
@@ -130,27 +129,29 @@ class RankAttemptEnv:
 
 @dataclass(frozen=True, kw_only=True)
 class RankCheckpointEnv:
-    """The checkpoint hook's settings, as the supervisor passes them to every rank."""
+    """The checkpoint hook's settings, as the supervisor passes them to every rank (node.spec.CheckpointPlan.rank_env
+    makes them; their names are the `checkpoint:` settings')."""
 
     remote: str
-    config_digest: str = ""
-    keep_local: int | None = None  # None: checkpoint.keep_latest_k
-    keep_remote: int = 0
-    keep_every: int = 0
+    endpoint_url: str | None = None  # None: the AWS_ENDPOINT_URL(_S3) of the environment
+    retention: Retention = KEEP_ALL
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
+    config_digest: str = ""
 
     def to_env(self) -> dict[str, str]:
-        env = {CKPT_REMOTE: self.remote, CONFIG_DIGEST: self.config_digest,
-               CKPT_KEEP_REMOTE: str(self.keep_remote), CKPT_KEEP_EVERY: str(self.keep_every)}
-        if self.keep_local is not None:
-            env[CKPT_KEEP_LOCAL] = str(self.keep_local)
+        retention = self.retention
+        env = {CKPT_REMOTE: self.remote, CONFIG_DIGEST: self.config_digest, CKPT_KEEP_LOCAL: str(retention.keep_local),
+               CKPT_KEEP_REMOTE: str(retention.keep_remote), CKPT_KEEP_EVERY: str(retention.keep_every)}
+        if self.endpoint_url:
+            env[CKPT_ENDPOINT_URL] = self.endpoint_url
         if self.upload_cpus:
             env[CKPT_UPLOAD_CPUS] = format_cpu_list(self.upload_cpus)
         return env
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> RankCheckpointEnv | None:
-        """None without a remote location (no upload). ConfigError (one line) for a malformed value."""
+    def from_env(cls, env: Mapping[str, str] = os.environ, *, default_keep_local: int = 0) -> RankCheckpointEnv | None:
+        """None without a remote location (no upload); `default_keep_local` stands for an unset CKPT_KEEP_LOCAL.
+        ConfigError (one line) for a malformed value."""
         remote = env.get(CKPT_REMOTE, "").strip()
         if not remote:
             return None
@@ -159,9 +160,12 @@ class RankCheckpointEnv:
             upload_cpus = parse_cpu_list(cpus) if cpus else None
         except ValueError as error:
             raise ConfigError("environment", CKPT_UPLOAD_CPUS, str(error)) from None
-        return cls(remote=remote, config_digest=env.get(CONFIG_DIGEST, ""), keep_local=_count(env, CKPT_KEEP_LOCAL),
-                   keep_remote=_count(env, CKPT_KEEP_REMOTE) or 0, keep_every=_count(env, CKPT_KEEP_EVERY) or 0,
-                   upload_cpus=upload_cpus)
+        keep_local = _count(env, CKPT_KEEP_LOCAL)
+        retention = Retention(keep_local=default_keep_local if keep_local is None else keep_local,
+                              keep_remote=_count(env, CKPT_KEEP_REMOTE) or 0,
+                              keep_every=_count(env, CKPT_KEEP_EVERY) or 0)
+        return cls(remote=remote, endpoint_url=env.get(CKPT_ENDPOINT_URL, "").strip() or None, retention=retention,
+                   upload_cpus=upload_cpus, config_digest=env.get(CONFIG_DIGEST, ""))
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:

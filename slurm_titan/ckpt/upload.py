@@ -39,7 +39,9 @@ from slurm_titan.ckpt.manifest import ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
 from slurm_titan.ckpt.storage import LocalFileError, Store, open_store
+from slurm_titan.ckpt.upload_process import UploadSettings
 from slurm_titan.errors import StorageError
+from slurm_titan.retention import KEEP_ALL, Retention
 
 log = logging.getLogger("slurm_titan.ckpt.upload")
 
@@ -113,24 +115,25 @@ class CheckpointSync:
         config_digest: recorded in the commit record (envvars.CONFIG_DIGEST).
         attempt: id of this run attempt (default :func:`default_attempt`); receipts of other
             attempts are ignored by the committer.
-        keep_local: keep this many newest step folders on local disk (0: keep all); a step's
-            local files are deleted only after this rank uploaded them.
-        keep_remote, keep_every: remote retention applied by rank 0 after each commit
-            (0: keep all).
+        retention: ``keep_local``: keep this many newest step folders on local disk (0: keep all); a
+            step's local files are deleted only after this rank uploaded them. ``keep_remote``,
+            ``keep_every``: remote retention applied by rank 0 after each commit (0: keep all).
+        endpoint_url: the S3 endpoint (``checkpoint.endpoint_url``; None: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
         nice: how much lower than training's the CPU priority of the upload and commit threads
             (and the transfer threads they start) is: training keeps the cores it needs and the
             upload takes what is left (0: same priority).
-        cpus: the CPUs those threads run on (None: training's); see ``checkpoint.upload_cpus``.
+        upload_cpus: the CPUs those threads run on (None: training's); see ``checkpoint.upload_cpus``.
+
+    :meth:`from_settings` builds one from a rank's :class:`.upload_process.UploadSettings`.
 
     Raises StorageError (one line) at construction if the remote is unreachable.
     """
 
     def __init__(self, remote: str | Store, local_folder: str, *, rank: int = 0, world_size: int = 1,
-                 config_digest: str = "", attempt: str | None = None, keep_local: int = 0,
-                 keep_remote: int = 0, keep_every: int = 0, endpoint_url: str | None = None,
-                 storage_options: dict | None = None, retry_initial: float = 1.0, retry_max: float = 60.0,
-                 poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM, nice: int = 10,
-                 cpus: frozenset[int] | None = None) -> None:
+                 config_digest: str = "", attempt: str | None = None, retention: Retention = KEEP_ALL,
+                 endpoint_url: str | None = None, storage_options: dict | None = None, retry_initial: float = 1.0,
+                 retry_max: float = 60.0, poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM,
+                 nice: int = 10, upload_cpus: frozenset[int] | None = None) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"bad rank {rank} / world size {world_size}")
         self.store = remote if isinstance(remote, Store) else open_store(
@@ -139,9 +142,10 @@ class CheckpointSync:
         self.rank, self.world_size = rank, world_size
         self.config_digest = config_digest
         self.attempt = default_attempt() if attempt is None else attempt
-        self.keep_local, self.keep_remote, self.keep_every = keep_local, keep_remote, keep_every
+        self.keep_local, self.keep_remote, self.keep_every = (retention.keep_local, retention.keep_remote,
+                                                              retention.keep_every)
         self.retry_initial, self.retry_max, self.poll_interval = retry_initial, retry_max, poll_interval
-        self.algorithm, self.nice, self.cpus = algorithm, nice, cpus
+        self.algorithm, self.nice, self.cpus = algorithm, nice, upload_cpus
         self.host = socket.gethostname()
         self._steps: dict[int, _Step] = {}
         self._lock = threading.Lock()
@@ -154,6 +158,13 @@ class CheckpointSync:
         self._committer = (threading.Thread(target=self._commit_loop, name="ckpt-commit", daemon=True)
                            if rank == 0 else None)
         self._started = False
+
+    @classmethod
+    def from_settings(cls, settings: UploadSettings) -> CheckpointSync:
+        """The uploader `settings` describe (what a rank's uploader process runs)."""
+        return cls(settings.remote, settings.local_folder, rank=settings.rank, world_size=settings.world_size,
+                   config_digest=settings.config_digest, attempt=settings.attempt, retention=settings.retention,
+                   endpoint_url=settings.endpoint_url, nice=settings.nice, upload_cpus=settings.upload_cpus)
 
     # ------------------------------------------------------------------------------ API
     def submit(self, step: int, reads: list[Range] | None = None,

@@ -8,6 +8,7 @@ signals, exits with its parent and logs to the rank's log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -36,9 +37,9 @@ def _die_with_parent(parent: int) -> None:
 
 def serve(commands: IO[str], events: IO[str]) -> int:
     """The child: read the settings and then commands from `commands`, answer on `events`."""
-    settings = UploadSettings(**json.loads(commands.readline()))
+    settings = UploadSettings.from_message(json.loads(commands.readline()))
     # the whole process at once, before the imports: every thread started from here on inherits both
-    background_thread(settings.nice, frozenset(settings.cpus) or None)
+    background_thread(settings.nice, settings.upload_cpus)
     from slurm_titan.ckpt.upload import CheckpointSync
 
     lock = threading.Lock()
@@ -49,11 +50,8 @@ def serve(commands: IO[str], events: IO[str]) -> int:
             events.flush()
 
     try:
-        sync = CheckpointSync(settings.remote, settings.local_folder, rank=settings.rank,
-                              world_size=settings.world_size, config_digest=settings.config_digest,
-                              attempt=settings.attempt, keep_local=settings.keep_local,
-                              keep_remote=settings.keep_remote, keep_every=settings.keep_every,
-                              nice=0)
+        # its threads inherit the priority and CPUs set above: they lower and confine themselves no further
+        sync = CheckpointSync.from_settings(dataclasses.replace(settings, nice=0, upload_cpus=None))
     except StorageError as e:
         say({"event": "error", "message": str(e)})
         return 1

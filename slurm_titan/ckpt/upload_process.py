@@ -13,8 +13,8 @@ The child runs at a lower priority and, with ``cpus``, on CPUs of its own (the w
 transfer threads inherit both). It ignores the stop signals (the rank decides when to stop and
 waits for the commit) and exits with its parent. Its log lines go to the rank's log.
 
-Protocol, one JSON object per line: the parent sends the :class:`UploadSettings`, then
-``{"op": "submit", "step": N, "reads": [[path, offset, length], ...] or null, "spans": {path: [[offset,
+Protocol, one JSON object per line: the parent sends the :class:`UploadSettings` (:meth:`~UploadSettings.to_message`),
+then ``{"op": "submit", "step": N, "reads": [[path, offset, length], ...] or null, "spans": {path: [[offset,
 length], ...]}}`` and finally ``{"op": "close", "timeout": T}``; the child answers
 ``{"event": "ready", "location": ...}`` (or ``{"event": "error", "message": ...}`` and exits),
 ``{"event": "done", "step": N, "status": ...}`` once this rank's part of step N (rank 0: the
@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_titan.envvars import RankCheckpointEnv
 from slurm_titan.errors import StorageError
+from slurm_titan.retention import KEEP_ALL, Retention
 from slurm_titan.signals import STOP_SIGNALS
 
 log = logging.getLogger("slurm_titan.ckpt.upload_process")
@@ -47,19 +49,40 @@ CHILD_MODULE = "slurm_titan.ckpt.upload_child_main"
 
 @dataclass(frozen=True, kw_only=True)
 class UploadSettings:
-    """What the child needs to build its CheckpointSync (see that class for each field)."""
+    """What a rank's uploader needs: the child builds its CheckpointSync from it (see that class for each field;
+    the job's settings keep the names of the `checkpoint:` section)."""
 
     remote: str
+    endpoint_url: str | None = None
     local_folder: str
     rank: int = 0
     world_size: int = 1
     config_digest: str = ""
     attempt: str | None = None
-    keep_local: int = 0
-    keep_remote: int = 0
-    keep_every: int = 0
+    retention: Retention = KEEP_ALL
     nice: int = 10
-    cpus: tuple[int, ...] = ()
+    upload_cpus: frozenset[int] | None = None
+
+    @classmethod
+    def from_rank_env(cls, checkpoint: RankCheckpointEnv, *, local_folder: str, rank: int,
+                      world_size: int) -> UploadSettings:
+        """The settings of the uploader of `rank` (of `world_size`), whose checkpoints torchtitan saves in
+        `local_folder`: the job's `checkpoint` settings as the supervisor passed them to the rank."""
+        return cls(remote=checkpoint.remote, endpoint_url=checkpoint.endpoint_url, local_folder=local_folder,
+                   rank=rank, world_size=world_size, config_digest=checkpoint.config_digest,
+                   retention=checkpoint.retention, upload_cpus=checkpoint.upload_cpus)
+
+    def to_message(self) -> dict[str, Any]:
+        """The first line the child reads (JSON-ready)."""
+        cpus = None if self.upload_cpus is None else sorted(self.upload_cpus)
+        return dataclasses.asdict(self) | {"upload_cpus": cpus}
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> UploadSettings:
+        """The settings :meth:`to_message` sent."""
+        cpus = message["upload_cpus"]
+        return cls(**message | {"retention": Retention(**message["retention"]),
+                                "upload_cpus": None if cpus is None else frozenset(cpus)})
 
 
 class UploaderProcess:
@@ -85,7 +108,7 @@ class UploaderProcess:
                                           stdout=subprocess.PIPE, env=_child_env())
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        self._send(dataclasses.asdict(settings))
+        self._send(settings.to_message())
         self._reader = threading.Thread(target=self._read_events, name=f"ckpt-uploader-r{settings.rank}",
                                         daemon=True)
         self._reader.start()

@@ -24,6 +24,7 @@ from slurm_titan.errors import ConfigError
 from slurm_titan.launch.npu_env import NpuJob, NpuSpec, check_npu
 from slurm_titan.node.budgets import WATCHDOG_MARGIN_S, WatchdogSpec
 from slurm_titan.node.notify_config import NotifySpec, check_notify
+from slurm_titan.node.spec import CheckpointSpec
 from slurm_titan.node.straggler_config import StragglerSpec, check_straggler
 from slurm_titan.slurm import time_limit_minutes
 
@@ -114,40 +115,6 @@ class EnvironmentSpec:
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     npu: NpuSpec = field(default_factory=NpuSpec)
-
-
-@dataclass
-class CheckpointSpec:
-    """Tiered checkpoints: torchtitan saves to `local` (node-local disk on a real cluster), every node
-    uploads its ranks' files to `remote` (a shared path or any fsspec URL, e.g. s3://bucket/run) in
-    the background, and a checkpoint counts only once its commit record is there.
-
-    `{name}` and `{job_id}` in `local` / `remote` are filled in per job. S3 credentials come from
-    the environment (AWS_ACCESS_KEY_ID, ...), never from this file. `upload_cpus` (a CPU list such
-    as "48-63") gives the uploader CPUs of its own, away from the ones training uses. On NPU nodes torch_npu
-    binds each rank's threads to its device's cores (CPU_AFFINITY_CONF, `environment.npu.cpu_affinity`, on by
-    default): mode 1/2 splits all cores evenly over the node's NPUs unless each device gets a range, so with
-    binding on the config must give every device a range that leaves the upload CPUs out (checked before
-    submitting); the ranges' NUMA locality (`lscpu`, `npu-smi info -t topo`) is the user's to choose.
-
-    Resuming on another node count reshards the data position too (`on_world_size_change: reshard`, the
-    resharding data loader: no sample repeated or skipped); `restart_data` is the old behaviour (torchtitan's
-    loader, whose data then restarts from the beginning). The dataset's fingerprint is in the checkpoint:
-    resuming on another dataset is refused unless `allow_dataset_change` is true.
-    """
-
-    enable: bool = False
-    interval: int = 500
-    local: str | None = None
-    remote: str | None = None
-    endpoint_url: str | None = None
-    keep_local: int = 2
-    keep_remote: int = 0
-    keep_every: int = 0
-    upload_cpus: str | None = None
-    expected_size_gb: int | None = None
-    on_world_size_change: Literal["reshard", "restart_data"] = "reshard"
-    allow_dataset_change: bool = False
 
 
 @dataclass

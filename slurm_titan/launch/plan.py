@@ -25,6 +25,7 @@ from slurm_titan.launch import npu_env
 from slurm_titan.launch.config import CheckpointSpec, JobConfig
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
+from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.notify_config import submit_warnings
 from slurm_titan.node.spec import CheckpointPlan, NodeSpec
@@ -45,15 +46,17 @@ _PATH_OPTIONS = ("hf_assets_path", "dataloader.dataset_path")
 _BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobPlan:
-    """A job ready to submit: submitit's folder and parameters, and the node spec."""
+    """A job ready to submit: submitit's folder and parameters (the sbatch script's set-up writes `batch` into the
+    job folder), and the node spec."""
 
     config: JobConfig
     folder: str
     python: str
     parameters: dict[str, Any]
     node: NodeSpec
+    batch: BatchSpec
     node_prefix: str = ""
 
     @property
@@ -203,13 +206,8 @@ def default_overrides(config: JobConfig) -> list[str]:
             + ([METRICS_OVERRIDE] if metrics else []))
 
 
-def _fill(template: str, config: JobConfig) -> str:
-    return template.replace("{name}", config.name).replace(SLURM_JOB_ID, JOB_ID)
-
-
 def _checkpoint_local(config: JobConfig) -> str:
-    local = config.checkpoint.local
-    return _fill(local, config) if local else str(run_folder.default_checkpoint_folder(Path(JOB_DIR)))
+    return config.checkpoint.planned_local(config.name)
 
 
 def config_digest(config: JobConfig) -> str:
@@ -222,10 +220,8 @@ def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:
     ckpt = config.checkpoint
     if not ckpt.enable:
         return None
-    return CheckpointPlan(local=_checkpoint_local(config), remote=_fill(ckpt.remote, config) if ckpt.remote else None,
-                          endpoint_url=ckpt.endpoint_url, keep_local=ckpt.keep_local, keep_remote=ckpt.keep_remote,
-                          keep_every=ckpt.keep_every, config_digest=config_digest(config),
-                          upload_cpus=ckpt.upload_cpus, reshards_data=bool(_data_overrides(ckpt)))
+    return CheckpointPlan.from_spec(ckpt, name=config.name, config_digest=config_digest(config),
+                                    reshards_data=bool(_data_overrides(ckpt)))
 
 
 def _watchdog_budgets(config: JobConfig) -> Budgets | None:
@@ -238,14 +234,13 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
 
 
 def _straggler_plan(config: JobConfig) -> StragglerPlan:
-    """The slow-node judge's settings for the batch shell: it needs the nodes' timing, which the ranks report
-    through the watchdog's progress records, so without a watchdog (_watchdog_budgets) it is off."""
+    """The slow-node judge's settings for the batch shell (BatchSpec): it needs the nodes' timing, which the ranks
+    report through the watchdog's progress records, so without a watchdog (_watchdog_budgets) it is off."""
     spec = config.straggler
     action = spec.resolved_action(config.slurm.spare_nodes) if _watchdog_budgets(config) else OFF
     steps = config.torchtitan.option("training.steps")
     return StragglerPlan(action=action, threshold=spec.threshold, window_steps=spec.window_steps,
-                         warmup_steps=spec.warmup_steps, total_steps=steps if isinstance(steps, int) else None,
-                         signal_seconds=config.preemption.signal_seconds)
+                         warmup_steps=spec.warmup_steps, total_steps=steps if isinstance(steps, int) else None)
 
 
 def model_parallel_degree(config: JobConfig) -> int:
@@ -274,14 +269,18 @@ def shrink_node_counts(config: JobConfig) -> list[int]:
     return [n for n in usable if n >= floor]
 
 
-def _teardown(config: JobConfig, python: str, job_dir: str) -> list[str]:
+def _batch_spec(config: JobConfig) -> BatchSpec:
+    """What the batch shell's processes read of the config (node.batch_spec)."""
     policy = config.preemption
-    return render("node_teardown.sh.tmpl", python=shlex.quote(python),
-                  job_dir=shlex.quote(job_dir), shrink_to=",".join(map(str, shrink_node_counts(config))) or "none",
-                  nodes=str(config.slurm.nodes), max_requeues=str(policy.max_requeues),
-                  max_failures=str(policy.max_failures),
-                  max_failures_without_progress=str(policy.max_failures_without_progress),
-                  signal_seconds=str(policy.signal_seconds)).rstrip("\n").splitlines()
+    return BatchSpec(nodes=config.slurm.nodes, shrink_to=tuple(shrink_node_counts(config)),
+                     retry=RetryPolicy(max_requeues=policy.max_requeues, max_failures=policy.max_failures,
+                                       max_failures_without_progress=policy.max_failures_without_progress),
+                     signal_seconds=policy.signal_seconds, titan_module=config.torchtitan.module,
+                     titan_config=config.torchtitan.config, straggler=_straggler_plan(config))
+
+
+def _lines(template: str, **values: str) -> list[str]:
+    return render(template, **values).rstrip("\n").splitlines()
 
 
 def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str]) -> dict[str, Any]:
@@ -312,13 +311,16 @@ def _sbatch_parameters(config: JobConfig, setup: list[str], teardown: list[str])
     return parameters
 
 
+def _shell_word(value: str) -> str:
+    """`value` as one word of the batch script, its `{job_id}` the batch shell's own $SLURM_JOB_ID."""
+    return '"$SLURM_JOB_ID"'.join(shlex.quote(part) if part else "" for part in value.split(JOB_ID))
+
+
 def _exports(env: dict[str, str], unset: list[str]) -> str:
-    """An `unset` line for `unset`, then `export` lines; `{job_id}` in a value becomes the batch shell's own
-    $SLURM_JOB_ID."""
+    """An `unset` line for `unset`, then `export` lines (see :func:`_shell_word`)."""
     lines = [f"unset {' '.join(unset)}" if unset else "",
              export_lines({key: value for key, value in env.items() if JOB_ID not in value})]
-    lines += [f"export {key}=" + '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in value.split(JOB_ID))
-              for key, value in sorted(env.items()) if JOB_ID in value]
+    lines += [f"export {key}={_shell_word(value)}" for key, value in sorted(env.items()) if JOB_ID in value]
     return "\n".join(line for line in lines if line)
 
 
@@ -340,18 +342,18 @@ def plan_job(config: JobConfig) -> JobPlan:
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
     node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), str(run_folder.dump_folder(Path(job_dir))))
                              if env.device == "npu" else ("", {}))
-    node_env = (_BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env()
-                | _straggler_plan(config).to_env() | env.env)
+    node_env = _BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env() | env.env
     unset = npu_env.left_out(npu_vars) if env.device == "npu" else []
     _warn_notify(config)
     if line := npu_env.inherited_warning(os.environ, unset):
         print(f"slurm-titan: WARNING: {config.source}: {line}", file=sys.stderr)
-    setup = render("node_setup.sh.tmpl", workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
+    batch = _batch_spec(config)
+    setup = _lines("node_setup.sh.tmpl", job_dir=_shell_word(job_dir), batch_spec=batch.to_json(),
+                   batch_spec_file=_shell_word(str(run_folder.batch_spec_file(Path(job_dir)))),
+                   workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
                    env_exports=_exports(node_env, unset), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
-                   stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS),
-                   titan_module=shlex.quote(config.torchtitan.module),
-                   titan_config=shlex.quote(config.torchtitan.config), job_dir=shlex.quote(job_dir),
-                   nodes=str(config.slurm.nodes)).rstrip("\n").splitlines()
+                   stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS))
+    teardown = _lines("node_teardown.sh.tmpl", python=shlex.quote(python))
     checkpoint = _checkpoint_plan(config)
     node = NodeSpec(
         name=config.name, device=env.device, procs_per_node=config.slurm.devices_per_node,
@@ -361,5 +363,6 @@ def plan_job(config: JobConfig) -> JobPlan:
         watchdog=_watchdog_budgets(config),
     )
     folder = str(run_folder.job_folder(Path(config.runs_dir).absolute(), config.name, SLURM_JOB_ID))
-    return JobPlan(config, folder, python, _sbatch_parameters(config, setup, _teardown(config, python, job_dir)), node,
-                   node_prefix)
+    return JobPlan(config=config, folder=folder, python=python,
+                   parameters=_sbatch_parameters(config, setup, teardown), node=node, batch=batch,
+                   node_prefix=node_prefix)

@@ -13,7 +13,6 @@ from slurm_titan.errors import ClusterError
 from slurm_titan.launch.plan import JobPlan
 from slurm_titan.node.supervisor.supervisor import NodeSupervisor
 from slurm_titan.records import jobs, ledger
-from slurm_titan.records.run_folder import JOB_ID
 
 
 def preflight(plan: JobPlan) -> JobPlan:
@@ -34,10 +33,9 @@ def preflight(plan: JobPlan) -> JobPlan:
               "(slurm-titan nodes)", file=sys.stderr)
         plan = plan.excluding(off)
     checkpoint = plan.node.checkpoint
-    if checkpoint and checkpoint.remote:
+    if checkpoint and (root := checkpoint.remote_root()) is not None:
         from slurm_titan.ckpt import open_store
 
-        root = checkpoint.remote.split(JOB_ID)[0].rstrip("/")
         open_store(root, endpoint_url=checkpoint.endpoint_url, check=True, create=True)
     return plan
 

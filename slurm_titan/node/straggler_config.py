@@ -8,17 +8,15 @@
                             # the attempt's first judged steps (at least MIN_WINDOW_STEPS)
       warmup_steps: 5       # each attempt's first steps are not judged
 
-The batch shell reads the settings from envvars.STRAGGLER (:class:`StragglerPlan`, what the plan exports).
+The batch shell reads the settings, resolved (:class:`StragglerPlan`), from its BatchSpec (node.batch_spec).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
-from slurm_titan import envvars
 from slurm_titan.errors import ConfigError
 from slurm_titan.records.slow_nodes import ALERT, OFF, SWAP
 
@@ -48,25 +46,14 @@ class StragglerSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class StragglerPlan:
-    """What the batch shell's judge needs: the section resolved, the run's length in steps (None when the
-    config does not say) and the stop signal's lead (the time left to gain from ends there)."""
+    """What the batch shell's judge needs: the section resolved (the action OFF when nothing is judged) and the
+    run's length in steps (None when the config does not say)."""
 
     action: str
     threshold: float
     window_steps: int | None
     warmup_steps: int
     total_steps: int | None
-    signal_seconds: int
-
-    def to_env(self) -> dict[str, str]:
-        """Nothing when the judge is off."""
-        return {} if self.action == OFF else {envvars.STRAGGLER: json.dumps(asdict(self), separators=(",", ":"))}
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> StragglerPlan | None:
-        """The plan :meth:`to_env` wrote; None without one (off). Raises ValueError (or TypeError) if malformed."""
-        text = env.get(envvars.STRAGGLER)
-        return cls(**json.loads(text)) if text else None
 
 
 def check_straggler(where: str, spec: StragglerSpec, spare_nodes: int) -> None:

@@ -18,7 +18,8 @@ Settings come from the environment: what the node supervisor sets
 (:class:`slurm_titan.envvars.RankCheckpointEnv`; without a remote location nothing is uploaded;
 local files go only once uploaded),
 ``envvars.CKPT_CLOSE_TIMEOUT`` (seconds ``close()`` waits for pending uploads; default: until done),
-and the S3 endpoint/credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
+and the S3 credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ... (the endpoint: ``checkpoint.endpoint_url``,
+else AWS_ENDPOINT_URL).
 """
 
 from __future__ import annotations
@@ -93,28 +94,18 @@ class SyncedCheckpointManager(CheckpointManager):
                            "are resharded; the data loader state is NOT loaded (data restarts from the beginning)")
         if not self.enable or self.load_only:
             return
-        settings = envvars.RankCheckpointEnv.from_env()
-        if settings is None:
+        checkpoint = envvars.RankCheckpointEnv.from_env(default_keep_local=config.keep_latest_k)
+        if checkpoint is None:
             log.info("%s is not set: checkpoints stay in %s only", envvars.CKPT_REMOTE, self.folder)
             return
         rank, world = _rank_world()
-        keep_local = config.keep_latest_k if settings.keep_local is None else settings.keep_local
-        cpus = settings.upload_cpus
-        uploader = UploaderProcess(UploadSettings(
-            remote=settings.remote,
-            local_folder=os.path.abspath(self.folder),
-            rank=rank,
-            world_size=world,
-            config_digest=settings.config_digest,
-            keep_local=keep_local,
-            keep_remote=settings.keep_remote,
-            keep_every=settings.keep_every,
-            cpus=tuple(sorted(cpus or ())),
-        ))
+        uploader = UploaderProcess(UploadSettings.from_rank_env(checkpoint, local_folder=os.path.abspath(self.folder),
+                                                                rank=rank, world_size=world))
         self.sync = uploader
+        retention, cpus = checkpoint.retention, checkpoint.upload_cpus
         log.info("checkpoints of %s are uploaded to %s in the background by process %d (keep %s local, %s remote; "
-                 "on %s)", self.folder, uploader.location, uploader.pid, keep_local or "all",
-                 settings.keep_remote or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
+                 "on %s)", self.folder, uploader.location, uploader.pid, retention.keep_local or "all",
+                 retention.keep_remote or "all", f"CPUs {format_cpu_list(cpus)}" if cpus else "training's CPUs")
 
     def _resharded_exclusions(self) -> list[str]:
         """What torchtitan must not load of a checkpoint saved by another world size: its

@@ -6,6 +6,8 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
       <job id>_submitted.pkl                 submitit: the pickled node supervisor
       <job id>_<task>_log.out                submitit: one node log per node (task)
       <job id>_<task>_result.pkl             submitit: each node supervisor's return
+      batch-spec.json                        node.batch_spec: what the batch shell's processes read (the sbatch
+                                             script writes it first)
       history.jsonl                          records.history: the run's start/end/step events, node 0 appends
       watchdog.json                          node.budgets: the slowest step learned, for the next attempt
       excluded-nodes.json                    node.batch.allocation: nodes this run left out, with why
@@ -45,11 +47,24 @@ JOB_DIR = "{job_dir}"
 """Where a planned value takes the job's folder (filled in on the node: :func:`fill`)."""
 SLURM_JOB_ID = "%j"
 """Slurm's and submitit's own placeholder for the job id (in names submitit makes)."""
+NAME = "{name}"
+"""Where a configured path or URL takes the job's name (filled in when the job is planned: :func:`planned`)."""
+
+
+def planned(text: str, name: str) -> str:
+    """A configured path or URL as the plan holds it: the job's name in place of :data:`NAME`, and Slurm's
+    :data:`SLURM_JOB_ID` written as :data:`JOB_ID` (filled in on the node)."""
+    return text.replace(NAME, name).replace(SLURM_JOB_ID, JOB_ID)
 
 
 def fill(text: str, job_id: str, job_dir: str | None = None) -> str:
     """`text` with the job's folder (when given) and id in place of :data:`JOB_DIR` and :data:`JOB_ID`."""
     return (text if job_dir is None else text.replace(JOB_DIR, job_dir)).replace(JOB_ID, job_id)
+
+
+def before_job_id(text: str) -> str:
+    """What every job of a planned `text` shares: the part before :data:`JOB_ID` (all of it without one)."""
+    return text.split(JOB_ID)[0]
 
 
 def job_folder(runs_dir: Path, name: str, job_id: str = JOB_ID) -> Path:
@@ -67,6 +82,10 @@ def node_logs(job_dir: Path, job_id: str) -> list[Path]:
 
 
 # ---- the run's own records ------------------------------------------------------------------------------
+def batch_spec_file(job_dir: Path) -> Path:
+    return job_dir / "batch-spec.json"
+
+
 def history_file(job_dir: Path) -> Path:
     return job_dir / "history.jsonl"
 

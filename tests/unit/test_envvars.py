@@ -11,6 +11,7 @@ import pytest
 from slurm_titan import envvars
 from slurm_titan.errors import ConfigError
 from slurm_titan.node.spec import CheckpointPlan
+from slurm_titan.retention import Retention
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slurm_titan"
 NAMES = {value for key, value in vars(envvars).items() if key.isupper() and isinstance(value, str)}
@@ -37,13 +38,17 @@ def test_the_templates_name_only_known_variables() -> None:
 
 
 def test_the_checkpoint_settings_round_trip() -> None:
-    settings = envvars.RankCheckpointEnv(remote="s3://b/run/7", config_digest="abc", keep_local=3, keep_remote=2,
-                                         keep_every=10, upload_cpus=frozenset({1, 3}))
+    settings = envvars.RankCheckpointEnv(remote="s3://b/run/7", endpoint_url="http://s3.local:8333",
+                                         config_digest="abc", retention=Retention(keep_local=3, keep_remote=2,
+                                                                                  keep_every=10),
+                                         upload_cpus=frozenset({1, 3}))
     env = settings.to_env()
     assert env[envvars.CKPT_UPLOAD_CPUS] == "1,3"
     assert envvars.RankCheckpointEnv.from_env(env) == settings
     assert envvars.RankCheckpointEnv.from_env({}) is None
     assert envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r"}) == envvars.RankCheckpointEnv(remote="/r")
+    unset_keep_local = envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r"}, default_keep_local=5)
+    assert unset_keep_local is not None and unset_keep_local.retention == Retention(keep_local=5)
     with pytest.raises(ConfigError, match=f"{envvars.CKPT_KEEP_LOCAL}: must be >= 0"):
         envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r", envvars.CKPT_KEEP_LOCAL: "-1"})
     with pytest.raises(ConfigError, match=envvars.CKPT_UPLOAD_CPUS):
@@ -51,11 +56,13 @@ def test_the_checkpoint_settings_round_trip() -> None:
 
 
 def test_the_plan_fills_in_the_remote_for_the_job() -> None:
-    plan = CheckpointPlan(local="/local", remote="s3://b/run/{job_id}", endpoint_url=None, keep_local=2, keep_remote=0,
-                          keep_every=0, config_digest="abc")
-    assert plan.remote_for("77") == "s3://b/run/77" == plan.rank_env("77")[envvars.CKPT_REMOTE]
-    assert CheckpointPlan(local="/local", remote=None, endpoint_url=None, keep_local=2, keep_remote=0, keep_every=0,
-                          config_digest="abc").remote_for("77") is None
+    plan = CheckpointPlan(local="/local", remote="s3://b/run/{job_id}/ckpt", retention=Retention(keep_local=2),
+                          config_digest="abc")
+    assert plan.remote_for("77") == "s3://b/run/77/ckpt" == plan.rank_env("77")[envvars.CKPT_REMOTE]
+    assert plan.remote_root() == "s3://b/run"
+    assert CheckpointPlan(local="/local", remote="/shared/ckpt").remote_root() == "/shared/ckpt"
+    no_remote = CheckpointPlan(local="/local", retention=Retention(keep_local=2), config_digest="abc")
+    assert no_remote.remote_for("77") is None and no_remote.remote_root() is None and no_remote.rank_env("77") == {}
 
 
 def test_the_attempt_id_carries_its_number(tmp_path: Path) -> None:

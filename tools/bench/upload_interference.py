@@ -84,11 +84,12 @@ def uploading(make: Callable[[str, Path], object], url: str, work: Path, mib: in
 
 
 def in_thread(url: str, local: Path) -> CheckpointSync:
-    return CheckpointSync(url, str(local), attempt="bench", poll_interval=0.05, cpus=frozenset({SIDE_CPU}))
+    return CheckpointSync(url, str(local), attempt="bench", poll_interval=0.05, upload_cpus=frozenset({SIDE_CPU}))
 
 
 def in_process(url: str, local: Path) -> UploaderProcess:
-    return UploaderProcess(UploadSettings(remote=url, local_folder=str(local), attempt="bench", cpus=(SIDE_CPU,)))
+    return UploaderProcess(UploadSettings(remote=url, local_folder=str(local), attempt="bench",
+                                          upload_cpus=frozenset({SIDE_CPU})))
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Which nodes of the allocation train the next attempt, and its number (runs in the batch shell).
 
 The job allocates `slurm.nodes + slurm.spare_nodes` nodes with `sbatch --no-kill`, so the
-allocation outlives a dead node. Each attempt is one srun step on `slurm.nodes` of them: the first
+allocation outlives a dead node. Each attempt is one srun step on `slurm.nodes` of them (node.batch_spec): the first
 healthy ones (Slurm answers for them) that this run has not excluded. The batch set-up runs
 `python -m slurm_titan.node.batch.allocation` and evals what it prints; `finish` calls `next_attempt`
 again before a restart inside the allocation. The srun line reads the choice from
@@ -25,6 +25,7 @@ from pathlib import Path
 from slurm_titan import envvars, slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
+from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.records import run_folder
 
 _UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT")
@@ -106,17 +107,15 @@ def next_attempt(job_dir: Path, wanted: int, env: Mapping[str, str] | None = Non
 def main(argv: list[str] | None = None) -> int:
     """Print the first attempt's `export` lines for the batch set-up to eval."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-dir", required=True)
-    parser.add_argument("--nodes", type=int, required=True)
-    args = parser.parse_args(argv)
-    job_dir = Path(run_folder.fill(args.job_dir, os.environ["SLURM_JOB_ID"]))
-    job_dir.mkdir(parents=True, exist_ok=True)
-    plan = next_attempt(job_dir, args.nodes)
+    parser.add_argument("--job-dir", type=Path, required=True)
+    job_dir = parser.parse_args(argv).job_dir
+    nodes = load_or_exit(job_dir).nodes
+    plan = next_attempt(job_dir, nodes)
     if plan is None:  # a requeue landed on excluded nodes: train on them rather than not at all
         allocated = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
-        print(f"slurm-titan: WARNING: fewer than {args.nodes} healthy nodes not excluded by this run in "
-              f"{','.join(allocated)}; using the allocation's first {args.nodes}", file=sys.stderr)
-        plan = AttemptPlan(next_attempt_number(job_dir), tuple(allocated[:args.nodes]))
+        print(f"slurm-titan: WARNING: fewer than {nodes} healthy nodes not excluded by this run in "
+              f"{','.join(allocated)}; using the allocation's first {nodes}", file=sys.stderr)
+        plan = AttemptPlan(next_attempt_number(job_dir), tuple(allocated[:nodes]))
     print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in plan.env().items()))
     return 0
 

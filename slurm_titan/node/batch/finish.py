@@ -1,6 +1,7 @@
 """The batch script's last word on an attempt: why it ended, and what the job does next.
 
-Runs in the batch shell after srun returns (submitit's teardown lines). It reads every node's
+Runs in the batch shell after srun returns (submitit's teardown lines), with the job's batch spec
+(node.batch_spec: the node count, the shrink counts, the retry policy, the warning window). It reads every node's
 report, blames the first failure on its node (`attribution`; a preflight failure: from node 0's verdict,
 retried only when a restart may clear it), decides with `outcome.decide`,
 records the attempt's end in the run history, then:
@@ -33,8 +34,9 @@ from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node.batch import allocation, attribution, notify, step_watch
-from slurm_titan.node.batch.outcome import REQUEUE, RESTART, SLOW_NODE, STOP, Outcome, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, SLOW_NODE, STOP, Outcome, RunSoFar, decide
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
+from slurm_titan.node.batch_spec import BatchSpec, load_or_exit
 from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import history, ledger, run_folder, slow_nodes
@@ -132,18 +134,17 @@ def run_so_far(job_dir: Path, attempt: int, requeues: int) -> RunSoFar:
                     stalled_failures=history.stalled_failures(earlier), progressed=trained > best)
 
 
-def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, args: argparse.Namespace,
+def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, spec: BatchSpec,
              env: dict[str, str]) -> tuple[Outcome, int]:
     """Decide what follows `attempt`, leave out the node it blames if it should, record the end and
     send its alert. Returns the outcome and the attempt's exit code."""
     code = attempt_exit_code(job_dir, attempt.number, len(attempt.hosts), srun_exit_code)
-    near_limit = code == ExitCode.PREEMPTED and near_time_limit(job_id, args.signal_seconds)
+    near_limit = code == ExitCode.PREEMPTED and near_time_limit(job_id, spec.signal_seconds)
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     preflight = attribution.preflight_failure(read_verdict(job_dir, attempt.number), attempt.hosts,
                                               attempt.number) if code == ExitCode.PREFLIGHT else None
     slow = slow_nodes.read_verdict(job_dir, attempt.number)
-    outcome = decide(code, near_limit, run, RetryPolicy(args.max_requeues, args.max_failures,
-                                                        args.max_failures_without_progress), preflight is not None,
+    outcome = decide(code, near_limit, run, spec.retry, preflight is not None,
                      swapping=slow is not None and slow.action == SWAP)
     failure: attribution.NodeFailure | None = preflight
     excluded: list[str] = []
@@ -224,55 +225,47 @@ def _unhealthy(hosts: list[str]) -> set[str]:
         return set()
 
 
-def restart_in_allocation(job_dir: Path, job_id: str, nodes: int, signal_seconds: int,
-                          shrink_to: list[int]) -> allocation.AttemptPlan | None:
-    """The next attempt inside this allocation, on `nodes` or else (`preemption.allow_shrink`) on the
-    largest of `shrink_to` that the good nodes left allow; None (with the reason said) when it cannot go on."""
+def restart_in_allocation(job_dir: Path, job_id: str, spec: BatchSpec) -> allocation.AttemptPlan | None:
+    """The next attempt inside this allocation, on `spec.nodes` or else (`preemption.allow_shrink`) on the
+    largest of `spec.shrink_to` that the good nodes left allow; None (with the reason said) when it cannot go on."""
     left = slurm.time_left_seconds(job_id)
-    if left is not None and left <= signal_seconds + TIME_LIMIT_MARGIN_S:
+    if left is not None and left <= spec.signal_seconds + TIME_LIMIT_MARGIN_S:
         say(f"{left} s left in the allocation: requeueing instead of restarting in it")
         return None
-    for count in (nodes, *shrink_to):
+    for count in (spec.nodes, *spec.shrink_to):
         if (plan := allocation.next_attempt(job_dir, count)) is not None:
-            if count < nodes:
-                say(f"fewer than {nodes} healthy nodes left in the allocation: going on with {count} "
+            if count < spec.nodes:
+                say(f"fewer than {spec.nodes} healthy nodes left in the allocation: going on with {count} "
                     "(preemption.allow_shrink)")
             return plan
-    say(f"fewer than {min((nodes, *shrink_to))} healthy nodes left in the allocation: requeueing")
+    say(f"fewer than {min((spec.nodes, *spec.shrink_to))} healthy nodes left in the allocation: requeueing")
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--srun-exit-code", type=int, required=True)
-    parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--max-requeues", type=int, required=True)
-    parser.add_argument("--max-failures", type=int, required=True)
-    parser.add_argument("--max-failures-without-progress", type=int, default=3)
-    parser.add_argument("--shrink-to", default="none", help="node counts to go on with, largest first, or none")
-    parser.add_argument("--signal-seconds", type=int, required=True)
     args = parser.parse_args(argv)
+    job_dir = args.job_dir
+    spec = load_or_exit(job_dir)
     env = dict(os.environ)
     job_id = env["SLURM_JOB_ID"]
-    job_dir = Path(run_folder.fill(args.job_dir, job_id))
     number = int(env.get(envvars.ATTEMPT_INDEX) or env.get("SLURM_RESTART_COUNT", "0"))
     hosts = env[envvars.NODES].split(",") if env.get(envvars.NODES) else \
-        expand_hostlist(env.get("SLURM_JOB_NODELIST", "localhost"))[:args.nodes]
+        expand_hostlist(env.get("SLURM_JOB_NODELIST", "localhost"))[:spec.nodes]
     attempt, srun_exit_code = Attempt(number, hosts), args.srun_exit_code
     while True:
-        outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, args, env)
+        outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
         if outcome.action == STOP:
             return code
-        shrink_to = [] if args.shrink_to == "none" else [int(n) for n in args.shrink_to.split(",")]
-        if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, args.nodes,
-                                                                         args.signal_seconds, shrink_to)):
+        if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec)):
             env |= plan.env()
             attempt = Attempt(plan.attempt, list(plan.nodes))
             say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")
             srun = subprocess.Popen(["bash", "-c", f"exec {srun_command(job_dir, job_id)}"], env=env)
             step_watch.watch(job_dir, plan.attempt, list(plan.nodes), srun.pid,
-                             slow=SlowNodeWatch.from_env(env, job_dir, plan.attempt, list(plan.nodes)))
+                             slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, list(plan.nodes), env))
             srun_exit_code = srun.wait()
             continue
         if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all

@@ -23,18 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_titan.errors import ExitCode
+from slurm_titan.node.batch_spec import RetryPolicy
 
 STOP, REQUEUE, RESTART = "stop", "requeue", "restart"
 SLOW_NODE = "slow node"
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """`preemption.*`: caps on requeues (planned stops) and on failed attempts."""
-
-    max_requeues: int
-    max_failures: int
-    max_failures_without_progress: int = 3
 
 
 @dataclass(frozen=True)

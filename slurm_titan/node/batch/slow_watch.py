@@ -22,10 +22,11 @@ from slurm_titan.failure_kinds import SLOW
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node.batch import allocation, notify
 from slurm_titan.node.batch.straggler import Candidate, Judge, choose_action, swap_cost_s
+from slurm_titan.node.batch_spec import BatchSpec
 from slurm_titan.node.node_log import say
 from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import history, ledger, node_timing, slow_nodes
-from slurm_titan.records.slow_nodes import SWAP, SlowNode
+from slurm_titan.records.slow_nodes import OFF, SWAP, SlowNode
 
 POLL_S = 5.0  # the nodes replace their timing files every node.supervisor.timing.PERIOD_S
 
@@ -34,22 +35,20 @@ class SlowNodeWatch:
     """One attempt's judge, its records and its action."""
 
     def __init__(self, plan: StragglerPlan, job_dir: Path, attempt: int, hosts: list[str], env: Mapping[str, str],
-                 poll_s: float = POLL_S) -> None:
+                 *, signal_seconds: int, poll_s: float = POLL_S) -> None:
         self.plan, self.job_dir, self.attempt, self.hosts, self.env = plan, job_dir, attempt, hosts, dict(env)
-        self.poll_s = poll_s
+        self.signal_seconds, self.poll_s = signal_seconds, poll_s
         self.judge = Judge(attempt=attempt, hosts=hosts, threshold=plan.threshold, window_steps=plan.window_steps,
                            warmup_steps=plan.warmup_steps)
         self._next = 0.0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], job_dir: Path, attempt: int, hosts: list[str]) -> SlowNodeWatch | None:
-        """The attempt's watch, None when the job's judge is off (or its settings do not parse: one warning)."""
-        try:
-            plan = StragglerPlan.from_env(dict(env))
-        except (ValueError, TypeError) as error:
-            say(f"WARNING: slow nodes are not judged: the straggler settings are malformed ({error})")
+    def for_attempt(cls, spec: BatchSpec, job_dir: Path, attempt: int, hosts: list[str],
+                    env: Mapping[str, str]) -> SlowNodeWatch | None:
+        """The attempt's watch, None when the job's judge is off."""
+        if spec.straggler.action == OFF:
             return None
-        return cls(plan, job_dir, attempt, hosts, env) if plan else None
+        return cls(spec.straggler, job_dir, attempt, hosts, env, signal_seconds=spec.signal_seconds)
 
     def poll(self, now: float | None = None) -> bool:
         """Judge once every `poll_s`; True when a slow node is to be swapped (the attempt must end)."""
@@ -99,4 +98,4 @@ class SlowNodeWatch:
             left = slurm.time_left_seconds(job_id)
         except ClusterError:
             return None
-        return None if left is None else max(0.0, left - self.plan.signal_seconds)
+        return None if left is None else max(0.0, left - self.signal_seconds)

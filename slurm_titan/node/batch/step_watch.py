@@ -29,6 +29,7 @@ from pathlib import Path
 from slurm_titan import envvars
 from slurm_titan.node.batch import attribution
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
+from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import run_folder
 
@@ -130,15 +131,15 @@ def find_srun(shell_pid: int, timeout_s: float = FIND_SRUN_S) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--shell-pid", type=int, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is for the ranks
-    job_dir = Path(run_folder.fill(args.job_dir, os.environ["SLURM_JOB_ID"]))
     srun = find_srun(args.shell_pid)
     if srun is not None:
         attempt, hosts = int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(",")
-        watch(job_dir, attempt, hosts, srun, slow=SlowNodeWatch.from_env(os.environ, job_dir, attempt, hosts))
+        slow = SlowNodeWatch.for_attempt(load_or_exit(args.job_dir), args.job_dir, attempt, hosts, os.environ)
+        watch(args.job_dir, attempt, hosts, srun, slow=slow)
     return 0
 
 

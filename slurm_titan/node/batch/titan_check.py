@@ -2,15 +2,19 @@
 
 Catches a wrong `torchtitan.config` for modules the login node could not check (a module
 outside torchtitan's own tree, or torchtitan not installed there). The message is the first
-line of the job's log; the exit code is 2, like a config error at submit.
+line of the job's log; the exit code is 2, like a config error at submit. The module and config
+come from the job's batch spec (node.batch_spec).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from slurm_titan import titan_configs
+from slurm_titan.node.batch_spec import load_or_exit
 
 
 def available_configs(module: str) -> set[str]:
@@ -28,7 +32,10 @@ def available_configs(module: str) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    module, config = argv or sys.argv[1:3]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", type=Path, required=True)
+    spec = load_or_exit(parser.parse_args(argv).job_dir)
+    module, config = spec.titan_module, spec.titan_config
     names = available_configs(module)
     if config in names:
         return 0

@@ -90,7 +90,9 @@ def from_slurm_env(
 
     With envvars.NODES (the batch shell's choice of nodes for this attempt, spares left out) the
     node rank is this node's position in it (SLURMD_NODENAME); without it, SLURM_JOB_NODELIST /
-    SLURM_NODEID / SLURM_JOB_NUM_NODES as Slurm gives them. The port comes from SLURM_JOB_ID.
+    SLURM_NODEID / SLURM_JOB_NUM_NODES as Slurm gives them. The port comes from SLURM_JOB_ID. The node count is
+    the attempt's own (envvars.NODES), not the planned `slurm.nodes` of the batch spec (node.batch_spec): a run that
+    shrank goes on with fewer.
     """
     if env.get(NODES):
         hosts = tuple(env[NODES].split(","))

@@ -162,8 +162,7 @@ def test_another_world_size_each_node_fetches_what_its_new_ranks_dcp_load_reads(
     per = new_world // nodes
     port = _free_port()
     env = dict(repo_pythonpath(), SAVED_WORLD=str(world), OMP_NUM_THREADS="1")
-    plan = CheckpointPlan(local="", remote=str(remote), endpoint_url=None, keep_local=0, keep_remote=0, keep_every=0,
-                          config_digest="")
+    plan = CheckpointPlan(local="", remote=str(remote))
     out = tmp_path / "out"
     out.mkdir()
     said: dict[int, list[str]] = {k: [] for k in range(nodes)}

@@ -19,6 +19,7 @@ from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.errors import StorageError
+from slurm_titan.retention import Retention
 from tests.support.ckpt import write_fake_step
 
 
@@ -137,7 +138,7 @@ def test_rank_without_its_files_leaves_step_incomplete(location, tmp_path):
 
 def test_remote_and_local_retention(location, tmp_path):
     local = tmp_path / "local"
-    syncs = _ranks(location, local, world_size=2, keep_remote=2, keep_every=20, keep_local=1)
+    syncs = _ranks(location, local, world_size=2, retention=Retention(keep_remote=2, keep_every=20, keep_local=1))
     for step in (10, 20, 30, 40, 50):
         write_fake_step(local, step, world_size=2)
         for s in syncs:
@@ -156,7 +157,7 @@ def test_remote_and_local_retention(location, tmp_path):
 def test_credentials_never_in_records_or_logs(s3_env, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="slurm_titan")
     location = s3_env.fresh_url()
-    syncs = _ranks(location, tmp_path / "local", world_size=2, keep_remote=1)
+    syncs = _ranks(location, tmp_path / "local", world_size=2, retention=Retention(keep_remote=1))
     for step in (1, 2):
         write_fake_step(tmp_path / "local", step, world_size=2)
         for s in syncs:
@@ -175,7 +176,7 @@ def test_credentials_never_in_records_or_logs(s3_env, tmp_path, caplog):
 def test_upload_and_commit_threads_yield_the_cpu_to_training(tmp_path):
     local = tmp_path / "local"
     upload_cpu = max(os.sched_getaffinity(0))
-    syncs = _ranks(str(tmp_path / "remote"), local, world_size=1, nice=7, cpus=frozenset({upload_cpu}))
+    syncs = _ranks(str(tmp_path / "remote"), local, world_size=1, nice=7, upload_cpus=frozenset({upload_cpu}))
     write_fake_step(local, 10, world_size=1)
     syncs[0].submit(10)
     assert syncs[0].wait(timeout=30)

@@ -59,9 +59,21 @@ def test_an_unreachable_store_fails_at_start_in_one_line(monkeypatch, tmp_path):
     assert "EXAMPLEKEY" not in str(caught.value)
 
 
+@pytest.mark.s3
+def test_the_child_reaches_the_endpoint_its_settings_name(s3_env, monkeypatch, tmp_path):
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # checkpoint.endpoint_url only: none in the environment
+    location = s3_env.fresh_url()
+    up = _uploaders(location, tmp_path / "local", world_size=1, endpoint_url=s3_env.endpoint)[0]
+    write_fake_step(tmp_path / "local", 1, world_size=1)
+    up.submit(1)
+    assert up.wait(1, timeout=60) and up.status(1) == "committed"
+    assert up.close(timeout=60)
+    assert [i.step for i in list_checkpoints(open_store(location, endpoint_url=s3_env.endpoint))] == [1]
+
+
 def test_the_child_runs_below_training_on_its_own_cpus_and_ignores_stop_signals(tmp_path):
     cpu = max(os.sched_getaffinity(0))
-    up = _uploaders(str(tmp_path / "remote"), tmp_path / "local", world_size=1, nice=6, cpus=(cpu,))[0]
+    up = _uploaders(str(tmp_path / "remote"), tmp_path / "local", world_size=1, nice=6, upload_cpus=frozenset({cpu}))[0]
     assert os.sched_getaffinity(up.pid) == {cpu}
     assert os.getpriority(os.PRIO_PROCESS, up.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 6)
     for signum in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):

@@ -1,6 +1,8 @@
 """The plan: a golden file pins the sbatch script submitit generates and the per-node command."""
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,8 @@ import pytest
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import flatten_options, plan_job
+from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
+from slurm_titan.node.straggler_config import StragglerPlan
 from tests.support.paths import DATA
 from tests.support.plans import pinned_debug_cpu
 
@@ -38,6 +42,42 @@ def test_nodes_flag_reaches_sbatch(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=4" in script
     assert "#SBATCH --partition=high" in script
     assert "#SBATCH --ntasks-per-node=1" in script
+
+
+def test_the_batch_spec_carries_the_config(tmp_path: Path) -> None:
+    plan = plan_job(load_config(pinned_debug_cpu(tmp_path), [
+        ("slurm.nodes", 4), ("slurm.spare_nodes", 1), ("preemption.allow_shrink", True),
+        ("preemption.max_failures", 7), ("torchtitan.config", "llama3_8b")]))
+    assert plan.batch == BatchSpec(nodes=4, shrink_to=(3, 2, 1), retry=RetryPolicy(
+        max_requeues=20, max_failures=7, max_failures_without_progress=3), signal_seconds=120, titan_module="llama3",
+        titan_config="llama3_8b", straggler=StragglerPlan(action="swap", threshold=0.8, window_steps=None,
+                                                          warmup_steps=5, total_steps=12))
+    assert "#SBATCH --nodes=5" in plan.script()  # the allocation has the spare; each attempt, the spec's count
+
+
+def test_the_batch_script_writes_its_spec_and_hands_every_process_the_job_folder(tmp_path: Path) -> None:
+    """The sbatch script of a plan, run by bash with stand-ins for srun and the Python (they log their arguments):
+    its set-up writes the plan's batch spec into the job's folder, `{job_id}` filled in from SLURM_JOB_ID, and
+    every process of the batch shell gets that folder."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name in ("python", "srun"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "$(basename "$0") $*" >> {calls}\n')
+        (bin_dir / name).chmod(0o755)
+    plan = plan_job(load_config(pinned_debug_cpu(tmp_path), [
+        ("runs_dir", str(tmp_path / "my runs")), ("environment.python", str(bin_dir / "python")),
+        ("environment.workdir", str(tmp_path))]))
+    (tmp_path / "job.sh").write_text(plan.script())
+    subprocess.run(["bash", str(tmp_path / "job.sh")], check=True, timeout=60,
+                   env=os.environ | {"SLURM_JOB_ID": "77", "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    job_dir = tmp_path / "my runs/debug-cpu/77"
+    assert BatchSpec.load(job_dir) == plan.batch
+    deadline = time.monotonic() + 10
+    while len(calls.read_text().splitlines()) < 5 and time.monotonic() < deadline:  # step_watch runs in background
+        time.sleep(0.05)
+    made = sorted(line.split(" --shell-pid ")[0] for line in calls.read_text().splitlines() if "slurm_titan" in line)
+    assert made == [f"python -m slurm_titan.node.batch.{module} --job-dir {job_dir}{extra}" for module, extra in
+                    [("allocation", ""), ("finish", " --srun-exit-code 0"), ("step_watch", ""), ("titan_check", "")]]
 
 
 def test_flatten_options_speaks_tyro() -> None:

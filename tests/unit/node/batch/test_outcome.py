@@ -8,9 +8,11 @@ import pytest
 
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch.finish import attempt_exit_code
-from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RunSoFar, decide
+from slurm_titan.node.batch_spec import RetryPolicy
 from slurm_titan.node.supervisor.supervisor import node_exit_code
 from slurm_titan.records import history, run_folder
+from tests.support.batch_specs import write_batch_spec
 
 POLICY = RetryPolicy(max_requeues=3, max_failures=5, max_failures_without_progress=3)
 
@@ -55,7 +57,8 @@ def test_crash_is_retried_by_default_and_a_loop_is_named() -> None:
     from slurm_titan.launch.config import PreemptionSpec
 
     spec = PreemptionSpec()
-    policy = RetryPolicy(spec.max_requeues, spec.max_failures, spec.max_failures_without_progress)
+    policy = RetryPolicy(max_requeues=spec.max_requeues, max_failures=spec.max_failures,
+                         max_failures_without_progress=spec.max_failures_without_progress)
     assert decide(1, False, _run(), policy).action == RESTART
     loop = decide(1, False, _run(failures=2, stalled=2, progressed=False), policy)
     assert loop.reason == "restart loop" and "3 failed attempts in a row without progress" in loop.note
@@ -119,8 +122,9 @@ def test_missing_scontrol_is_an_error_not_a_silent_non_requeue(monkeypatch: pyte
     monkeypatch.setenv("PATH", str(tmp_path))  # a compute node without Slurm's client commands
     monkeypatch.setenv("SLURM_JOB_ID", "123")
     monkeypatch.setattr(finish, "near_time_limit", lambda job_id, seconds: False)
-    code = finish.main(["--job-dir", str(tmp_path), "--srun-exit-code", "0", "--nodes", "1", "--max-requeues", "5",
-                        "--max-failures", "0", "--signal-seconds", "60"])
+    write_batch_spec(tmp_path, nodes=1, retry=RetryPolicy(max_requeues=5, max_failures=0,
+                                                          max_failures_without_progress=3), signal_seconds=60)
+    code = finish.main(["--job-dir", str(tmp_path), "--srun-exit-code", "0"])
     assert code == ExitCode.REQUEUE_FAILED
     assert "ERROR: scontrol not found on PATH" in capsys.readouterr().out
     assert [a.reason for a in history.read_attempts(tmp_path)] == ["preempted"]

@@ -1,7 +1,6 @@
 """Unplanned failures: attribution from node reports, the nodes of the next attempt, the restart loop
 in the batch shell (with stand-ins for srun and scontrol; the real ones run in tests/e2e/test_recovery.py)."""
 
-import argparse
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ from slurm_titan.node.batch import allocation, attribution, finish, step_watch
 from slurm_titan.node.batch.outcome import RESTART, STOP
 from slurm_titan.node.supervisor import rendezvous
 from slurm_titan.records import history, ledger, run_folder
+from tests.support.batch_specs import SPEC, write_batch_spec
 from tests.support.paths import DATA
 from tests.support.reports import node_report
 
@@ -83,7 +83,6 @@ def test_a_node_failing_the_preflight_twice_is_left_out(monkeypatch: pytest.Monk
     recorded: list[tuple[str, bool]] = []
     monkeypatch.setattr(finish.ledger, "record_failure", lambda node, job, kind, cause, excluded, env:
                         recorded.append((node, excluded)))
-    args = argparse.Namespace(max_requeues=5, max_failures=5, max_failures_without_progress=3, signal_seconds=60)
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]"}
     outcomes = []
     for attempt in (0, 1, 2):
@@ -93,7 +92,7 @@ def test_a_node_failing_the_preflight_twice_is_left_out(monkeypatch: pytest.Monk
         folder.mkdir(parents=True)
         findings = busy_verdict(0, "info_910b3_a2.txt") + busy_verdict(1)
         (folder / "verdict.json").write_text(json.dumps({"nodes": 2, "findings": [asdict(f) for f in findings]}))
-        outcome, code = finish.conclude(tmp_path, "42", finish.Attempt(attempt, ["n1", "n2"]), 78, args, env)
+        outcome, code = finish.conclude(tmp_path, "42", finish.Attempt(attempt, ["n1", "n2"]), 78, SPEC, env)
         outcomes.append((outcome.reason, outcome.action, code))
     assert outcomes == [("preflight failed", STOP, 78), ("failed", RESTART, 78), ("failed", RESTART, 78)]
     attempts = history.read_attempts(tmp_path)
@@ -182,9 +181,10 @@ def _failed_attempt_0(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_atte
     return job_dir
 
 
-def _finish(job_dir: Path, *extra: str) -> int:
-    return finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137", "--nodes", "2", "--max-requeues", "5",
-                        "--max-failures", "5", "--signal-seconds", "60", *extra])
+def _finish(job_dir: Path, **changes: object) -> int:
+    """finish after attempt 0 on 2 nodes, max_requeues and max_failures 5, a 60 s warning window, with `changes`."""
+    write_batch_spec(job_dir, **changes)
+    return finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "137"])
 
 
 def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -262,7 +262,7 @@ def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.Mo
     job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
     allocation.exclude(job_dir, "n3", "lost")  # the spare is gone already
     history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True)  # n1 failed before
-    assert _finish(job_dir, "--shrink-to", "1") == 0
+    assert _finish(job_dir, shrink_to=(1,)) == 0
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2"  # n1 failed again: left out; n2 goes on alone
 
 

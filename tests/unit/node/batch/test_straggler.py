@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,15 @@ import pytest
 from slurm_titan import envvars
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch import finish, step_watch
-from slurm_titan.node.batch.outcome import RESTART, SLOW_NODE, RetryPolicy, RunSoFar, decide
+from slurm_titan.node.batch.outcome import RESTART, SLOW_NODE, RunSoFar, decide
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch.straggler import Judge, choose_action, swap_cost_s
+from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
 from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import history, ledger, node_timing, run_folder, slow_nodes
 from slurm_titan.records.node_timing import NodeTiming
 from slurm_titan.records.slow_nodes import ALERT, SWAP, SlowNode
+from tests.support.batch_specs import SPEC, write_batch_spec
 from tests.support.reports import node_report
 
 HOSTS = ["n1", "n2", "n3"]
@@ -143,7 +146,8 @@ def test_the_swap_cost_is_the_runs_measured_restart_plus_a_step() -> None:
 
 
 def test_a_swap_restarts_without_counting_a_failure() -> None:
-    policy, run = RetryPolicy(5, 0, 1), RunSoFar(requeues=0, failures=0, stalled_failures=0, progressed=False)
+    policy = RetryPolicy(max_requeues=5, max_failures=0, max_failures_without_progress=1)
+    run = RunSoFar(requeues=0, failures=0, stalled_failures=0, progressed=False)
     outcome = decide(ExitCode.PREEMPTED, False, run, policy, swapping=True)
     assert (outcome.reason, outcome.action) == (SLOW_NODE, RESTART)  # max_failures=0 does not stop it
     assert decide(ExitCode.PREEMPTED, True, run, policy, swapping=True).reason == "timed out"
@@ -151,8 +155,11 @@ def test_a_swap_restarts_without_counting_a_failure() -> None:
 
 
 def _plan(action: str = SWAP, window: int = 8) -> StragglerPlan:
-    return StragglerPlan(action=action, threshold=0.8, window_steps=window, warmup_steps=0, total_steps=10000,
-                         signal_seconds=60)
+    return StragglerPlan(action=action, threshold=0.8, window_steps=window, warmup_steps=0, total_steps=10000)
+
+
+def _watch(job_dir: Path, env: dict[str, str], window: int = 8) -> SlowNodeWatch:
+    return SlowNodeWatch(_plan(window=window), job_dir, 0, HOSTS[:2], env, signal_seconds=60, poll_s=0)
 
 
 def _write(job_dir: Path, cluster: Cluster, steps: int) -> None:
@@ -170,7 +177,7 @@ def batch_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]
 
 
 def test_the_watch_names_a_slow_node_everywhere_and_asks_for_a_swap(tmp_path: Path, batch_env) -> None:
-    watch = SlowNodeWatch(_plan(), tmp_path, 0, HOSTS[:2], batch_env, poll_s=0)
+    watch = _watch(tmp_path, batch_env)
     cluster = Cluster([1.0, 1.7])
     swap = []
     for _ in range(8):
@@ -190,15 +197,16 @@ def test_the_watch_names_a_slow_node_everywhere_and_asks_for_a_swap(tmp_path: Pa
 
 def test_without_a_spare_the_watch_only_alerts(tmp_path: Path, batch_env) -> None:
     batch_env["SLURM_JOB_NODELIST"] = "n[1-2]"
-    watch = SlowNodeWatch(_plan(), tmp_path, 0, HOSTS[:2], batch_env, poll_s=0)
+    watch = _watch(tmp_path, batch_env)
     cluster = Cluster([1.0, 1.7])
     for _ in range(8):
         _write(tmp_path, cluster, 2)
         assert watch.poll(cluster.now) is False
     assert slow_nodes.read_verdict(tmp_path, 0).action == ALERT
-    assert SlowNodeWatch.from_env({}, tmp_path, 0, HOSTS) is None  # the judge is off
-    assert SlowNodeWatch.from_env(_plan().to_env(), tmp_path, 0, HOSTS) is not None
-    assert _plan(action="off").to_env() == {}
+    assert SlowNodeWatch.for_attempt(SPEC, tmp_path, 0, HOSTS, batch_env) is None  # the judge is off
+    spec = replace(SPEC, straggler=_plan())
+    assert SlowNodeWatch.for_attempt(spec, tmp_path, 0, HOSTS, batch_env) is not None
+    assert BatchSpec.from_json(spec.to_json()) == spec  # the batch shell reads what the plan wrote
 
 
 def test_the_step_watcher_ends_a_swapped_attempt_with_one_warning_signal(tmp_path: Path, batch_env) -> None:
@@ -206,7 +214,7 @@ def test_the_step_watcher_ends_a_swapped_attempt_with_one_warning_signal(tmp_pat
                              "signal.signal(signal.SIGUSR2, lambda *a: sys.exit(75))\nprint(flush=True)\n"
                              "time.sleep(30)"], stdout=subprocess.PIPE)
     srun.stdout.readline()  # its handler is in place
-    watch = SlowNodeWatch(_plan(window=4), tmp_path, 0, HOSTS[:2], batch_env, poll_s=0)
+    watch = _watch(tmp_path, batch_env, window=4)
     cluster = Cluster([1.0, 2.0])
     _write(tmp_path, cluster, 2)
     watch.poll(cluster.now)
@@ -237,8 +245,8 @@ def test_finish_swaps_the_slow_node_for_the_spare(monkeypatch: pytest.MonkeyPatc
                         envvars.ATTEMPT_INDEX: "0", envvars.NODES: "n1,n2"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(finish.slurm, "time_left_seconds", lambda job_id: 3600)
-    assert finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "0", "--nodes", "2", "--max-requeues", "0",
-                        "--max-failures", "0", "--signal-seconds", "60"]) == 0
+    write_batch_spec(job_dir, retry=RetryPolicy(max_requeues=0, max_failures=0, max_failures_without_progress=1))
+    assert finish.main(["--job-dir", str(job_dir), "--srun-exit-code", "0"]) == 0
     attempts = history.read_attempts(job_dir)
     assert [(a.reason, a.action) for a in attempts] == [(SLOW_NODE, RESTART), ("finished", "stop")]
     assert attempts[0].excluded == ["n2"] and attempts[0].culprit == "n2" and "slow node n2" in attempts[0].cause
