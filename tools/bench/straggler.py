@@ -11,9 +11,11 @@ healthy one is, and what a swap is worth.
   then a barrier that blocks, as gloo's waits do); each writes its progress record as a rank does, the node's
   timing goes through the supervisor's TimingReport and the files, and the batch shell's judge reads them every
   5 s (node.batch.slow_watch.POLL_S) with the defaults (threshold 0.8, window: 60 s of steps, 5 warm-up steps).
-  After `--healthy-s` one node is put in a cgroup capped at 1/slowdown of the CPU it was getting (measured
-  over 2 s: on a shared machine a quota of a whole CPU would not bind; tools/local_cluster/cpu_throttle.py,
-  needs root). Reported: seconds from the throttle to the verdict (None: not named within `--limit-s`);
+  After `--healthy-s` one node is put in a cgroup capped at 1/slowdown of the CPU share it was getting while it
+  ran (measured over 2 s: on a shared machine a quota of a whole CPU would not bind;
+  tools/local_cluster/cpu_throttle.py, needs root). Reported: seconds from the throttle to the verdict (None: not
+  named within `--limit-s`), and the slowdown the quota really caused (the step time after it over before it:
+  on a loaded machine it is not exactly the one asked for);
 - false positives: the same, nobody throttled, for `--healthy-minutes`: nodes named per hour (on this machine's
   load: 2 CPUs shared with other work, the harshest noise a judge here sees);
 - goodput of a run with one slow node, with and without the swap, from the measured detection time, a swap's
@@ -39,7 +41,7 @@ from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.records import node_timing, rank_progress
 from slurm_titan.records.rank_progress import Phase
 from slurm_titan.records.schedstat import WantedTime
-from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_used
+from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_when_running
 
 WATCHDOG_POLL_S = 0.5  # how often the supervisor reads the records (node.supervisor.supervisor.POLL_S)
 THROTTLE_MEASURE_S = 2.0  # the victim's CPU use is measured this long; its quota is that / slowdown
@@ -123,7 +125,7 @@ def judged_run(*, nodes: int, step_s: float, slowdown: float | None, healthy_s: 
         return Judge(attempt=0, hosts=hosts, threshold=threshold, window_steps=window_steps,
                      warmup_steps=warmup_steps)
 
-    judge, window = new_judge(), None
+    judge, window, at_throttle = new_judge(), None, None
     reports = [TimingReport(job_dir, 0, node, hosts[node]) for node in range(nodes)]
     named: list[dict[str, Any]] = []
     last: dict[str, float] = {}
@@ -136,9 +138,10 @@ def judged_run(*, nodes: int, step_s: float, slowdown: float | None, healthy_s: 
             now = time.time()
             if slowdown and throttled_at is None and now - start >= healthy_s:
                 victim = ranks.processes[-1].pid
-                cpus = cpus_used([victim], THROTTLE_MEASURE_S)
+                cpus = cpus_when_running([victim], THROTTLE_MEASURE_S)
                 stack.enter_context(CpuThrottle(f"slurm-titan-bench-{int(start)}", cpus / slowdown)).add(victim)
                 throttled_at = now = time.time()
+                at_throttle = rank_progress.read(ranks.records[0])
             for node, report in enumerate(reports):
                 report.offer(ranks.read(node), now)
             if now >= next_judge:
@@ -153,7 +156,12 @@ def judged_run(*, nodes: int, step_s: float, slowdown: float | None, healthy_s: 
                     judge = new_judge()
             time.sleep(WATCHDOG_POLL_S)
         steps = rank_progress.read(ranks.records[0])
-    return {"slowdown": slowdown, "threshold": threshold, "window_steps": window, "named": named,
+    real = None
+    if throttled_at is not None and at_throttle and steps and steps.steps_done > at_throttle.steps_done:
+        before = at_throttle.wall_s / max(1, at_throttle.steps_done)
+        after = (steps.wall_s - at_throttle.wall_s) / (steps.steps_done - at_throttle.steps_done)
+        real = round(after / before, 2)
+    return {"slowdown": slowdown, "real_slowdown": real, "threshold": threshold, "window_steps": window, "named": named,
             "detect_s": named[0]["after_s"] if named and slowdown else None, "last_scores": last,
             "steps": steps.steps_done if steps else 0, "seconds": round(time.time() - start, 1)}
 
@@ -249,9 +257,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"detection: {runs[-1]}", flush=True)
     if runs:
         result["detection"] = runs
-        result["goodput"] = {str(r["slowdown"]): goodput(args.run_minutes * 60, r["slowdown"], r["detect_s"],
-                                                         args.swap_cost_s)
-                             for r in runs if r["detect_s"] is not None and r["threshold"] == 0.8}
+        result["goodput"] = {str(r["real_slowdown"]): goodput(args.run_minutes * 60, r["real_slowdown"],
+                                                              r["detect_s"], args.swap_cost_s)
+                             for r in runs if r["detect_s"] is not None and r["real_slowdown"]}
         print(f"goodput: {result['goodput']}")
     if args.healthy_minutes:
         healthy = judged_run(nodes=args.nodes, step_s=args.step_s, slowdown=None, healthy_s=0,

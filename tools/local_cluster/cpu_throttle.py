@@ -3,12 +3,13 @@ neighbour would slow them. cgroup v1's cpu controller (`/sys/fs/cgroup/cpu`: cpu
 cpu.cfs_period_us) or v2's (`cpu.max`); needs root. Shared by the end-to-end tests, the slow-node benchmark
 and the integration test of the judge.
 
-    cpus = cpus_used([pid], 5.0)   # what it runs on now (on a loaded machine: its share, not a whole CPU)
+    cpus = cpus_when_running([pid], 5.0)   # on a loaded machine: its share while it runs, not a whole CPU
     with CpuThrottle("slurm-titan-slow-n2", cpus=0.6 * cpus) as throttle:
         throttle.add(pid)          # every thread of pid: cgroup.procs moves the whole process
 
-A quota binds only below what the processes get anyway: on a machine shared with other work a process may get
-a fraction of a CPU, hence the quota as a fraction of the CPUs measured (`cpus_used`).
+A quota binds only below what the processes get anyway: on a machine shared with other work a process gets a
+share of a CPU while it runs, hence the quota as a fraction of that share (`cpus_when_running`). Meant for
+processes whose work is one busy thread (the debug model's ranks at OMP_NUM_THREADS=1, the benchmark's).
 """
 
 from __future__ import annotations
@@ -23,24 +24,28 @@ V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 
 
-def _on_cpu_ns(pid: int) -> int:
-    """Nanoseconds the threads of `pid` ran (schedstat's first field, summed); 0 once it is gone."""
-    total = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tids:
-        with contextlib.suppress(OSError, ValueError):
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-    return total
+def _schedstat_ns(pid: int) -> tuple[int, int]:
+    """Nanoseconds the threads of `pid` ran and waited for a CPU (schedstat, summed); zeros once it is gone."""
+    ran = waited = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                on_cpu, run_delay, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                ran, waited = ran + int(on_cpu), waited + int(run_delay)
+    return ran, waited
 
 
-def cpus_used(pids: list[int], seconds: float) -> float:
-    """The CPUs `pids` run on together over the next `seconds` (1.0: one CPU, all the time)."""
-    before, start = sum(map(_on_cpu_ns, pids)), time.monotonic()
+def cpus_when_running(pids: list[int], seconds: float) -> float:
+    """The CPUs `pids` get while they want to run, over the next `seconds`: each one's time on a CPU over its time
+    on a CPU or waiting for one, summed (1.0: one process that always runs when it wants to)."""
+    before = [_schedstat_ns(pid) for pid in pids]
     time.sleep(seconds)
-    return (sum(map(_on_cpu_ns, pids)) - before) * 1e-9 / (time.monotonic() - start)
+    shares = []
+    for pid, (ran0, waited0) in zip(pids, before):
+        ran, waited = _schedstat_ns(pid)
+        wanted = (ran - ran0) + (waited - waited0)
+        shares.append((ran - ran0) / wanted if wanted > 0 else 1.0)
+    return sum(shares)
 
 
 def root() -> Path | None:

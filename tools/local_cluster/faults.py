@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_used
+from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_when_running
 
 
 def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
@@ -144,7 +144,7 @@ class ThrottleAtStep:
             with contextlib.suppress(OSError):
                 if reached({}, log.read_text(errors="replace")):
                     pids = self._node_ranks()
-                    self.cpus = cpus_used(pids, self.measure_s)
+                    self.cpus = cpus_when_running(pids, self.measure_s)
                     self._throttle = CpuThrottle(f"slurm-titan-slow-{self.job_id}", self.fraction * self.cpus)
                     self._throttle.__enter__()
                     self.throttled_at = time.time()

@@ -19,7 +19,7 @@ def test_the_throttled_process_wants_more_cpu_per_step_than_its_waiting_peer() -
     with SyncRanks(2, 0.05) as ranks:
         time.sleep(0.5)  # started
         victim = ranks.processes[1].pid
-        with CpuThrottle("slurm-titan-test-wanted", cpu_throttle.cpus_used([victim], 1.0) / 3) as throttle:
+        with CpuThrottle("slurm-titan-test-wanted", cpu_throttle.cpus_when_running([victim], 1.0) / 3) as throttle:
             throttle.add(victim)
             assert throttle.pids() == [victim]
             healthy, slow = WantedTime(ranks.processes[0].pid), WantedTime(victim)
