@@ -13,9 +13,11 @@ healthy one is, and what a swap is worth.
   5 s (node.batch.slow_watch.POLL_S) with the defaults (threshold 0.8, window: 60 s of steps, 5 warm-up steps).
   After `--healthy-s` one node is put in a cgroup capped at 1/slowdown of the CPU share it was getting while it
   ran (measured over 2 s: on a shared machine a quota of a whole CPU would not bind;
-  tools/local_cluster/cpu_throttle.py, needs root). Reported: seconds from the throttle to the verdict (None: not
-  named within `--limit-s`), and the slowdown the quota really caused (the step time after it over before it:
-  on a loaded machine it is not exactly the one asked for);
+  tools/local_cluster/cpu_throttle.py, needs root), then steered every 5 s towards the slowdown asked for (the
+  quota scaled by the last 5 s's step time over the healthy one, against the target: on a loaded machine a
+  fixed quota slows a process by more or less than asked). Reported: seconds from the throttle to the verdict
+  (None: not named within `--limit-s`), and the slowdown it really had (step time after the throttle over
+  before);
 - false positives: the same, nobody throttled, for `--healthy-minutes`: nodes named per hour (on this machine's
   load: 2 CPUs shared with other work, the harshest noise a judge here sees);
 - goodput of a run with one slow node, with and without the swap, from the measured detection time, a swap's
@@ -45,6 +47,7 @@ from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_when_running
 
 WATCHDOG_POLL_S = 0.5  # how often the supervisor reads the records (node.supervisor.supervisor.POLL_S)
 THROTTLE_MEASURE_S = 2.0  # the victim's CPU use is measured this long; its quota is that / slowdown
+STEER_S = 5.0  # the quota is corrected towards the slowdown asked for this often
 
 
 def busy(iterations: int) -> None:
@@ -125,7 +128,7 @@ def judged_run(*, nodes: int, step_s: float, slowdown: float | None, healthy_s: 
         return Judge(attempt=0, hosts=hosts, threshold=threshold, window_steps=window_steps,
                      warmup_steps=warmup_steps)
 
-    judge, window, at_throttle = new_judge(), None, None
+    judge, window, at_throttle, steered, healthy_step_s, next_steer = new_judge(), None, None, None, None, 0.0
     reports = [TimingReport(job_dir, 0, node, hosts[node]) for node in range(nodes)]
     named: list[dict[str, Any]] = []
     last: dict[str, float] = {}
@@ -139,9 +142,19 @@ def judged_run(*, nodes: int, step_s: float, slowdown: float | None, healthy_s: 
             if slowdown and throttled_at is None and now - start >= healthy_s:
                 victim = ranks.processes[-1].pid
                 cpus = cpus_when_running([victim], THROTTLE_MEASURE_S)
-                stack.enter_context(CpuThrottle(f"slurm-titan-bench-{int(start)}", cpus / slowdown)).add(victim)
+                throttle = stack.enter_context(CpuThrottle(f"slurm-titan-bench-{int(start)}", cpus / slowdown))
+                throttle.add(victim)
                 throttled_at = now = time.time()
-                at_throttle = rank_progress.read(ranks.records[0])
+                at_throttle = steered = rank_progress.read(ranks.records[0])
+                healthy_step_s = at_throttle.wall_s / max(1, at_throttle.steps_done) if at_throttle else None
+                next_steer = now + STEER_S
+            if throttled_at is not None and now >= next_steer and healthy_step_s:
+                record, next_steer = rank_progress.read(ranks.records[0]), now + STEER_S
+                if record and steered and record.steps_done > steered.steps_done:
+                    recent = (record.wall_s - steered.wall_s) / (record.steps_done - steered.steps_done)
+                    correction = min(2.0, max(0.5, recent / healthy_step_s / slowdown))
+                    throttle.set_cpus(throttle.quota_us / throttle.period_us * correction)
+                    steered = record
             for node, report in enumerate(reports):
                 report.offer(ranks.read(node), now)
             if now >= next_judge:

@@ -71,10 +71,16 @@ class CpuThrottle:
         self.path.mkdir(exist_ok=True)
         if self.v1:
             (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
+        self.set_cpus(self.quota_us / self.period_us)
+        return self
+
+    def set_cpus(self, cpus: float) -> None:
+        """A new cap, for the group's processes from now on."""
+        self.quota_us = max(1000, int(cpus * self.period_us))
+        if self.v1:
             (self.path / "cpu.cfs_quota_us").write_text(str(self.quota_us))
         else:
             (self.path / "cpu.max").write_text(f"{self.quota_us} {self.period_us}")
-        return self
 
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) into the group."""
