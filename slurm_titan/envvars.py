@@ -77,7 +77,7 @@ CKPT_KEEP_EVERY = "SLURM_TITAN_CKPT_KEEP_EVERY"
 CKPT_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 """CPU list the uploader process runs on (checkpoint.upload_cpus; unset: training's CPUs, at a lower priority)."""
 
-# ---- the user's tuning knobs (environment.env); read in the rank and its uploader ---------------------
+# ---- the user's tuning knobs (environment.env); read in the rank and its uploader (and the node's restore) ---
 CKPT_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
 """Seconds the checkpoint hook's close() waits for pending uploads (default: until done); rank.checkpointer."""
 CKPT_PART_MB = "SLURM_TITAN_CKPT_PART_MB"
@@ -92,6 +92,13 @@ CKPT_FAST_S3 = "SLURM_TITAN_CKPT_FAST_S3"
 """0 uses the generic fsspec (s3fs) S3 path instead of ckpt.storage.s3_http's own HTTP client."""
 CKPT_S3_CHECKSUMS = "SLURM_TITAN_CKPT_S3_CHECKSUMS"
 """1 lets botocore compute and send its own request checksums (off by default: ckpt.storage.s3)."""
+STORE_RETRY_S = "SLURM_TITAN_STORE_RETRY_S"
+"""Seconds one store operation may spend waiting out a store that throttles (503 SlowDown, 429) before it
+fails (default 1800); ckpt.storage.backoff.Backoff, in every process that opens a store (the node's
+restore too)."""
+DATA_CACHE = "SLURM_TITAN_DATA_CACHE"
+"""The node-local folder that token shards read from object storage are cached in (default
+/var/tmp/slurm-titan-data); rank.token_store."""
 
 
 def attempt_id(job_id: str, attempt: int) -> str:

@@ -6,7 +6,8 @@ then renamed into place, as the preflight exchange does: slurm_titan/doctor/exch
 waits for every node's. If any node rejects the candidate (a bad range: file and bytes named),
 every node falls back to the previous complete checkpoint; a node that does not report within
 the timeout (it died) ends the restore on every node, so that no rank loads a checkpoint one
-node rejected or never checked.
+node rejected or never checked. The timeout allows for a node whose store throttles: it may wait
+out the store for up to SLURM_TITAN_STORE_RETRY_S more (:mod:`.storage.backoff`).
 
 A candidate saved by another world size has a round before that one (stage ``plan``, in
 ``<folder>/plan-N/``): whether every node holds its verified ``.metadata``, so that the ranks of every node
@@ -21,10 +22,13 @@ import os
 import time
 from pathlib import Path
 
+from slurm_titan.ckpt.storage import Backoff
 from slurm_titan.errors import StorageError
 from slurm_titan.records import run_folder
 
 DEFAULT_TIMEOUT_S = 900.0
+"""How long a node waits for the others' verdicts, on top of the time each operation of a restore may spend
+waiting out a throttling store (:class:`.storage.Backoff`'s total)."""
 POLL_S = 0.2
 MAX_POLL_S = 2.0
 STAGES = ("plan", "step")
@@ -37,12 +41,13 @@ class NodeAgreement:
     ``folder``: one per job attempt (``<job_dir>/restore/attempt-A``), so that verdicts of an
     earlier attempt are never read."""
 
-    def __init__(self, folder: str | os.PathLike, node: int, nodes: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, folder: str | os.PathLike, node: int, nodes: int, timeout_s: float | None = None,
                  poll_s: float = POLL_S) -> None:
         if not 0 <= node < nodes:
             raise ValueError(f"node {node} is not one of {nodes}")
         self.folder, self.node, self.nodes = Path(folder), node, nodes
-        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.timeout_s = DEFAULT_TIMEOUT_S + Backoff.from_env().total if timeout_s is None else timeout_s
+        self.poll_s = poll_s
 
     def _say(self, step: int, verdict: dict, stage: str) -> Path:
         d = self.folder / f"{stage}-{int(step)}"

@@ -12,7 +12,8 @@ Making step N complete, in the order of this file:
    (:func:`write_receipt`): every file's size and the checksum of the bytes it sent, or why
    it failed;
 2. rank 0 waits until the receipts of all ``world_size`` ranks of this attempt are there
-   (:func:`wait_for_receipts`), refuses a failed rank or a file uploaded twice
+   (:func:`wait_for_receipts`: each poll lists them and reads only those that are new or changed,
+   :class:`ReceiptPoll`), refuses a failed rank or a file uploaded twice
    (:func:`checked_files`), and checks every file's size against one listing of the step
    folder (:func:`check_sizes`);
 3. only then does it write the commit record, create-only (``Store.create_bytes``: S3 a
@@ -146,8 +147,9 @@ def wait_for_receipts(store: Store, step: int, world_size: int, attempt: str, re
     """Poll until all ``world_size`` receipts of this attempt are there; StorageError if ``stop`` is set."""
     delay = min(0.2, poll_interval)
     waited_since, last_log = time.monotonic(), time.monotonic()
+    poll = ReceiptPoll(store, step, world_size, attempt)
     while True:
-        receipts = retry("reading receipts", lambda: gather_receipts(store, step, world_size, attempt))
+        receipts = retry("reading receipts", poll.gather)
         if receipts is not None:
             return receipts
         if stop.wait(delay):
@@ -159,27 +161,47 @@ def wait_for_receipts(store: Store, step: int, world_size: int, attempt: str, re
             last_log = time.monotonic()
 
 
-def gather_receipts(store: Store, step: int, world_size: int, attempt: str) -> list[Receipt] | None:
-    """All world_size receipts of this attempt, or None while some are still missing."""
-    entries = store.ls(layout.receipt_dir(step))
-    names = {e.name for e in entries}
-    wanted = [layout.receipt_path(step, r) for r in range(world_size)]
-    if any(p.rsplit("/", 1)[-1] not in names for p in wanted):
-        return None
-    extra = [e.path for e in entries if (layout.parse_receipt_name(e.name) or 0) >= world_size]
-    if extra:  # left by an earlier attempt with more ranks
-        store.rm_files(extra)
-    blobs = store.cat_many(wanted)
-    receipts = []
-    for path in wanted:
-        blob = blobs.get(path)
-        if blob is None:
+class ReceiptPoll:
+    """The receipts of one step as the committer polls for them. Each :meth:`gather` lists the receipt
+    folder and reads only the receipts that are new or changed since they were read (by their listing's
+    size and time), so that a poll costs one listing and what changed, whatever the number of ranks whose
+    receipts are in, or that an earlier attempt left."""
+
+    def __init__(self, store: Store, step: int, world_size: int, attempt: str) -> None:
+        self.store, self.step, self.world_size, self.attempt = store, step, world_size, attempt
+        self.read: dict[str, tuple[tuple[int, float | None], Receipt]] = {}
+        """Per receipt path: the listing's (size, time) when it was read, and what it said."""
+
+    def _current(self, r: Receipt) -> bool:
+        return r.step == self.step and (not self.attempt or r.attempt == self.attempt)
+
+    def _stale(self, path: str, version: tuple[int, float | None]) -> bool:
+        """Whether the receipt at ``path`` must be read (again): never read, changed, or one of another attempt
+        on a store whose listing has no times (it cannot say whether it changed)."""
+        got = self.read.get(path)
+        return got is None or got[0] != version or (version[1] is None and not self._current(got[1]))
+
+    def gather(self) -> list[Receipt] | None:
+        """All ``world_size`` receipts of this attempt, or None while some are still missing."""
+        entries = self.store.ls(layout.receipt_dir(self.step))
+        listed = {e.name: (e.size, e.mtime) for e in entries}
+        wanted = [layout.receipt_path(self.step, r) for r in range(self.world_size)]
+        if any(p.rsplit("/", 1)[-1] not in listed for p in wanted):
             return None
-        r = Receipt.from_json(blob, where=store.url(path))
-        if r.step != step or (attempt and r.attempt != attempt):
-            return None  # left by an earlier attempt; this attempt's rank will overwrite it
-        receipts.append(r)
-    return receipts
+        extra = [e.path for e in entries if (layout.parse_receipt_name(e.name) or 0) >= self.world_size]
+        if extra:  # left by an earlier attempt with more ranks
+            self.store.rm_files(extra)
+        versions = {p: listed[p.rsplit("/", 1)[-1]] for p in wanted}
+        todo = [p for p in wanted if self._stale(p, versions[p])]
+        for path, blob in self.store.cat_many(todo).items():
+            if blob is None:  # deleted since the listing
+                self.read.pop(path, None)
+            else:
+                self.read[path] = (versions[path], Receipt.from_json(blob, where=self.store.url(path)))
+        receipts = [self.read[p][1] for p in wanted if p in self.read]
+        if len(receipts) < len(wanted) or not all(self._current(r) for r in receipts):
+            return None  # an earlier attempt's receipt: this attempt's rank will overwrite it
+        return receipts
 
 
 def checked_files(receipts: list[Receipt], step: int) -> list[FileEntry]:

@@ -115,15 +115,20 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
                    progress: ByteProgress | None = None, ranks: list[int] | None = None,
                    world_size: int | None = None, agree: Agreement | None = None,
-                   planner: NodePlanner | None = None) -> RestoreResult | None:
+                   planner: NodePlanner | None = None, notice: Callable[[str], None] | None = None,
+                   ) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
     of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``ranks``,
     ``world_size``, ``agree``, ``planner``: see :func:`restore` (one node's share; one verdict for all).
+    A store that throttles is waited out, each of its operations up to SLURM_TITAN_STORE_RETRY_S
+    seconds (:mod:`.storage.backoff`), the waits said to ``notice`` (at most a line every 30 s).
 
     Returns what was restored (step, world size, ...), or None when the remote holds no complete
     checkpoint (a fresh start; local uncommitted steps are then hidden too). Raises StorageError
-    (one line) if the remote is unreachable."""
-    store = open_store(remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True)
+    (one line) if the remote is unreachable, or still throttles when an operation's time is up (the
+    line names the object and the store's answer)."""
+    store = open_store(remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True,
+                       notice=notice)
     result: RestoreResult | None = None
     infos = None if step is not None else list_checkpoints(store)
     if infos is None or newest_complete(infos) is not None:

@@ -3,8 +3,10 @@
 Every rank runs one :class:`CheckpointSync`. After torchtitan's save of step N returns on a
 rank, ``submit(N)`` queues the upload of that rank's own files of ``<local>/step-N/``
 (``__R_*.distcp``; rank 0 also ``.metadata`` and anything else) and returns at once; a
-background thread uploads them (retrying with exponential backoff while the store is
-unreachable) and then writes the rank's receipt (files, sizes, checksums).
+background thread uploads them and then writes the rank's receipt (files, sizes, checksums).
+The store retries each request alone (a part, under its policy: :mod:`.storage.backoff`); when one
+is still refused after that, this thread tries again (full-jitter exponential backoff, so that
+ranks do not come back in lockstep) with the files that are not stored whole yet.
 
 Rank 0 also runs a committer thread: for each step, in order, it runs the commit protocol
 (:func:`.commit.commit`: all receipts, sizes against one listing, the commit record last and
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import queue
 import shutil
@@ -35,10 +38,10 @@ from typing import Protocol, TypeVar, runtime_checkable
 from slurm_titan import envvars
 from slurm_titan.ckpt import commit, layout
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
-from slurm_titan.ckpt.manifest import ManifestError, Range, Receipt, utc_iso
+from slurm_titan.ckpt.manifest import FileEntry, ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
-from slurm_titan.ckpt.storage import LocalFileError, Store, open_store
+from slurm_titan.ckpt.storage import Backoff, LocalFileError, Store, SystemClock, Wait, open_store
 from slurm_titan.ckpt.upload_process import UploadSettings
 from slurm_titan.errors import StorageError
 from slurm_titan.retention import KEEP_ALL, Retention
@@ -145,6 +148,7 @@ class CheckpointSync:
         self.keep_local, self.keep_remote, self.keep_every = (retention.keep_local, retention.keep_remote,
                                                               retention.keep_every)
         self.retry_initial, self.retry_max, self.poll_interval = retry_initial, retry_max, poll_interval
+        self._backoff = Backoff(total=math.inf, tries=None, first=retry_initial, cap=retry_max)
         self.algorithm, self.nice, self.cpus = algorithm, nice, upload_cpus
         self.host = socket.gethostname()
         self._steps: dict[int, _Step] = {}
@@ -269,30 +273,34 @@ class CheckpointSync:
 
     # ------------------------------------------------------------------------------ retry
     def _retrying(self, what: str, fn: Callable[[], T], step: _Step) -> T:
-        """Run fn() until it succeeds; StorageErrors are retried with exponential backoff."""
-        delay, tries, last_log = self.retry_initial, 0, 0.0
-        while True:
-            try:
-                out = fn()
-                if tries:
-                    log.warning("checkpoint step %d: %s succeeded after %d retries", step.step, what, tries)
-                return out
-            except (LocalFileError, ManifestError):
-                raise
-            except Exception as e:  # noqa: BLE001 - storage backends raise anything
-                if self._stop.is_set():
-                    raise StorageError(f"{what}: given up at close: {e}") from None
-                tries += 1
-                now = time.monotonic()
-                if tries == 1 or now - last_log > 60:
-                    transient = getattr(e, "transient", None)
-                    log.log(logging.WARNING if transient is not False else logging.ERROR,
-                            "checkpoint step %d: %s failed (try %d, retrying in %.1f s): %s",
-                            step.step, what, tries, delay, e)
-                    last_log = now
-                if self._stop.wait(delay):
-                    raise StorageError(f"{what}: given up at close: {e}") from None
-                delay = min(delay * 2, self.retry_max)
+        """Run fn() until it succeeds or close gives up: any failure but a local file's or a record's is
+        tried again after a full-jitter exponential backoff (bounds from ``retry_initial`` up to ``retry_max`` s)."""
+        tries, last_log = 0, -math.inf
+
+        def waiting(wait: Wait) -> None:
+            nonlocal tries, last_log
+            tries = wait.tries
+            now = time.monotonic()
+            if tries == 1 or now - last_log > 60:
+                transient = getattr(wait.error, "transient", None)
+                log.log(logging.WARNING if transient is not False else logging.ERROR,
+                        "checkpoint step %d: %s failed (try %d, retrying in %.1f s): %s",
+                        step.step, what, tries, wait.delay, wait.error)
+                last_log = now
+
+        def retryable(e: BaseException) -> bool:
+            return not isinstance(e, (LocalFileError, ManifestError)) and not self._stop.is_set()
+
+        try:
+            out = self._backoff.run(lambda _attempt: fn(), on_wait=waiting, retryable=retryable,
+                                         clock=SystemClock(self._stop))
+        except Exception as e:  # noqa: BLE001 - storage backends raise anything
+            if self._stop.is_set() and not isinstance(e, (LocalFileError, ManifestError)):
+                raise StorageError(f"{what}: given up at close: {e}") from None
+            raise
+        if tries:
+            log.warning("checkpoint step %d: %s succeeded after %d retries", step.step, what, tries)
+        return out
 
     # ------------------------------------------------------------------------------ upload
     def _own_files(self, step: int) -> list[tuple[str, str]]:
@@ -353,11 +361,16 @@ class CheckpointSync:
         try:
             files = self._own_files(step)
             folder = layout.step_dir(step)
-            entries = self._retrying(
-                f"upload of {len(files)} file(s)",
-                lambda: self.store.upload_many([(lp, f"{folder}/{rel}") for lp, rel in files],
-                                              algorithm=self.algorithm,
-                                              spans={f"{folder}/{r}": v for r, v in st.spans.items()}), st)
+            items = [(lp, f"{folder}/{rel}") for lp, rel in files]
+            spans = {f"{folder}/{r}": v for r, v in st.spans.items()}
+            stored: dict[str, FileEntry] = {}  # the files stored whole: a retry sends only the others
+
+            def upload() -> list[FileEntry]:
+                self.store.upload_many([item for item in items if item[1] not in stored], algorithm=self.algorithm,
+                                       spans=spans, uploaded=lambda e: stored.__setitem__(e.path, e))
+                return [stored[rel] for _, rel in items]
+
+            entries = self._retrying(f"upload of {len(files)} file(s)", upload, st)
         except LocalFileError as e:
             st.error = f"rank {self.rank}: {e}"
             receipt = Receipt(step, self.rank, self.world_size, self.attempt, [], self.algorithm,

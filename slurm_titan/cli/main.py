@@ -15,6 +15,7 @@ from slurm_titan.cli.base import SubCommand, add_subcommands, run_chosen
 from slurm_titan.cli.cancel import Cancel
 from slurm_titan.cli.check_overrides import CheckOverrides
 from slurm_titan.cli.ckpt import Ckpt
+from slurm_titan.cli.data import Data
 from slurm_titan.cli.doctor import Doctor
 from slurm_titan.cli.logs import Logs
 from slurm_titan.cli.nodes import Nodes
@@ -25,7 +26,7 @@ from slurm_titan.cli.submit import Submit
 from slurm_titan.errors import SlurmTitanError
 
 COMMANDS: tuple[SubCommand, ...] = (Submit(), Status(), Runs(), Report(), Logs(), Nodes(), Cancel(), Ckpt(),
-                                    Doctor(), CheckOverrides())
+                                    Data(), Doctor(), CheckOverrides())
 """Every command, in the order `slurm-titan --help` lists them."""
 
 

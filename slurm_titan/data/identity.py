@@ -2,7 +2,8 @@
 
 The fingerprint is what the checkpoint's sample cursor means something against: the dataset's
 name and path, its row count, the bytes of its local files (when it is a local file or folder),
-and a SHA-256 of its first rows' text (the head). Content decides: the same files at another path
+and a SHA-256 of its first rows' text (the head); a token-shard dataset gives its manifest's sizes and
+content digest in their place (:func:`content_fingerprint`). Content decides: the same files at another path
 are the same dataset (the log says the path moved); another row count, size or head is another
 dataset (a stream, with no content to compare, is identified by its path), and resuming on it is refused
 unless ``checkpoint.allow_dataset_change`` is true.
@@ -45,8 +46,14 @@ def head_sha256(texts: Iterable[str]) -> str:
 def fingerprint(name: str, path: str | None, kind: str, rows: int | None, head: Iterable[str] | None) -> dict[str, Any]:
     """The dataset's identity: ``kind`` is "map-style" or "streaming"; ``rows`` and ``head`` (the first
     HEAD_ROWS texts) where the dataset can give them without reading it all."""
+    return content_fingerprint(name, path, kind, rows, local_bytes(path), None if head is None else head_sha256(head))
+
+
+def content_fingerprint(name: str, path: str | None, kind: str, rows: int | None, size: int | None,
+                        digest: str | None) -> dict[str, Any]:
+    """The identity of a dataset that knows its own size and content digest (a token-shard manifest's)."""
     return {"name": name, "path": os.path.abspath(path) if path and os.path.exists(path) else path, "kind": kind,
-            "rows": rows, "bytes": local_bytes(path), "head_sha256": None if head is None else head_sha256(head)}
+            "rows": rows, "bytes": size, "head_sha256": digest}
 
 
 def difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:

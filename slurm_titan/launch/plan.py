@@ -20,9 +20,10 @@ from typing import Any
 from submitit.slurm.slurm import _make_sbatch_string
 
 from slurm_titan import envvars, titan_configs
+from slurm_titan.data.token_names import TOKEN_SHARDS_DATASET
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch import npu_env
-from slurm_titan.launch.config import CheckpointSpec, JobConfig
+from slurm_titan.launch.config import CheckpointSpec, JobConfig, TorchtitanSpec
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
 from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
@@ -130,7 +131,7 @@ def _check_torchtitan(config: JobConfig) -> None:
                           f"torchtitan module {titan.module!r} has no config {titan.config!r}")
     for option in _PATH_OPTIONS:
         value = titan.option(option)
-        if value is not None and not Path(str(value)).exists():
+        if value is not None and "://" not in str(value) and not Path(str(value)).exists():  # URLs: the ranks open them
             raise ConfigError(config.source, f"torchtitan.args.{option}", f"{value}: no such file or directory")
 
 
@@ -182,11 +183,18 @@ CHECKPOINT_OVERRIDE = "slurm_titan.rank.checkpointer.synced_checkpoints"
 METRICS_OVERRIDE = "slurm_titan.overrides.titan_metrics.continuous_metrics"
 
 
-def _data_overrides(ckpt: CheckpointSpec) -> list[str]:
-    """The resharding data loader when checkpoints are on, unless `on_world_size_change: restart_data`."""
-    from slurm_titan.overrides import RESHARDING_DATALOADER
+def _data_overrides(ckpt: CheckpointSpec, titan: TorchtitanSpec | None = None) -> list[str]:
+    """The token-shard data loader when `dataloader.dataset` is `token_shards` (whether checkpoints are on or
+    not: torchtitan's loader cannot read them); else the resharding data loader when checkpoints are on, unless
+    `on_world_size_change: restart_data`."""
+    from slurm_titan.overrides import RESHARDING_DATALOADER, TOKEN_SHARD_DATALOADER
 
-    if not ckpt.enable or ckpt.on_world_size_change == "restart_data":
+    restart = ckpt.on_world_size_change == "restart_data"
+    if titan is not None and titan.option("dataloader.dataset") == TOKEN_SHARDS_DATASET:
+        kwargs = {key: True for key, on in (("allow_dataset_change", ckpt.allow_dataset_change),
+                                            ("restart_data", restart)) if on}
+        return [f"{TOKEN_SHARD_DATALOADER}={json.dumps(kwargs)}" if kwargs else TOKEN_SHARD_DATALOADER]
+    if not ckpt.enable or restart:
         return []
     return [f'{RESHARDING_DATALOADER}={{"allow_dataset_change": true}}' if ckpt.allow_dataset_change
             else RESHARDING_DATALOADER]
@@ -194,16 +202,16 @@ def _data_overrides(ckpt: CheckpointSpec) -> list[str]:
 
 def default_overrides(config: JobConfig) -> list[str]:
     """The project's overrides every job activates: device kernels, the checkpoint hook
-    (background upload + commit, coordinated save on preemption) and the resharding data loader when
-    checkpointing is on, and one metrics run across attempts when TensorBoard or W&B is on
-    (slurm_titan.overrides.titan_metrics)."""
+    (background upload + commit, coordinated save on preemption), the token-shard data loader for a
+    `token_shards` dataset or else the resharding data loader when checkpointing is on, and one metrics run
+    across attempts when TensorBoard or W&B is on (slurm_titan.overrides.titan_metrics)."""
     from slurm_titan.overrides import DEFAULT_CPU_OVERRIDES, DEFAULT_NPU_OVERRIDES
 
     device = config.environment.device
     kernels = list({"npu": DEFAULT_NPU_OVERRIDES, "cpu": DEFAULT_CPU_OVERRIDES}.get(device, ()))
     metrics = any(config.torchtitan.option(f"metrics.enable_{sink}") for sink in ("tensorboard", "wandb"))
-    return (kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else []) + _data_overrides(config.checkpoint)
-            + ([METRICS_OVERRIDE] if metrics else []))
+    return (kernels + ([CHECKPOINT_OVERRIDE] if config.checkpoint.enable else [])
+            + _data_overrides(config.checkpoint, config.torchtitan) + ([METRICS_OVERRIDE] if metrics else []))
 
 
 def _checkpoint_local(config: JobConfig) -> str:

@@ -29,6 +29,10 @@ RESHARDING_DATALOADER = "slurm_titan.overrides.resharding_loader.resharding_data
 """HuggingFaceTextDataLoader -> a loader whose checkpointed data position loads on any data-parallel degree
 (activated by the plan when checkpoints are on, unless ``checkpoint.on_world_size_change: restart_data``)."""
 
+TOKEN_SHARD_DATALOADER = "slurm_titan.overrides.token_shard_loader.token_shard_dataloader"
+"""HuggingFaceTextDataLoader -> a loader of pre-tokenized token shards (Megatron ``.bin``/``.idx``) with the
+resharding loader's position (activated by the plan when ``dataloader.dataset`` is ``token_shards``)."""
+
 DEFAULT_NPU_OVERRIDES: tuple[str, ...] = OVERRIDE_TARGETS
 """Targets to activate when training on NPU."""
 

@@ -20,17 +20,16 @@ line. The state carries the dataset's fingerprint (:mod:`slurm_titan.data.identi
 
 from __future__ import annotations
 
+import itertools
 import logging
 import pickle
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+import numpy as np
 import torch.distributed as dist
 from datasets import Dataset
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchtitan.components.dataloader import ParallelAwareDataloader
@@ -44,8 +43,6 @@ from slurm_titan.data.cursor import (
     DataResumeError,
     Piece,
     base_rows,
-    fresh_plan,
-    locate,
     pieces_from_tuples,
     plan_length,
     remaining,
@@ -53,12 +50,17 @@ from slurm_titan.data.cursor import (
     rows_needed,
 )
 from slurm_titan.overrides.document_tables import collate_with_tables
+from slurm_titan.overrides.plan_packing import Block, PlanPackedDataset
 
 log = logging.getLogger("slurm_titan.overrides.resharding_loader")
 
 STATE_FORMAT = "slurm-titan-reshardable-data/1"
 STATE_KEY = "world_size"
 """torchtitan's ParallelAwareDataloader key that every degree has (see the module docstring)."""
+
+BLOCK_ROWS = 16
+"""Documents tokenised into one block of the packing buffer (one block a document costs ~40 us of numpy a
+document; a few documents read ahead of the sequence that needs them change no sequence)."""
 
 READ_ROWS = 256
 """Rows read from the dataset at a time: row by row, datasets formats an arrow slice per row (19 ms per 4,000
@@ -75,31 +77,19 @@ def _rows(data: Dataset) -> Iterator[Any]:
             yield dict(zip(batch, values))
 
 
-class ReshardableTextDataset(IterableDataset, Stateful):
-    """torchtitan's ``HuggingFaceTextDataset`` packing over a :class:`~slurm_titan.data.cursor.Piece` plan.
-
-    Same tokenisation, next-token shift inside each document, per-document positions, ``seq_len`` chunks
-    and per-epoch reshuffle (seed 42 + epoch) as torchtitan; in addition it knows how many tokens of each
-    buffered sample are still in the buffer, which makes the cursor exact."""
+class ReshardableTextDataset(PlanPackedDataset):
+    """torchtitan's ``HuggingFaceTextDataset`` over a :class:`~slurm_titan.data.cursor.Piece` plan: same
+    tokenisation, per-epoch reshuffle (seed 42 + epoch) and packing (:class:`.plan_packing.PlanPackedDataset`)."""
 
     def __init__(self, data: Dataset, name: str, text_processor: Callable[[Any], str], tokenizer: BaseTokenizer,
                  seq_len: int, dp_rank: int, dp_world_size: int, infinite: bool) -> None:
-        self._base, self.dataset_name, self._text = data, name, text_processor
-        self._tokenizer, self.seq_len, self.infinite = tokenizer, seq_len, infinite
-        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self._base, self._text, self._tokenizer = data, text_processor, tokenizer
         self._views: dict[tuple[int, int, int, int], Dataset] = {}
-        self._arange = torch.arange(seq_len)  # the positions of each sample's run in a sequence: a slice of it
-        self.resume(fresh_plan(len(data), dp_world_size, dp_rank, 0), 0)
+        super().__init__(name, seq_len, dp_rank, dp_world_size, infinite)
 
     @property
     def rows(self) -> int:
         return len(self._base)
-
-    def resume(self, plan: list[Piece], epoch: int) -> None:
-        """Read ``plan`` from its start with empty buffers (a fresh start or a restored cursor)."""
-        self._plan, self._epoch, self._position = list(plan), epoch, 0
-        self._buffer: deque[tuple[torch.Tensor, int]] = deque()  # buffered samples' (tokens, first not yielded)
-        self._buffered = 0  # input tokens in the buffer
 
     def _view(self, piece: Piece) -> Dataset:
         """The shard's rows in the epoch's order: torchtitan's ``shard(contiguous=True)`` (= ``select(range)``)
@@ -110,68 +100,15 @@ class ReshardableTextDataset(IterableDataset, Stateful):
             self._views[key] = view.shuffle(seed=SHUFFLE_SEED + piece.epoch) if piece.epoch else view
         return self._views[key]
 
-    def _samples(self) -> Iterator[tuple[str, int]]:
-        """(text, token offset) of each sample from the current plan position on."""
-        index, inside = locate(self._plan, self._position)
-        for piece in self._plan[index:]:
-            view, start = self._view(piece), piece.begin + inside
-            rows = view.select(range(start, piece.end)) if start or piece.end != len(view) else view
-            offset = piece.offset if start == piece.begin else 0
-            for row in _rows(rows):
-                yield self._text(row), offset
-                offset = 0
-            inside = 0
-
-    def _sequence(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The next ``seq_len`` tokens of the buffer, as torchtitan packs them: inputs and labels shifted inside
-        each sample, and each sample's positions counted from 0 where its run in the sequence starts (a sample
-        that starts there, or the rest of one cut by the previous sequence: torchtitan's per-sequence
-        normalisation). The rest of a sample cut by the checkpoint starts at 0 too, wherever a reshard puts it
-        (counted from its token offset, a long sample's positions would pass seq_len, the RoPE cache's end)."""
-        inputs, labels, positions, need = [], [], [], self.seq_len
-        while need:
-            tokens, start = self._buffer[0]
-            count = min(len(tokens) - 1 - start, need)
-            inputs.append(tokens[start:start + count])
-            labels.append(tokens[start + 1:start + 1 + count])
-            positions.append(self._arange[:count])
-            need -= count
-            if start + count == len(tokens) - 1:
-                self._buffer.popleft()
-            else:
-                self._buffer[0] = (tokens, start + count)
-        self._buffered -= self.seq_len
-        return {"input": torch.cat(inputs), "positions": torch.cat(positions)}, torch.cat(labels)
-
-    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        # Each sample's tokens become one tensor once, and a sequence is cut from slices of them: building the
-        # three tensors of every sequence from Python lists (torchtitan's way) is the loader's largest cost
-        # after the tokenizer (3 x 22 us per 256 tokens), and slicing lists copies a long sample's rest per sequence.
-        while True:
-            for text, offset in self._samples():
-                tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
-                self._position += 1
-                if len(tokens) - 1 <= offset:
-                    continue
-                self._buffer.append((torch.tensor(tokens, dtype=torch.long), offset))
-                self._buffered += len(tokens) - 1 - offset
-                while self._buffered >= self.seq_len:
-                    yield self._sequence()
-            if not self.infinite:
-                log.warning("Dataset %s has run out of data", self.dataset_name)
-                break
-            self.resume(fresh_plan(self.rows, self.dp_world_size, self.dp_rank, self._epoch + 1), self._epoch + 1)
-            log.warning("Dataset %s is being re-looped (epoch %d)", self.dataset_name, self._epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The cursor: plan positions before ``first`` are consumed; the sample at ``first`` goes on at token
-        ``offset`` (None: at the plan's own offset, nothing of it read)."""
-        return {"pieces": [p.as_tuple() for p in self._plan], "first": self._position - len(self._buffer),
-                "offset": self._buffer[0][1] if self._buffer else None, "epoch": self._epoch}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.resume(remaining(pieces_from_tuples(state_dict["pieces"]), state_dict["first"], state_dict["offset"]),
-                    state_dict["epoch"])
+    def _read(self, piece: Piece, start: int) -> Iterator[Block]:
+        """Blocks of ``BLOCK_ROWS`` documents, each tokenised as torchtitan does (BOS and EOS added)."""
+        view = self._view(piece)
+        rows = view.select(range(start, piece.end)) if start or piece.end != len(view) else view
+        texts = (self._text(row) for row in _rows(rows))
+        while block := [self._tokenizer.encode(text, add_bos=True, add_eos=True)
+                        for text in itertools.islice(texts, BLOCK_ROWS)]:
+            yield (np.fromiter(itertools.chain.from_iterable(block), dtype=np.int64),
+                   np.fromiter(map(len, block), dtype=np.int64, count=len(block)))
 
 
 def _all_gather(entry: object) -> list[object]:
@@ -204,9 +141,7 @@ class ReshardingDataLoader(ParallelAwareDataloader):
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
-        if config.num_workers:
-            raise DataResumeError(f"dataloader.num_workers={config.num_workers}: the resharding data loader reads "
-                                  "in the training process only (num_workers: 0)")
+        self.refuse_workers(config)
         path, load, text = _validate_dataset(config.dataset.lower(), config.dataset_path)
         data = load(path)
         self.allow_dataset_change = config.allow_dataset_change
@@ -217,13 +152,26 @@ class ReshardingDataLoader(ParallelAwareDataloader):
         else:  # streaming: torchtitan's own dataset (it loads the stream again: lazily, nothing is read twice)
             dataset = HuggingFaceTextDataset(config.dataset, config.dataset_path, tokenizer, seq_len, dp_rank,
                                              dp_world_size, config.infinite)
-        super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
-                         pin_memory=config.pin_memory, snapshot_every_n_steps=snapshot_every_n_steps,
-                         collate_fn=collate_with_tables)
+        self.start(dataset, config, dp_rank=dp_rank, dp_world_size=dp_world_size, local_batch_size=local_batch_size,
+                   snapshot_every_n_steps=snapshot_every_n_steps)
+
+    @staticmethod
+    def refuse_workers(config: Config) -> None:
+        if config.num_workers:
+            raise DataResumeError(f"dataloader.num_workers={config.num_workers}: the resharding data loader reads "
+                                  "in the training process only (num_workers: 0)")
+
+    def start(self, dataset: IterableDataset, config: Config, *, dp_rank: int, dp_world_size: int,
+              local_batch_size: int, snapshot_every_n_steps: int | None) -> None:
+        """torchtitan's loader over ``dataset``, batches collated with their document tables."""
+        ParallelAwareDataloader.__init__(self, dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                         batch_size=local_batch_size, pin_memory=config.pin_memory,
+                                         snapshot_every_n_steps=snapshot_every_n_steps,
+                                         collate_fn=collate_with_tables)
 
     @property
     def streaming(self) -> bool:
-        return not isinstance(self.dataset, ReshardableTextDataset)
+        return not isinstance(self.dataset, PlanPackedDataset)
 
     # -- saving -----------------------------------------------------------------------------
     def local_state(self) -> bytes:

@@ -7,9 +7,12 @@ The URL picks the backend, once: a path or ``file://`` a :class:`LocalStore`, ``
 :class:`S3HttpStore` (files on http.client threads, :mod:`.s3_http`) or, with ``data_path="fsspec"``,
 behind a proxy or with SLURM_TITAN_CKPT_FAST_S3=0, an :class:`S3Store` (files through s3fs); any
 other scheme an :class:`FsspecStore`. Every failure is a one-line :class:`StoreError` naming the
-location (user info stripped) and the cause, known secret values scrubbed.
+location (user info stripped) and the cause, known secret values scrubbed. Every operation is retried
+under the store's :class:`Backoff` (:mod:`.backoff`): a throttling store is waited out up to
+SLURM_TITAN_STORE_RETRY_S seconds per operation, the waits said to ``notice``.
 
-Modules: :mod:`.base` (the Store ABC, Entry, TransferConfig), :mod:`.errors`, one per backend
+Modules: :mod:`.base` (the Store ABC, Entry, TransferConfig), :mod:`.errors`, :mod:`.backoff` (the
+retry policy), :mod:`.concurrency` (requests in flight, adapted to a throttling store), one per backend
 (:mod:`.local`, :mod:`.fsspec`, :mod:`.s3`, :mod:`.s3_http`), :mod:`.ranged` (a restored file
 filled by ranges: O_DIRECT writes, hashed in order).
 """
@@ -17,9 +20,11 @@ filled by ranges: O_DIRECT writes, hashed in order).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
-from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
+from slurm_titan.ckpt.storage.backoff import Backoff, SystemClock, Wait
+from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig, Uploaded
 from slurm_titan.ckpt.storage.errors import (
     LocalFileError,
     StoreError,
@@ -36,9 +41,10 @@ from slurm_titan.ckpt.storage.s3_http import S3HttpStore, usable
 from slurm_titan.errors import StorageError
 
 __all__ = [
-    "Entry", "FsspecStore", "LocalFileError", "LocalStore", "Progress", "RangeReader", "S3DataPath",
-    "S3HttpStore", "S3Store", "Spans", "Store", "StoreError", "TransferConfig", "TransientStoreError",
-    "describe", "is_transient", "open_store", "redact", "scrub",
+    "Backoff", "Entry", "FsspecStore", "LocalFileError", "LocalStore", "Progress", "RangeReader", "S3DataPath",
+    "S3HttpStore", "S3Store", "Spans", "Store", "StoreError", "SystemClock", "TransferConfig", "TransientStoreError",
+    "Uploaded",
+    "Wait", "describe", "is_transient", "open_store", "redact", "scrub",
 ]
 
 S3DataPath = Literal["http", "fsspec"]
@@ -52,13 +58,16 @@ _SECRET_OPTS = ("secret", "key", "token", "password", "aws_secret_access_key", "
 
 def open_store(location: str, *, endpoint_url: str | None = None, storage_options: dict[str, Any] | None = None,
                check: bool = True, create: bool = False, transfer: TransferConfig | None = None,
-               data_path: S3DataPath | None = None) -> Store:
+               data_path: S3DataPath | None = None, retry: Backoff | None = None,
+               notice: Callable[[str], None] | None = None) -> Store:
     """Open LOCATION (a local path, ``file://``, ``s3://bucket/prefix`` or any fsspec URL).
 
     ``check``: contact the store now (one LIST) and raise a one-line StorageError if it is
     unreachable, refuses the credentials, or (local) does not exist. ``create``: make a
     missing local folder instead of failing. ``data_path`` (S3 only): "http" or "fsspec"; by
-    default "http" unless :func:`.s3_http.usable` says no.
+    default "http" unless :func:`.s3_http.usable` says no. ``retry``: how its operations are retried
+    (default :meth:`Backoff.from_env`); ``notice``: where the waits for a throttling store are said
+    (at most one line every 30 s; default the ``slurm_titan.ckpt.storage`` logger's warnings).
     """
     if not location or not str(location).strip():
         raise StorageError("empty checkpoint location")
@@ -69,7 +78,8 @@ def open_store(location: str, *, endpoint_url: str | None = None, storage_option
     store: Store
     if "://" not in location or location.startswith("file://"):
         root = os.path.abspath(os.path.expanduser(location.removeprefix("file://")))
-        store = LocalStore(root, root if "://" not in location else shown, transfer=transfer)
+        store = LocalStore(root, root if "://" not in location else shown, transfer=transfer, retry=retry,
+                           notice=notice)
     else:
         protocol = location.split("://", 1)[0].lower()
         try:
@@ -87,7 +97,8 @@ def open_store(location: str, *, endpoint_url: str | None = None, storage_option
             raise StorageError(f"{shown}: no filesystem for {protocol}:// ({e}); install its fsspec backend") from None
         except Exception as e:  # noqa: BLE001
             raise StorageError(scrub(f"{shown}: cannot open: {describe(e)}", secrets)) from None
-        kwargs: dict[str, Any] = dict(endpoint=opts.get("endpoint_url"), transfer=transfer, secrets=secrets)
+        kwargs: dict[str, Any] = dict(endpoint=opts.get("endpoint_url"), transfer=transfer, secrets=secrets,
+                                      retry=retry, notice=notice)
         if not s3:
             store = FsspecStore(fs, root, location, **kwargs)
         elif not root.strip("/"):

@@ -18,12 +18,20 @@ A :class:`Store` is a checkpoint location (a backend plus a root inside it); ``o
 - **Errors** (:mod:`.errors`): :class:`StoreError` for store failures, :class:`TransientStoreError`
   where a retry may help, :class:`LocalFileError` for the local side, ``FileNotFoundError`` only
   where a missing object is a normal answer (``cat``).
+- **Retries are the store's** (:mod:`.backoff`): each small operation, and each request of a bulk
+  transfer (an S3 part, a range, a file on fsspec), is retried alone under the store's
+  :class:`.backoff.Backoff`, waiting out a throttling store up to its deadline (other transient
+  failures: a few tries where no library retries them already, :meth:`_request`); a bulk transfer's
+  requests run in the slots of the store's :class:`.concurrency.AdaptiveLimit`, which shrinks while
+  the store throttles. A caller sees a failure only once the policy is used up.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -35,8 +43,12 @@ from slurm_titan import envvars
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, Readable, hash_stream, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
+from slurm_titan.ckpt.storage.backoff import Backoff, WaitNotice
+from slurm_titan.ckpt.storage.concurrency import AdaptiveLimit
 from slurm_titan.ckpt.storage.errors import StoreError, TransientStoreError, describe, is_transient, redact, scrub
 from slurm_titan.errors import StorageError
+
+log = logging.getLogger("slurm_titan.ckpt.storage")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,6 +58,9 @@ Progress = Callable[[int], None]
 
 Spans = dict[str, list[tuple[int, int]]]
 """Per stored file (rel): the (offset, length) of byte ranges to record a checksum of."""
+
+Uploaded = Callable[[FileEntry], None]
+"""Called with each file of an upload once it is stored whole (from transfer threads too)."""
 
 
 @dataclass
@@ -118,12 +133,19 @@ class Store(abc.ABC):
     """
 
     def __init__(self, root: str, location: str, *, endpoint: str | None = None,
-                 transfer: TransferConfig | None = None, secrets: tuple[str, ...] = ()) -> None:
+                 transfer: TransferConfig | None = None, secrets: tuple[str, ...] = (),
+                 retry: Backoff | None = None, notice: Callable[[str], None] | None = None) -> None:
         self.root = root.rstrip("/") if root not in ("/", "") else root
         self.location = redact(location)
         self.endpoint = endpoint
         self.transfer = transfer or TransferConfig.from_env()
         self._secrets = secrets
+        self.retry = retry or Backoff.from_env()
+        """How every operation is retried (:mod:`.backoff`)."""
+        self.waits = WaitNotice(notice or log.warning)
+        """Where the waits for a throttling store are said (``notice``: default, the storage logger)."""
+        self.limit = AdaptiveLimit(self.transfer.concurrency)
+        """The slots of a bulk transfer's requests (:mod:`.concurrency`)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location!r})"
@@ -181,6 +203,29 @@ class Store(abc.ABC):
                 raise
             raise self._error(action, e) from None
 
+    @property
+    def _throttle_only(self) -> Backoff:
+        """The store's policy for operations whose library retries other failures itself (botocore, s3fs):
+        only a throttling store is waited out."""
+        return dataclasses.replace(self.retry, tries=1)
+
+    def _retried(self, action: str, fn: Callable[[], T], *, missing_ok: bool = False) -> T:
+        """A small operation: ``fn()`` under ``_guard(action)``, a throttling store waited out."""
+        def once(_attempt: int) -> T:
+            with self._guard(action, missing_ok):
+                return fn()
+
+        return self._throttle_only.run(once, on_wait=self.waits)
+
+    def _request(self, action: str, fn: Callable[[int], T], policy: Backoff | None = None) -> T:
+        """One request of a bulk transfer: ``fn(attempt)`` in a slot of :attr:`limit`, under ``_guard(action)``,
+        retried under ``policy`` (default: the store's, its tries for failures other than throttling too)."""
+        def once(attempt: int) -> T:
+            with self.limit.slot(), self._guard(action):
+                return fn(attempt)
+
+        return (policy or self.retry).run(once, on_wait=self.waits)
+
     def _describe(self, e: BaseException) -> str:
         """The cause part of a failure's line."""
         return describe(e, self.endpoint)
@@ -192,27 +237,25 @@ class Store(abc.ABC):
     # -- opening ---------------------------------------------------------------------------
     def check(self, create: bool = False) -> None:
         """Fail now, with one line, if the location is unreachable, refused or missing
-        (``create``: make a missing local folder)."""
-        with self._guard("cannot open the checkpoint location"):
-            self._check(create)
+        (``create``: make a missing local folder); only a throttling store is waited out."""
+        self._retried("cannot open the checkpoint location", lambda: self._check(create))
 
     # -- listing ---------------------------------------------------------------------------
     def ls(self, rel: str = "") -> list[Entry]:
         """Entries directly under ``rel`` (one LIST request on object stores); [] if none."""
-        with self._guard(f"cannot list {rel or 'the location'}"):
-            return sorted(self._ls(rel), key=lambda e: e.path)
+        return self._retried(f"cannot list {rel or 'the location'}",
+                             lambda: sorted(self._ls(rel), key=lambda e: e.path))
 
     def find(self, rel: str = "") -> list[Entry]:
         """All files below ``rel``, recursively (one paginated LIST on object stores); [] if none."""
-        with self._guard(f"cannot list {rel or 'the location'}"):
-            return sorted(self._find(rel), key=lambda e: e.path)
+        return self._retried(f"cannot list {rel or 'the location'}",
+                             lambda: sorted(self._find(rel), key=lambda e: e.path))
 
     # -- small objects ---------------------------------------------------------------------
     def cat(self, rel: str) -> bytes:
         """The contents of ``rel``; FileNotFoundError if there is none."""
         try:
-            with self._guard(f"cannot read {rel}", missing_ok=True):
-                return self._cat(rel)
+            return self._retried(f"cannot read {rel}", lambda: self._cat(rel), missing_ok=True)
         except FileNotFoundError:
             raise FileNotFoundError(rel) from None
 
@@ -220,57 +263,59 @@ class Store(abc.ABC):
         """Contents of several small objects at once (None for missing ones)."""
         if not rels:
             return {}
-        with self._guard("cannot read records"):
+
+        def read() -> dict[str, bytes | None]:
             got = self._cat_many(rels)
-        out: dict[str, bytes | None] = {}
-        for r in rels:
-            v = got.get(r)
-            if isinstance(v, Exception):
-                raise self._error(f"cannot read {r}", v)
-            out[r] = v
-        return out
+            out: dict[str, bytes | None] = {}
+            for r in rels:
+                v = got.get(r)
+                if isinstance(v, Exception):
+                    raise self._error(f"cannot read {r}", v)
+                out[r] = v
+            return out
+
+        return self._retried("cannot read records", read)
 
     def exists(self, rel: str) -> bool:
-        with self._guard(f"cannot check {rel}"):
-            return self._exists(rel)
+        return self._retried(f"cannot check {rel}", lambda: self._exists(rel))
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         """Write a small object, replacing it; never visible half-written."""
-        with self._guard(f"cannot write {rel}"):
-            self._put(rel, data)
+        self._retried(f"cannot write {rel}", lambda: self._put(rel, data))
 
     def create_bytes(self, rel: str, data: bytes) -> bool:
         """Write a small object atomically if it does not exist yet; False if it already exists
         (the commit record's guarantee: of two writers exactly one wins)."""
-        with self._guard(f"cannot write {rel}"):
-            return self._create(rel, data)
+        return self._retried(f"cannot write {rel}", lambda: self._create(rel, data))
 
     # -- deletion --------------------------------------------------------------------------
     def rm_files(self, rels: list[str]) -> None:
         """Delete files (missing ones are no error)."""
         if rels:
-            with self._guard("cannot delete"):
-                self._rm_files(rels)
+            self._retried("cannot delete", lambda: self._rm_files(rels))
 
     def rm_tree(self, rel: str) -> None:
         """Delete everything below ``rel`` (never the whole location)."""
         if not rel.strip("/"):
             raise self._fail("refusing to delete the whole location")
-        with self._guard(f"cannot delete {rel}"):
-            self._rm_tree(rel)
+        self._retried(f"cannot delete {rel}", lambda: self._rm_tree(rel))
 
     # -- big files ---------------------------------------------------------------------------
     def upload_many(self, items: list[tuple[str, str]], progress: Progress | None = None,
-                    algorithm: str | None = None, spans: Spans | None = None) -> list[FileEntry]:
+                    algorithm: str | None = None, spans: Spans | None = None,
+                    uploaded: Uploaded | None = None) -> list[FileEntry]:
         """Upload [(local_path, rel)] concurrently; returns FileEntries in the same order, with block
-        checksums and a checksum of each of ``spans[rel]`` (offset, length) of a file.
+        checksums and a checksum of each of ``spans[rel]`` (offset, length) of a file. ``uploaded`` is
+        told of each file once it is stored whole, so that a caller retrying after a failure can leave
+        those out.
 
         Raises LocalFileError when a local file cannot be read (not worth retrying) and a
         StoreError (TransientStoreError where worth retrying) when the store fails."""
         if not items:
             return []
         with self._guard("upload failed"):
-            return self._upload_many(items, algorithm or DEFAULT_ALGORITHM, _serialized(progress), spans or {})
+            return self._upload_many(items, algorithm or DEFAULT_ALGORITHM, _serialized(progress), spans or {},
+                                     uploaded or _ignore)
 
     def download_many(self, items: list[tuple[str, str, int | None]], progress: Progress | None = None,
                       algorithm: str | None = None) -> list[tuple[int, str]]:
@@ -315,8 +360,7 @@ class Store(abc.ABC):
             buf = buffers.take()
             try:
                 view = memoryview(buf)[:n]
-                with self._guard(f"cannot read {rel}"):
-                    got = reader.read(rel, off, view, progress)
+                got = self._request(f"cannot read {rel}", lambda _attempt: reader.read(rel, off, view, progress))
                 if got != n:
                     raise StoreError(f"{self.url(rel)}: short read at byte {off} ({got} of {n} bytes)")
                 h = new_hasher(algorithm)
@@ -408,7 +452,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _upload_many(self, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                     spans: Spans) -> list[FileEntry]: ...
+                     spans: Spans, uploaded: Uploaded) -> list[FileEntry]: ...
 
     @abc.abstractmethod
     def _download_many(self, items: list[tuple[str, str, int | None]], algorithm: str,
@@ -417,10 +461,13 @@ class Store(abc.ABC):
     def _checksum_many(self, items: list[tuple[str, int | None]], algorithm: str,
                        progress: Progress) -> list[tuple[int, str] | Exception]:
         """Default: each file hashed as it streams from :meth:`_open_read`; a failure is that file's result."""
+        def once(rel: str) -> tuple[int, str]:
+            with self._open_read(rel) as fin:
+                return hash_stream(fin, algorithm, progress)
+
         def one(item: tuple[str, int | None]) -> tuple[int, str] | Exception:
             try:
-                with self._open_read(item[0]) as fin:
-                    return hash_stream(fin, algorithm, progress)
+                return self._request(f"cannot read {item[0]}", lambda _attempt: once(item[0]), self._throttle_only)
             except Exception as e:  # noqa: BLE001 - reported per file
                 return e
 
@@ -435,6 +482,10 @@ class Store(abc.ABC):
 
 
 def _noop(_: int) -> None:
+    pass
+
+
+def _ignore(_: FileEntry) -> None:
     pass
 
 

@@ -3,9 +3,8 @@
 Every backend fails with a :class:`StoreError` (the public methods of :class:`.base.Store` turn
 whatever their library raised into one), and with :class:`TransientStoreError`, a StoreError,
 where trying again may help: unreachable, timed out, a 5xx answer, throttled. Retrying callers
-check that one type; :func:`retry` is the loop::
-
-    entries = retry(lambda attempt: store.upload_many(items), tries=4)
+check that one type (:class:`.backoff.Backoff` is the loop); a throttled answer (503 SlowDown,
+429, :data:`_THROTTLE_CODES`) carries the store's code and any ``Retry-After`` it sent.
 
 A local file that cannot be read or written is a :class:`LocalFileError`: not the store's fault,
 so never retried. Messages never hold credentials: :func:`redact` strips user info and query
@@ -19,20 +18,19 @@ import io
 import os
 import re
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit, urlunsplit
 
 from slurm_titan.errors import StorageError
 
-T = TypeVar("T")
-
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
-_TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "ServiceUnavailable", "InternalError", "503", "500", "502", "504", "RequestLimitExceeded",
+_THROTTLE_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests", "RequestThrottled",
+    "ServiceUnavailable", "503", "429",
 }
+"""Answers of a store that is up and asks for fewer requests (S3, Ceph, MinIO, SeaweedFS, OBS: 503 and 429)."""
+_TRANSIENT_CODES = _THROTTLE_CODES | {"RequestTimeout", "RequestTimeTooSkewed", "InternalError", "500", "502", "504"}
 _DENIED_CODES = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
     "InvalidToken", "403", "AllAccessDisabled", "InvalidClientTokenId",
@@ -60,6 +58,21 @@ class TransientStoreError(StoreError):
     only type any retry loop checks; every backend raises it for these causes."""
 
     transient = True
+
+    def __init__(self, message: str, *, throttle: str = "", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.throttle = throttle
+        """The store's answer when it throttled (``SlowDown``, ``HTTP 429``); "" for other failures."""
+        self.retry_after = retry_after
+        """Seconds the store asked to wait (its ``Retry-After``), None when it did not say."""
+
+    @property
+    def throttled(self) -> bool:
+        return bool(self.throttle)
+
+    def reworded(self, message: str) -> TransientStoreError:
+        """The same failure under another message (with the location and the object in it)."""
+        return TransientStoreError(message, throttle=self.throttle, retry_after=self.retry_after)
 
 
 class LocalFileError(StorageError):
@@ -112,6 +125,47 @@ def client_error_code(exc: BaseException) -> str:
     return ""
 
 
+def throttle_code(exc: BaseException) -> str:
+    """The store's code when ``exc`` is a throttled answer (a TransientStoreError's, or a botocore
+    ClientError's: SlowDown, 429, ...), else ''."""
+    if isinstance(exc, TransientStoreError):
+        return exc.throttle
+    code = client_error_code(exc)
+    return code if code in _THROTTLE_CODES else ""
+
+
+def throttle_answer(status: int, code: str) -> str:
+    """``code`` when a store's HTTP answer (``status``, its error ``code``) says that it throttles, else ''."""
+    return code if code in _THROTTLE_CODES or status in (429, 503) else ""
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The ``Retry-After`` of the answer behind ``exc`` (a botocore ClientError's headers), in seconds."""
+    if isinstance(exc, TransientStoreError):
+        return exc.retry_after
+    for e in (exc, exc.__cause__, exc.__context__):
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict):
+            headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            return parse_retry_after(headers.get("retry-after"))
+    return None
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header (seconds, or an HTTP date) as seconds from now; None if absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (a StoreError or any library's exception) is worth retrying."""
     if isinstance(exc, StoreError):
@@ -143,15 +197,3 @@ def describe(exc: BaseException, endpoint: str | None = None) -> str:
     if len(cause) > 300:
         cause = cause[:297] + "..."
     return scrub(redact_urls(cause))
-
-
-def retry(fn: Callable[[int], T], tries: int, delay: float = 0.2) -> T:
-    """``fn(attempt)`` until it returns, at most ``tries`` times, sleeping ``delay``, then twice
-    as long, between tries. Only a TransientStoreError is retried; the last one is raised."""
-    for attempt in range(tries - 1):
-        try:
-            return fn(attempt)
-        except TransientStoreError:
-            time.sleep(delay)
-            delay *= 2
-    return fn(tries - 1)

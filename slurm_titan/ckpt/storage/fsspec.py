@@ -2,19 +2,22 @@
 
 The generic backend, and the base of :class:`.s3.S3Store`: small objects through ``cat_file`` /
 ``pipe_file`` (``mode="create"`` for the exclusive create), listings through ``ls`` / ``find``,
-whole files streamed through ``fs.open`` in 8 MiB chunks, byte ranges through ``cat_file``.
+whole files streamed through ``fs.open`` in 8 MiB chunks, byte ranges through ``cat_file``. A file
+that the store throttles is moved again whole, under the store's retry policy (the filesystem
+retries other failures itself, and what it sends inside a file: s3fs a multipart part).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 from slurm_titan.ckpt.checksum import BlockHasher, Readable, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
-from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
+from slurm_titan.ckpt.storage.backoff import Backoff
+from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig, Uploaded
 from slurm_titan.ckpt.storage.errors import open_local
 
 _CHUNK = 8 << 20
@@ -24,8 +27,10 @@ class FsspecStore(Store):
     """``fs`` (an fsspec filesystem) below ``root`` (the filesystem's name of the location)."""
 
     def __init__(self, fs: Any, root: str, location: str, *, endpoint: str | None = None,
-                 transfer: TransferConfig | None = None, secrets: tuple[str, ...] = ()) -> None:
-        super().__init__(root, location, endpoint=endpoint, transfer=transfer, secrets=secrets)
+                 transfer: TransferConfig | None = None, secrets: tuple[str, ...] = (),
+                 retry: Backoff | None = None, notice: Callable[[str], None] | None = None) -> None:
+        super().__init__(root, location, endpoint=endpoint, transfer=transfer, secrets=secrets, retry=retry,
+                         notice=notice)
         self.fs = fs
 
     def _check(self, create: bool) -> None:
@@ -112,12 +117,11 @@ class FsspecStore(Store):
 
     # -- big files: streamed through fs.open ------------------------------------------------
     def _upload_many(self, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                     spans: Spans) -> list[FileEntry]:
-        def one(item: tuple[str, str]) -> FileEntry:
-            lp, r = item
+                     spans: Spans, uploaded: Uploaded) -> list[FileEntry]:
+        def once(lp: str, r: str) -> FileEntry:
             h = BlockHasher(algorithm, self.transfer.block_size, spans.get(r, ()))
             size = 0
-            with open_local(lp) as fin, self._guard(f"cannot upload {r}"), self.fs.open(self.full(r), "wb") as fout:
+            with open_local(lp) as fin, self.fs.open(self.full(r), "wb") as fout:
                 while chunk := fin.read(_CHUNK):
                     h.update(chunk)
                     fout.write(chunk)
@@ -125,23 +129,30 @@ class FsspecStore(Store):
                     progress(len(chunk))
             return FileEntry.hashed(r, size, h)
 
+        def one(item: tuple[str, str]) -> FileEntry:
+            entry = self._request(f"cannot upload {item[1]}", lambda _attempt: once(*item), self._throttle_only)
+            uploaded(entry)
+            return entry
+
         return self._each(one, items)
 
     def _download_many(self, items: list[tuple[str, str, int | None]], algorithm: str,
                        progress: Progress) -> list[tuple[int, str]]:
-        def one(item: tuple[str, str, int | None]) -> tuple[int, str]:
-            r, lp, _ = item
+        def once(r: str, lp: str) -> tuple[int, str]:
             h = new_hasher(algorithm)
             size = 0
             os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
-            with self._guard(f"cannot download {r}"), self.fs.open(self.full(r), "rb") as fin, \
-                    open(lp, "wb") as fout:
+            with self.fs.open(self.full(r), "rb") as fin, open(lp, "wb") as fout:
                 while chunk := fin.read(_CHUNK):
                     h.update(chunk)
                     fout.write(chunk)
                     size += len(chunk)
                     progress(len(chunk))
             return size, h.hexdigest()
+
+        def one(item: tuple[str, str, int | None]) -> tuple[int, str]:
+            return self._request(f"cannot download {item[0]}", lambda _attempt: once(item[0], item[1]),
+                                 self._throttle_only)
 
         return self._each(one, items)
 

@@ -16,12 +16,13 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from slurm_titan.ckpt.checksum import BlockHasher, Hasher, Readable, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
-from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig
+from slurm_titan.ckpt.storage.backoff import Backoff
+from slurm_titan.ckpt.storage.base import Entry, Progress, RangeReader, Spans, Store, TransferConfig, Uploaded
 from slurm_titan.ckpt.storage.errors import LocalFileError, open_local
 from slurm_titan.errors import StorageError
 
@@ -35,8 +36,9 @@ for ``cp -r`` + ``sync`` (the buffered copy plus its sync swung with the page ca
 class LocalStore(Store):
     """A folder; ``location`` is how it was named (a path or ``file://`` URL)."""
 
-    def __init__(self, root: str, location: str, transfer: TransferConfig | None = None) -> None:
-        super().__init__(root, location, transfer=transfer)
+    def __init__(self, root: str, location: str, transfer: TransferConfig | None = None,
+                 retry: Backoff | None = None, notice: Callable[[str], None] | None = None) -> None:
+        super().__init__(root, location, transfer=transfer, retry=retry, notice=notice)
 
     def _describe(self, e: BaseException) -> str:
         if isinstance(e, OSError) and e.strerror:
@@ -131,11 +133,13 @@ class LocalStore(Store):
 
     # -- big files ------------------------------------------------------------------------
     def _upload_many(self, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                     spans: Spans) -> list[FileEntry]:
+                     spans: Spans, uploaded: Uploaded) -> list[FileEntry]:
         def one(item: tuple[str, str]) -> FileEntry:
             lp, r = item
             h = BlockHasher(algorithm, self.transfer.block_size, spans.get(r, ()))
-            return FileEntry.hashed(r, _copy_hash(lp, self.full(r), h, progress), h)
+            entry = FileEntry.hashed(r, _copy_hash(lp, self.full(r), h, progress), h)
+            uploaded(entry)
+            return entry
 
         return self._each(one, items)
 

@@ -8,11 +8,17 @@ SigV4 payload hashing (presigned URLs carry UNSIGNED-PAYLOAD; integrity is end t
 the checksums in the commit record, verified on every restore).
 
 - upload: the caller's thread reads each file part by part into a pool of ``concurrency``
-  buffers, hashing in order, while workers PUT the parts (multipart above one part).
+  buffers, hashing in order, while workers PUT the parts (multipart above one part). A body of
+  1 MiB or more is sent only once the store answers ``Expect: 100-continue``, so that a refused
+  PUT (503 SlowDown) costs no body bytes.
 - download: a large file being written to disk is split into ranges fetched in parallel into
   page-aligned buffers, written past the page cache and hashed in file order as they land
   (:mod:`.ranged`); a small file, or one only being hashed (verify), is streamed whole and
   hashed on the way.
+
+Each request (a part, a range, a whole small file) is retried alone under the store's policy
+(:mod:`.backoff`: a throttling store is waited out, honouring its ``Retry-After``), in a slot of the
+store's adaptive concurrency (:mod:`.concurrency`).
 
 URLs are presigned locally by botocore with the store's credentials (no request; URLs are
 never logged). Create/complete/abort of multipart uploads go through s3fs. Set
@@ -34,20 +40,32 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from slurm_titan import envvars
 from slurm_titan.ckpt.checksum import BlockHasher, new_hasher
 from slurm_titan.ckpt.manifest import FileEntry
-from slurm_titan.ckpt.storage.base import Progress, RangeReader, Spans
-from slurm_titan.ckpt.storage.errors import LocalFileError, StoreError, TransientStoreError, open_local, retry
+from slurm_titan.ckpt.storage.base import Progress, RangeReader, Spans, Uploaded
+from slurm_titan.ckpt.storage.errors import (
+    LocalFileError,
+    StoreError,
+    TransientStoreError,
+    open_local,
+    parse_retry_after,
+    throttle_answer,
+)
 from slurm_titan.ckpt.storage.ranged import ALIGN, Budget, PartBuffers, RangedFile
 from slurm_titan.ckpt.storage.s3 import S3Store
 from slurm_titan.errors import StorageError
 
+T = TypeVar("T")
+
 _BUF = 256 << 10
-_TRIES = 4
+_EXPECT_MIN = 1 << 20
+"""PUT bodies at least this large wait for the store's ``100 Continue`` (botocore's threshold too)."""
+_CONTINUE_WAIT_S = 1.0
+"""How long a PUT waits for ``100 Continue`` before it sends its body anyway (RFC 9110 10.1.1)."""
 _RANGED_MIN = 16 << 20
 """Files at least this large (and over two parts) are downloaded as parallel ranges: measured
 ~1.6x faster than one stream per file on SeaweedFS."""
@@ -69,8 +87,8 @@ class S3HttpStore(S3Store):
     """:class:`.s3.S3Store` whose files move on http.client threads with presigned URLs."""
 
     def _upload_many(self, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                     spans: Spans) -> list[FileEntry]:
-        return upload_many(self, items, algorithm, progress, spans)
+                     spans: Spans, uploaded: Uploaded) -> list[FileEntry]:
+        return upload_many(self, items, algorithm, progress, spans, uploaded)
 
     def _download_many(self, items: list[tuple[str, str, int | None]], algorithm: str,
                        progress: Progress) -> list[tuple[int, str]]:
@@ -93,15 +111,13 @@ class _Http:
         self.all: list[http.client.HTTPConnection] = []
         self.lock = threading.Lock()
 
-    def conn(self, url: Any, fresh: bool = False) -> http.client.HTTPConnection:
+    def conn(self, url: Any) -> http.client.HTTPConnection:
         conns = getattr(self.local, "conns", None)
         if conns is None:
             conns = self.local.conns = {}
         key = (url.scheme, url.netloc)
         conn = conns.get(key)
-        if conn is None or fresh:
-            if conn is not None:
-                conn.close()
+        if conn is None:
             if url.scheme == "https":
                 conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=300,
                                                    context=_ssl_context(os.environ.get("AWS_CA_BUNDLE") or None))
@@ -118,27 +134,79 @@ class _Http:
                 c.close()
             self.all.clear()
 
-    def request(self, method: str, url: Any, rel: str, attempt: int, headers: dict[str, str] | None = None,
+    def request(self, method: str, url: Any, rel: str, headers: dict[str, str] | None = None,
                 body: Any = None) -> http.client.HTTPResponse:
-        conn = self.conn(url, fresh=attempt > 0)
+        """One request; a connection that failed, or whose answer was not read whole, is closed (http.client
+        opens a new one for the next request)."""
+        conn = self.conn(url)
         target = url.path + (f"?{url.query}" if url.query else "")
         try:
-            conn.request(method, target, body=body, headers=headers or {})
-            resp = conn.getresponse()
+            if body is not None and len(body) >= _EXPECT_MIN:
+                resp = self._put_after_continue(conn, method, target, rel, headers or {}, body)
+            else:
+                conn.request(method, target, body=body, headers=headers or {})
+                resp = conn.getresponse()
+            if resp.status in (200, 204, 206):
+                return resp
+            text = resp.read(4096)
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            raise TransientStoreError(self.why(e)) from None
-        if resp.status in (200, 204, 206):
-            return resp
-        body_text = resp.read(4096)
-        code = _xml_code(body_text) or f"HTTP {resp.status}"
-        if resp.status >= 500 or code in ("SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError"):
-            raise TransientStoreError(code)
-        if resp.status == 404:
-            raise StoreError(f"{self.store.url(rel)}: no such object ({code})")
-        if resp.status == 403:
-            raise StoreError(f"{self.store.location}: {rel}: access denied ({code}); check the credentials")
-        raise StoreError(f"{self.store.url(rel)}: {method} failed: {code}")
+            raise self.fail(method, rel, self.why(e)) from None
+        if not resp.isclosed():
+            conn.close()
+        raise self.refused(method, rel, resp.status, resp.getheader("Retry-After"), text)
+
+    def _put_after_continue(self, conn: http.client.HTTPConnection, method: str, target: str, rel: str,
+                            headers: dict[str, str], body: Any) -> http.client.HTTPResponse:
+        """Send the headers with ``Expect: 100-continue`` and the body once the store says ``100 Continue``
+        (or nothing within :data:`_CONTINUE_WAIT_S`); a store that answers at once (503 SlowDown) is
+        refused() without a byte of the body sent, and the connection closed (the store may still wait for
+        the body)."""
+        conn.putrequest(method, target, skip_accept_encoding=True)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.putheader("Expect", "100-continue")
+        conn.endheaders()
+        sock = conn.sock
+        with sock.makefile("rb") as fp:
+            sock.settimeout(_CONTINUE_WAIT_S)
+            try:
+                line = fp.readline(65537)
+            except TimeoutError:
+                line = None  # no interim answer: send the body anyway
+            finally:
+                sock.settimeout(conn.timeout)
+            if line is not None:
+                parts = line.split(None, 2)
+                if len(parts) < 2 or not parts[1].isdigit():
+                    raise http.client.BadStatusLine(repr(line))
+                status = int(parts[1])
+                head = http.client.parse_headers(fp)
+                if status >= 200:
+                    text = fp.read(min(int(head.get("Content-Length") or 0), 4096))
+                    conn.close()
+                    raise self.refused(method, rel, status, head.get("Retry-After"), text)
+        conn.send(body)
+        return conn.getresponse()
+
+    def fail(self, method: str, rel: str, why: str, *, throttle: str = "",
+             retry_after: float | None = None) -> TransientStoreError:
+        """A transient failure of a request for ``rel``: ``<location>: cannot read|upload <rel>: <why>``."""
+        verb = "cannot read" if method == "GET" else "cannot upload"
+        return TransientStoreError(f"{self.store.location}: {verb} {rel}: {why}", throttle=throttle,
+                                   retry_after=retry_after)
+
+    def refused(self, method: str, rel: str, status: int, retry_after: str | None, text: bytes) -> StoreError:
+        """The error for a store's answer other than 2xx (``text``: the start of its body)."""
+        code = _xml_code(text) or f"HTTP {status}"
+        throttle = throttle_answer(status, code)
+        if throttle or status >= 500 or code in ("RequestTimeout", "InternalError"):
+            return self.fail(method, rel, code, throttle=throttle, retry_after=parse_retry_after(retry_after))
+        if status == 404:
+            return StoreError(f"{self.store.url(rel)}: no such object ({code})")
+        if status == 403:
+            return StoreError(f"{self.store.location}: {rel}: access denied ({code}); check the credentials")
+        return StoreError(f"{self.store.url(rel)}: {method} failed: {code}")
 
     def why(self, e: BaseException) -> str:
         if isinstance(e, ConnectionRefusedError):
@@ -147,12 +215,9 @@ class _Http:
             return "timed out"
         return f"{type(e).__name__}: {e}"
 
-    def retry(self, what: str, fn: Callable[[int], Any]) -> Any:
-        """``fn(attempt)``, retried :data:`_TRIES` times (on a fresh connection) if transient."""
-        try:
-            return retry(fn, _TRIES)
-        except TransientStoreError as e:
-            raise TransientStoreError(f"{self.store.location}: {what}: {e}") from None
+    def retry(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, one request, retried alone under the store's policy in a slot of its concurrency."""
+        return self.store._request(what, lambda _attempt: fn())
 
 
 @functools.lru_cache(maxsize=4)
@@ -216,11 +281,11 @@ class _Get:
 
 
 def _stream(web: _Http, g: _Get, headers: dict[str, str], expect: int | None,
-            sink: Callable[[memoryview, int], None] | None, progress: Progress, attempt: int,
+            sink: Callable[[memoryview, int], None] | None, progress: Progress,
             into: memoryview | None = None) -> int:
     """GET the body through a small buffer, handing each piece to ``sink``, or (``into``)
     straight into the caller's buffer, which must hold it all; returns the bytes received."""
-    resp = web.request("GET", g.url, g.rel, attempt, headers)
+    resp = web.request("GET", g.url, g.rel, headers)
     length = resp.getheader("Content-Length")
     expect = int(length) if length is not None else expect
     mv = into if into is not None else memoryview(bytearray(_BUF))
@@ -237,10 +302,10 @@ def _stream(web: _Http, g: _Get, headers: dict[str, str], expect: int | None,
             progress(n)
     except (OSError, http.client.HTTPException) as e:
         web.conn(g.url).close()
-        raise TransientStoreError(web.why(e)) from None
+        raise web.fail("GET", g.rel, web.why(e)) from None
     if expect is not None and got != expect:
         web.conn(g.url).close()
-        raise TransientStoreError(f"short read: {got} of {expect} bytes")
+        raise web.fail("GET", g.rel, f"short read: {got} of {expect} bytes")
     return got
 
 
@@ -262,7 +327,7 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
     early = Budget(conc * part_size)
 
     def whole(g: _Get) -> None:
-        def once(attempt: int) -> tuple[int, str]:
+        def once() -> tuple[int, str]:
             h = new_hasher(algorithm)
             if g.fd >= 0:
                 os.lseek(g.fd, 0, os.SEEK_SET)
@@ -276,7 +341,7 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
             else:
                 def sink(chunk: memoryview, _off: int) -> None:
                     h.update(chunk)
-            size = _stream(web, g, {}, g.size, sink, progress, attempt)
+            size = _stream(web, g, {}, g.size, sink, progress)
             return size, h.hexdigest()
 
         try:
@@ -288,8 +353,8 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
         buf = buffers.take()
         view = memoryview(buf)[:length]
 
-        def once(attempt: int) -> None:
-            _stream(web, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, attempt, view)
+        def once() -> None:
+            _stream(web, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, view)
 
         err: BaseException | None = None
         try:
@@ -350,10 +415,12 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
 
 
 def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, progress: Progress,
-                spans: Spans) -> list[FileEntry]:
-    """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order.
+                spans: Spans, uploaded: Uploaded) -> list[FileEntry]:
+    """Upload [(local path, rel)] -> FileEntries (size and checksum of the bytes sent), in order,
+    telling ``uploaded`` of each file stored whole (those before a failure and after it too).
 
-    Raises LocalFileError for unreadable local files, StoreError for store failures."""
+    Raises LocalFileError for unreadable local files, StoreError for store failures (a part's
+    once the store's policy for it is used up)."""
     fs = store.fs
     web = _Http(store)
     conc = max(1, store.transfer.concurrency)
@@ -378,8 +445,8 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
         return buf
 
     def put(url: Any, rel: str, buf: bytearray, n: int) -> str:
-        def once(attempt: int) -> str:
-            resp = web.request("PUT", url, rel, attempt, {"Content-Length": str(n)}, memoryview(buf)[:n])
+        def once() -> str:
+            resp = web.request("PUT", url, rel, {"Content-Length": str(n)}, memoryview(buf)[:n])
             etag = resp.getheader("ETag") or ""
             resp.read()
             return etag
@@ -393,6 +460,13 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
             raise
         finally:
             buffers.put(buf)
+
+    def complete(entry: FileEntry, upload_id: str, etags: list[str]) -> None:
+        bucket, key = store.bucket_key(entry.path)
+        store._retried(f"cannot complete the upload of {entry.path}", lambda: fs.call_s3(
+            "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]}))
+        open_mpus.remove((bucket, key, upload_id))
 
     def read_into(f: Any, buf: bytearray, n: int, h: Any, path: str) -> int:
         view = memoryview(buf)[:n]
@@ -428,8 +502,8 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
                         entries.append(FileEntry.hashed(rel, n, h))
                         pending.append((len(entries) - 1, None, futs))
                         continue
-                    with store._guard(f"cannot upload {rel}"):
-                        upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+                    upload_id = store._retried(f"cannot upload {rel}", functools.partial(
+                        fs.call_s3, "create_multipart_upload", Bucket=bucket, Key=key))["UploadId"]
                     open_mpus.append((bucket, key, upload_id))
                     futs = []
                     total, number = 0, 0
@@ -448,15 +522,15 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
                     entries.append(FileEntry.hashed(rel, total, h))
                     pending.append((len(entries) - 1, upload_id, futs))
             for index, upload_id, futs in pending:
-                etags = [fu.result() for fu in futs]
-                if upload_id is None:
+                try:
+                    etags = [fu.result() for fu in futs]
+                    if upload_id is not None:
+                        complete(entries[index], upload_id, etags)
+                except Exception as e:  # noqa: BLE001 - the first failure is raised below, after the other files
+                    if e not in errors:
+                        errors.append(e)
                     continue
-                bucket, key = store.bucket_key(entries[index].path)
-                with store._guard(f"cannot complete the upload of {entries[index].path}"):
-                    fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-                               MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e}
-                                                          for i, e in enumerate(etags)]})
-                open_mpus.remove((bucket, key, upload_id))
+                uploaded(entries[index])
     finally:
         web.close()
         _spare.keep([buffers.get_nowait() for _ in range(buffers.qsize())])
@@ -489,9 +563,7 @@ class HttpRangeReader:
                     bucket, key = self.store.bucket_key(rel)
                     g = self.gets[rel] = _Get(rel, None, None, _presign(self.store, "get_object",
                                                                        {"Bucket": bucket, "Key": key}))
-        headers = {"Range": f"bytes={off}-{off + len(view) - 1}"}
-        return self.http.retry(f"cannot read {rel}",
-                               lambda attempt: _stream(self.http, g, headers, len(view), None, progress, attempt, view))
+        return _stream(self.http, g, {"Range": f"bytes={off}-{off + len(view) - 1}"}, len(view), None, progress, view)
 
     def close(self) -> None:
         self.http.close()

@@ -41,7 +41,9 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     size, what these ranks' loads read of a candidate (the supervisor's ``RankGroup.plan``): only
     that is fetched (the whole checkpoint without it). ``verdicts``: a folder of the job attempt on
     the shared filesystem through which the ``nodes`` nodes agree on each candidate before any rank
-    loads it (:class:`slurm_titan.ckpt.NodeAgreement`)."""
+    loads it (:class:`slurm_titan.ckpt.NodeAgreement`). A store that throttles is waited out (each
+    operation up to SLURM_TITAN_STORE_RETRY_S seconds), the waits said through ``say`` at most every 30 s;
+    the StorageError when it still throttles then names the object and the store's answer."""
     remote = plan.remote_for(job_id)
     if not remote:
         return RestoreVerdict()
@@ -52,7 +54,7 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         restored = prepare_resume(remote, local, endpoint_url=plan.endpoint_url, ranks=ranks, world_size=world_size,
-                                  agree=agree, planner=planner)
+                                  agree=agree, planner=planner, notice=lambda line: say(f"checkpoint restore: {line}"))
     if restored is None:
         say(f"no complete checkpoint in {remote}: training starts at step 1")
         return RestoreVerdict()

@@ -342,7 +342,7 @@ class NodeSupervisor:
                                                        ranks=node_ranks, node=rdzv.node_rank, nodes=rdzv.num_nodes,
                                                        verdicts=verdicts, planner=ranks.plan))
         except (SlurmTitanError, OSError) as error:
-            say(f"ERROR before training: checkpoint restore: {error}")
+            say(f"ERROR before training: node {rdzv.node_rank}: checkpoint restore: {error}")
             self._finish(report, ExitCode.STORAGE_UNREACHABLE, {})
 
     @staticmethod

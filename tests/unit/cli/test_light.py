@@ -10,7 +10,8 @@ from tests.support.cli import PROBE
 from tests.support.paths import REPO
 
 
-@pytest.mark.parametrize("args", [["--help"], ["submit", "configs/debug_cpu.yaml", "--dry-run"]])
+@pytest.mark.parametrize("args", [["--help"], ["submit", "configs/debug_cpu.yaml", "--dry-run"],
+                                  ["data", "prepare", "--help"]])
 def test_cli_commands_import_no_torch(args: list[str]) -> None:
     """What a command really loads. The no-torch import contract (tests/test_import_contracts.py) covers every
     import of cli/ and what it reaches; a dry run also looks torchtitan up (importlib.util.find_spec) and must

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,23 +25,21 @@ class _Lost:
         raise self.exc
 
 
-class _Conns:
-    """Stands in for the per-thread connections: hands out ``resp``, counts closes."""
+class _Conns(s3_http._Http):
+    """The per-thread connections, with ``request`` handing out ``resp``; counts closes."""
 
     def __init__(self, resp: _Lost) -> None:
+        super().__init__(SimpleNamespace(location="s3://bucket/run", endpoint=None))  # type: ignore[arg-type]
         self.resp, self.closed = resp, 0
 
-    def request(self, *args: object, **kwargs: object) -> _Lost:
+    def request(self, *args: object, **kwargs: object) -> _Lost:  # type: ignore[override]
         return self.resp
 
-    def conn(self, url: object) -> _Conns:
+    def conn(self, url: object) -> _Conns:  # type: ignore[override]
         return self
 
     def close(self) -> None:
         self.closed += 1
-
-    def why(self, e: BaseException) -> str:
-        return f"{type(e).__name__}: {e}"
 
 
 @pytest.mark.parametrize("exc", [ConnectionResetError(errno.ECONNRESET, "reset by peer"), TimeoutError("timed out"),
@@ -48,6 +47,7 @@ class _Conns:
 def test_a_connection_lost_mid_body_is_transient(exc):
     conns = _Conns(_Lost(exc))
     get = s3_http._Get("step-1/f.distcp", None, None, url=None)
-    with pytest.raises(TransientStoreError):
-        s3_http._stream(conns, get, {}, None, None, lambda n: None, attempt=0)  # type: ignore[arg-type]
+    with pytest.raises(TransientStoreError, match="^s3://bucket/run: cannot read step-1/f.distcp: ") as e:
+        s3_http._stream(conns, get, {}, None, None, lambda n: None)
+    assert not e.value.throttled
     assert conns.closed == 1  # the connection is not reused

@@ -1,0 +1,104 @@
+"""A store that throttles is waited out: SeaweedFS behind the throttling proxy (tests/support/throttle.py) answers a
+share of the requests 503 SlowDown. Outcomes and counts are checked, never durations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_titan import envvars
+from slurm_titan.ckpt import CheckpointSync, list_checkpoints, open_store, read_manifest
+from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
+from slurm_titan.ckpt.storage import TransferConfig, s3_http
+from slurm_titan.errors import StorageError
+from slurm_titan.node.spec import CheckpointPlan
+from slurm_titan.node.supervisor import restore as node_restore
+from tests.support.ckpt import write_fake_step
+from tests.support.throttle import ThrottledS3
+
+pytestmark = pytest.mark.s3
+
+MIB = 1 << 20
+
+
+@pytest.fixture(params=["http", "fsspec"])
+def data_path(request, monkeypatch):
+    """Both ways files move: http.client (the default), and s3fs (SLURM_TITAN_CKPT_FAST_S3=0)."""
+    monkeypatch.setenv(envvars.CKPT_FAST_S3, "1" if request.param == "http" else "0")
+    monkeypatch.setenv(envvars.CKPT_PART_MB, "5")
+    monkeypatch.setattr(s3_http, "_RANGED_MIN", MIB)  # files of a few MiB restored as parallel ranges
+    return request.param
+
+
+def _committed(proxy: ThrottledS3, local: Path, step: int, world_size: int, size: int) -> tuple[str, dict]:
+    """A location holding committed step ``step`` (uploaded through the proxy while it throttles nothing)."""
+    location = proxy.fresh_url("throttle")
+    syncs = [CheckpointSync(location, str(local), rank=r, world_size=world_size, attempt="a", retry_initial=0.1,
+                            poll_interval=0.1) for r in range(world_size)]
+    files = write_fake_step(local, step, world_size, size=size)
+    for s in syncs:
+        s.submit(step)
+    for s in syncs:
+        assert s.close(timeout=120), s.status(step)
+    return location, files
+
+
+def _plan(location: str, endpoint: str) -> CheckpointPlan:
+    return CheckpointPlan(local="", remote=location, endpoint_url=endpoint, keep_local=0, keep_remote=0, keep_every=0,
+                          config_digest="")
+
+
+def test_a_restore_at_half_slow_down_completes_with_the_right_bytes(throttled_s3, data_path, tmp_path):
+    location, files = _committed(throttled_s3, tmp_path / "saved", 30, world_size=3, size=12 * MIB)
+    throttled_s3.configure(share=0.5, retry_after=None)
+    throttled_s3.reset()
+    said: list[str] = []
+    node_restore.restore(_plan(location, throttled_s3.endpoint), str(tmp_path / "node"), "job", 3, said.append,
+                         ranks=[0, 1, 2], node=0, nodes=1)
+    restored = tmp_path / "node" / "step-30"
+    assert {name: (restored / name).read_bytes() for name in files} == files
+    assert throttled_s3.stats()["GET"]["throttled"] > 0
+    if data_path == "http":  # s3fs retries a few refusals of its requests itself, unseen
+        assert any(line.startswith("checkpoint restore: the store is throttling (SlowDown): waiting, ")
+                   for line in said), said
+    assert said[-1].startswith("resuming complete checkpoint step 30 from ")
+
+
+def test_an_upload_at_half_slow_down_sends_each_part_once(throttled_s3, data_path, tmp_path):
+    sizes = [11 * MIB, 12 * MIB + 5, 7 * MIB, 1000]
+    items = []
+    for i, n in enumerate(sizes):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(os.urandom(n))
+        items.append((str(path), f"step-1/__{i}_0.distcp"))
+    store = open_store(throttled_s3.fresh_url("upload"), transfer=TransferConfig(part_size=5 * MIB),
+                       data_path=data_path)
+    throttled_s3.configure(share=0.5, retry_after=None)
+    throttled_s3.reset()
+    entries = store.upload_many(items)
+    put = throttled_s3.stats()["PUT"]
+    throttled_s3.configure(share=0.0)
+    assert put["throttled"] > 0
+    assert put["bytes_in"] <= 1.1 * sum(sizes), put  # a refused part costs no body bytes, and only it is sent again
+    assert [e.size for e in entries] == sizes
+    got = store.checksum_many([(e.path, e.size) for e in entries], DEFAULT_ALGORITHM)
+    assert got == [(e.size, e.checksum) for e in entries]
+
+
+def test_a_store_that_refuses_beyond_the_total_ends_the_restore_naming_the_object(throttled_s3, tmp_path,
+                                                                                   monkeypatch):
+    location, _ = _committed(throttled_s3, tmp_path / "saved", 7, world_size=1, size=4096)
+    throttled_s3.configure(share=1.0, paths=r"\.distcp", retry_after=1)
+    monkeypatch.setenv(envvars.STORE_RETRY_S, "3")
+    with pytest.raises(StorageError) as e:
+        node_restore.restore(_plan(location, throttled_s3.endpoint), str(tmp_path / "node"), "job", 1, print,
+                             ranks=[0], node=0, nodes=1)
+    msg = str(e.value)
+    assert "\n" not in msg and "step-7/__0_0.distcp" in msg and "SlowDown" in msg, msg
+    assert "(still refused after " in msg and f"{envvars.STORE_RETRY_S}=3)" in msg
+    assert not (tmp_path / "node" / "step-7").exists()
+    throttled_s3.configure(share=0.0)
+    assert [(i.step, i.complete) for i in list_checkpoints(open_store(location))] == [(7, True)]
+    assert read_manifest(open_store(location), 7).world_size == 1

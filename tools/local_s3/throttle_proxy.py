@@ -1,0 +1,484 @@
+"""A throttling reverse proxy in front of a local S3 store (the bundled SeaweedFS), for tests and benchmarks.
+
+    python -m tools.local_s3.throttle_proxy --upstream http://127.0.0.1:8333 --share 0.5
+    tools/local-s3 throttle --share 0.5       # in front of tools/local-s3's store (see tools/local_s3/cli.py)
+    tests/support/throttle.py                 # the same in a child process, from a test (ThrottleProxy)
+
+It listens on 127.0.0.1 only, and forwards only to a loopback upstream. It answers a share of the
+requests (``share``), and every request beyond a token bucket per key prefix (``rate`` requests per
+second, ``burst``; the prefix is the path up to its last ``/``), with S3's own ``503 SlowDown``
+(its XML body and a ``Retry-After`` header), optionally only requests of some ``methods`` or whose
+path matches the regular expression ``paths``; it adds ``latency`` seconds before each answer. Every
+other request goes upstream unchanged, its Host header included (SigV4 signs it, and the store checks
+the signature against the Host it receives), bodies streamed both ways in 256 KiB pieces.
+
+A request that asks ``Expect: 100-continue`` is throttled before its body is sent, as S3 does: a
+refused PUT then costs no body bytes; any other throttled request's body is read and dropped.
+
+Control (never throttled), for tests that change the store's mood between jobs:
+
+    GET  /__proxy__/stats    {"methods": {"PUT": {"requests", "throttled", "bytes_in", "bytes_out"}}, "config"}
+                             bytes_in: request bodies received, bytes_out: response bodies sent
+    POST /__proxy__/config   a JSON object of config keys to change (the others keep their values)
+    POST /__proxy__/reset    zeroes the counters
+
+The proxy exits after ``--max-lifetime`` seconds (default 3600), or on SIGTERM/SIGINT, writing its
+counters to ``--stats-file`` if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import ipaddress
+import json
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+CONTROL = "/__proxy__/"
+"""The control endpoint's paths (S3 bucket names have no underscores: no request of a client starts so)."""
+_PIECE = 256 << 10
+_METHODS = ("GET", "PUT", "POST", "DELETE", "HEAD")
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te",
+               "trailer", "transfer-encoding", "upgrade", "expect"}
+_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+              b"<Message>Please reduce your request rate.</Message><Resource>%s</Resource>"
+              b"<RequestId>%s</RequestId></Error>")
+
+
+class BadConfig(ValueError):
+    """A config value that cannot be used; the message is one line naming where and which key."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """What the proxy throttles (see the module's docstring)."""
+
+    share: float = 0.0
+    """Of the matching requests, this share (0..1) is answered 503 SlowDown."""
+    rate: float | None = None
+    """Matching requests per second per key prefix beyond which the answer is 503 SlowDown (None: no limit)."""
+    burst: float = 10.0
+    """The token bucket's size: requests of one prefix that may come at once."""
+    methods: tuple[str, ...] = ()
+    """Only requests of these methods are throttled (empty: all)."""
+    paths: str = ""
+    """Only requests whose path (with its query) matches this regular expression are throttled (empty: all)."""
+    retry_after: int | None = 1
+    """The ``Retry-After`` of a 503 SlowDown, in seconds (None: no header)."""
+    latency: float = 0.0
+    """Seconds added before each answer (throttled or not)."""
+
+    def updated(self, changes: Mapping[str, Any], where: str) -> Config:
+        """This config with ``changes`` (JSON values); BadConfig naming ``where`` and the key if one is wrong."""
+        if not isinstance(changes, Mapping):
+            raise BadConfig(f"{where}: expected a JSON object, got {type(changes).__name__}")
+        known = {f for f in asdict(self)}
+        values: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key not in known:
+                raise BadConfig(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+            values[key] = _PARSERS[key](value, f"{where}: {key}")
+        return replace(self, **values)
+
+    def throttles(self, method: str, path: str) -> bool:
+        """Whether a request of ``method`` for ``path`` is one this config may throttle."""
+        return (not self.methods or method in self.methods) and (not self.paths or re.search(self.paths, path)
+                                                                 is not None)
+
+
+def _number(value: Any, where: str, low: float, high: float = float("inf")) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadConfig(f"{where}: expected a number, got {value!r}")
+    if not low <= value <= high:
+        raise BadConfig(f"{where}: must be within [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _share(value: Any, where: str) -> float:
+    return _number(value, where, 0.0, 1.0)
+
+
+def _rate(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if _number(value, where, 0.0) == 0:
+        raise BadConfig(f"{where}: must be > 0 (null: no limit), got {value!r}")
+    return float(value)
+
+
+def _burst(value: Any, where: str) -> float:
+    return _number(value, where, 1.0)
+
+
+def _methods(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise BadConfig(f"{where}: expected a list of methods, got {value!r}")
+    unknown = [m for m in value if m.upper() not in _METHODS]
+    if unknown:
+        raise BadConfig(f"{where}: unknown method {unknown[0]!r} (known: {', '.join(_METHODS)})")
+    return tuple(m.upper() for m in value)
+
+
+def _paths(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise BadConfig(f"{where}: expected a regular expression, got {value!r}")
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise BadConfig(f"{where}: not a regular expression ({e}): {value!r}") from None
+    return value
+
+
+def _retry_after(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadConfig(f"{where}: expected whole seconds >= 0 (null: no header), got {value!r}")
+    return value
+
+
+def _latency(value: Any, where: str) -> float:
+    return _number(value, where, 0.0)
+
+
+_PARSERS = {"share": _share, "rate": _rate, "burst": _burst, "methods": _methods, "paths": _paths,
+            "retry_after": _retry_after, "latency": _latency}
+
+
+def parse_upstream(url: str) -> tuple[str, int]:
+    """(host, port) of an ``http://`` upstream on loopback; BadConfig otherwise."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if parts.scheme != "http" or not loopback:
+        raise BadConfig(f"--upstream: expected http://<loopback address>:<port>, got {url!r}")
+    return host, parts.port or 80
+
+
+class Counters:
+    """Requests, throttled answers and body bytes per method. Thread-safe."""
+
+    FIELDS = ("requests", "throttled", "bytes_in", "bytes_out")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_method: dict[str, dict[str, int]] = {}
+
+    def add(self, method: str, **counts: int) -> None:
+        with self.lock:
+            row = self.by_method.setdefault(method, dict.fromkeys(self.FIELDS, 0))
+            for k, v in counts.items():
+                row[k] += v
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            return {m: dict(row) for m, row in self.by_method.items()}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.by_method.clear()
+
+
+class Throttle:
+    """The proxy's config and its decisions (a seeded draw, a token bucket per prefix). Thread-safe."""
+
+    def __init__(self, config: Config, seed: int | None = None) -> None:
+        self.config = config
+        self.rng = random.Random(seed)
+        self.buckets: dict[str, tuple[float, float]] = {}  # prefix -> (tokens, when)
+        self.lock = threading.Lock()
+
+    def set(self, config: Config) -> None:
+        with self.lock:
+            self.config = config
+            self.buckets.clear()
+
+    def decide(self, method: str, path: str, now: float | None = None) -> bool:
+        """Whether to answer this request 503 SlowDown."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            c = self.config
+            if not c.throttles(method, path):
+                return False
+            if c.share and self.rng.random() < c.share:
+                return True
+            if c.rate is None:
+                return False
+            prefix = path.split("?", 1)[0].rsplit("/", 1)[0]
+            tokens, when = self.buckets.get(prefix, (c.burst, now))
+            tokens = min(c.burst, tokens + (now - when) * c.rate)
+            self.buckets[prefix] = (tokens - 1, now) if tokens >= 1 else (tokens, now)
+            return tokens < 1
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle) -> None:
+        super().__init__(("127.0.0.1", port), Handler)
+        self.upstream, self.throttle, self.counters = upstream, throttle, Counters()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def stats(self) -> dict[str, Any]:
+        return {"methods": self.counters.snapshot(), "config": asdict(self.throttle.config)}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: the counters say what happened
+
+    # -- the decision, before the body when the client waits for 100 Continue ----------------------
+    def handle_expect_100(self) -> bool:
+        if self.path.startswith(CONTROL):
+            return super().handle_expect_100()
+        self._decided = self.server.throttle.decide(self.command, self.path)
+        if self._decided:
+            self._slow_down(body_sent=False)
+            return False
+        return super().handle_expect_100()
+
+    def _serve(self) -> None:
+        if self.path.startswith(CONTROL):
+            self._control()
+            return
+        throttled = self.__dict__.pop("_decided", None)
+        if throttled is None:
+            throttled = self.server.throttle.decide(self.command, self.path)
+        if throttled:
+            self.server.counters.add(self.command, bytes_in=self._drop_body())
+            self._slow_down(body_sent=True)
+            return
+        self._delay()
+        self._forward()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _serve  # noqa: N815 (http.server's names)
+
+    def _delay(self) -> None:
+        latency = self.server.throttle.config.latency
+        if latency:
+            time.sleep(latency)
+
+    def _slow_down(self, body_sent: bool) -> None:
+        """S3's 503 SlowDown; without the body read (``body_sent`` False) the connection cannot carry on."""
+        self._delay()
+        self.server.counters.add(self.command, requests=1, throttled=1)
+        body = b"" if self.command == "HEAD" else _SLOW_DOWN % (self.path.split("?", 1)[0].encode(),
+                                                                b"%016X" % random.getrandbits(64))
+        self.send_response_only(503, "Slow Down")
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        retry_after = self.server.throttle.config.retry_after
+        if retry_after is not None:
+            self.send_header("Retry-After", str(retry_after))
+        if not body_sent:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    # -- request bodies ---------------------------------------------------------------------------------
+    def _body_pieces(self) -> Any:
+        """The request body in pieces (a Content-Length body, or a chunked one's chunks)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            while True:
+                size = int(self.rfile.readline(1024).split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return
+                left = size
+                while left:
+                    piece = self.rfile.read(min(left, _PIECE))
+                    if not piece:
+                        raise ConnectionError("the client closed its request body early")
+                    left -= len(piece)
+                    yield piece
+                self.rfile.readline(3)
+        left = int(self.headers.get("Content-Length") or 0)
+        while left:
+            piece = self.rfile.read(min(left, _PIECE))
+            if not piece:
+                raise ConnectionError("the client closed its request body early")
+            left -= len(piece)
+            yield piece
+
+    def _drop_body(self) -> int:
+        return sum(len(p) for p in self._body_pieces())
+
+    # -- forwarding ---------------------------------------------------------------------------------------
+    def _forward(self) -> None:
+        up = http.client.HTTPConnection(*self.server.upstream, timeout=300)
+        sent = received = 0
+        try:
+            up.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in self.headers.items():
+                if k.lower() not in _HOP_BY_HOP:
+                    up.putheader(k, v)
+            chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+            if chunked:
+                up.putheader("Transfer-Encoding", "chunked")
+            up.endheaders()
+            for piece in self._body_pieces():
+                up.send(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                sent += len(piece)
+            if chunked:
+                up.send(b"0\r\n\r\n")
+            resp = up.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            up.close()
+            self.server.counters.add(self.command, requests=1, bytes_in=sent)
+            self._bad_gateway(e)
+            return
+        try:
+            received = self._relay(resp)
+        finally:
+            up.close()
+            self.server.counters.add(self.command, requests=1, bytes_in=sent, bytes_out=received)
+
+    def _relay(self, resp: http.client.HTTPResponse) -> int:
+        """The upstream's answer to the client: its headers, then its body (chunked again when it had no length)."""
+        self.send_response_only(resp.status, resp.reason)
+        has_body = self.command != "HEAD" and resp.status not in (204, 304) and resp.status >= 200
+        rechunk = has_body and resp.getheader("Content-Length") is None
+        for k, v in resp.getheaders():
+            if k.lower() not in _HOP_BY_HOP:
+                self.send_header(k, v)
+        if rechunk:
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        n = 0
+        if has_body:
+            buf = memoryview(bytearray(_PIECE))
+            while size := resp.readinto(buf):
+                self.wfile.write(b"%x\r\n%s\r\n" % (size, buf[:size]) if rechunk else buf[:size])
+                n += size
+            if rechunk:
+                self.wfile.write(b"0\r\n\r\n")
+        return n
+
+    def _bad_gateway(self, e: BaseException) -> None:
+        body = b"<Error><Code>BadGateway</Code><Message>%s</Message></Error>" % str(e).encode()[:200]
+        self.send_response_only(502, "Bad Gateway")
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    # -- control ----------------------------------------------------------------------------------------
+    def _control(self) -> None:
+        what = self.path[len(CONTROL):].split("?", 1)[0]
+        body = b"".join(self._body_pieces())
+        if self.command == "GET" and what == "stats":
+            self._json(200, self.server.stats())
+        elif self.command == "POST" and what == "config":
+            try:
+                changes = json.loads(body or b"{}")
+                config = self.server.throttle.config.updated(changes, "POST /__proxy__/config")
+            except (ValueError, BadConfig) as e:
+                self._json(400, {"error": str(e) if isinstance(e, BadConfig) else f"not JSON: {e}"})
+                return
+            self.server.throttle.set(config)
+            self._json(200, asdict(config))
+        elif self.command == "POST" and what == "reset":
+            self.server.counters.reset()
+            self._json(200, {})
+        else:
+            self._json(404, {"error": f"no {self.command} {CONTROL}{what}: try GET stats, POST config or reset"})
+
+    def _json(self, status: int, obj: Any) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve(server: Server, max_lifetime: float, stats_file: Path | None) -> None:
+    """Serve until ``max_lifetime`` s have passed or SIGTERM/SIGINT; then write ``stats_file``."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    thread = threading.Thread(target=server.serve_forever, name="throttle-proxy", daemon=True)
+    thread.start()
+    stop.wait(max_lifetime)
+    server.shutdown()
+    server.server_close()
+    if stats_file is not None:
+        stats_file.write_text(json.dumps(server.stats(), indent=1))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="throttle_proxy", description=__doc__.split("\n\n", 1)[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--upstream", required=True, help="the store, http://127.0.0.1:PORT")
+    p.add_argument("--port", type=int, default=0, help="the port to listen on, 127.0.0.1 (default: a free one)")
+    p.add_argument("--share", type=float, help="share of the requests answered 503 SlowDown (0..1)")
+    p.add_argument("--rate", type=float, help="requests per second per key prefix (token bucket)")
+    p.add_argument("--burst", type=float, help="the token bucket's size (default 10)")
+    p.add_argument("--methods", help="only these methods are throttled, comma-separated (default: all)")
+    p.add_argument("--paths", help="only paths matching this regular expression are throttled")
+    p.add_argument("--retry-after", type=int, help="Retry-After seconds of a 503 (default 1; -1: no header)")
+    p.add_argument("--latency", type=float, help="seconds added before each answer")
+    p.add_argument("--config", default="{}", help="a JSON object of the same keys (applied after the flags)")
+    p.add_argument("--seed", type=int, help="seed of the throttling draws")
+    p.add_argument("--max-lifetime", type=float, default=3600.0, help="exit after this many seconds (3600)")
+    p.add_argument("--stats-file", type=Path, help="write the counters here (JSON) at exit")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The flags, then --config, over the defaults; BadConfig naming the flag."""
+    flags: dict[str, Any] = {k: getattr(args, k) for k in ("share", "rate", "burst", "paths", "latency")
+                             if getattr(args, k) is not None}
+    if args.methods is not None:
+        flags["methods"] = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.retry_after is not None:
+        flags["retry_after"] = None if args.retry_after == -1 else args.retry_after
+    config = Config().updated(flags, "flags")
+    try:
+        changes = json.loads(args.config)
+    except ValueError as e:
+        raise BadConfig(f"--config: not JSON: {e}") from None
+    return config.updated(changes, "--config")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        upstream = parse_upstream(args.upstream)
+        config = config_from_args(args)
+    except BadConfig as e:
+        print(f"throttle_proxy: {e}", file=sys.stderr)
+        return 2
+    server = Server(args.port, upstream, Throttle(config, args.seed))
+    print(f"listening {server.endpoint} -> {args.upstream}", flush=True)
+    serve(server, args.max_lifetime, args.stats_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
