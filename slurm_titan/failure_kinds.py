@@ -24,6 +24,10 @@ CANN's error table says:
   own cases trace to kernel bugs as often as to hardware;
 - user: a Python exception (the training code or its config).
 
+One more kind is never read from a log: `slow`, a node the batch shell judged slow against the others
+(node.batch.straggler). It is no failure of the run, only of the node's speed, recorded in the node ledger so
+that the next job avoids the node.
+
 The recorded lines behind each signature are in tests/data/failure_logs/ (README names sources).
 """
 
@@ -42,6 +46,7 @@ NETWORK = "network"
 USER = "user"
 OOM = "oom"
 UNKNOWN = "unknown"
+SLOW = "slow"
 
 TAIL_BYTES = 64 * 1024
 EVIDENCE_CHARS = 200

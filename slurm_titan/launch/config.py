@@ -25,6 +25,7 @@ from slurm_titan.launch.npu_env import NpuJob, NpuSpec, check_npu
 from slurm_titan.node.budgets import WATCHDOG_MARGIN_S, WatchdogSpec
 from slurm_titan.node.notify_config import NotifySpec, check_notify
 from slurm_titan.node.spec import CheckpointSpec
+from slurm_titan.node.straggler_config import StragglerSpec, check_straggler
 from slurm_titan.slurm import time_limit_minutes
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
@@ -181,6 +182,7 @@ class JobConfig:
     timeouts: TimeoutSpec = field(default_factory=TimeoutSpec)
     notify: NotifySpec = field(default_factory=NotifySpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
+    straggler: StragglerSpec = field(default_factory=StragglerSpec)
     doctor: DoctorSpec = field(default_factory=DoctorSpec)
     source: str = field(default="<memory>", compare=False, repr=False)
 
@@ -244,6 +246,9 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
     elif tp is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
     raise ConfigError(where, key, f"expected {_type_name(tp)}, got {value!r}")
@@ -333,6 +338,7 @@ def _validate(config: JobConfig) -> None:
     elif config.doctor.check_kernels:
         raise ConfigError(where, "doctor.check_kernels", "checks the NPU kernels: needs environment.device: npu")
     _check_watchdog(config)
+    check_straggler(where, config.straggler, slurm.spare_nodes)
     for key in ("module", "config"):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", getattr(config.torchtitan, key)):
             raise ConfigError(where, f"torchtitan.{key}", f"{getattr(config.torchtitan, key)!r} is not a Python name")

@@ -30,8 +30,10 @@ from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.notify_config import submit_warnings
 from slurm_titan.node.spec import CheckpointPlan, NodeSpec
+from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import run_folder
 from slurm_titan.records.run_folder import JOB_DIR, JOB_ID, SLURM_JOB_ID
+from slurm_titan.records.slow_nodes import OFF
 from slurm_titan.signals import STOP_SIGNALS
 from slurm_titan.slurm import time_limit_minutes
 
@@ -239,6 +241,16 @@ def _watchdog_budgets(config: JobConfig) -> Budgets | None:
     return Budgets.from_spec(watchdog, config.timeouts.collective_s)
 
 
+def _straggler_plan(config: JobConfig) -> StragglerPlan:
+    """The slow-node judge's settings for the batch shell (BatchSpec): it needs the nodes' timing, which the ranks
+    report through the watchdog's progress records, so without a watchdog (_watchdog_budgets) it is off."""
+    spec = config.straggler
+    action = spec.resolved_action(config.slurm.spare_nodes) if _watchdog_budgets(config) else OFF
+    steps = config.torchtitan.option("training.steps")
+    return StragglerPlan(action=action, threshold=spec.threshold, window_steps=spec.window_steps,
+                         warmup_steps=spec.warmup_steps, total_steps=steps if isinstance(steps, int) else None)
+
+
 def model_parallel_degree(config: JobConfig) -> int:
     """The ranks one model replica spans (tensor x pipeline x context parallel): a world size must be a multiple."""
     degree = 1
@@ -272,7 +284,7 @@ def _batch_spec(config: JobConfig) -> BatchSpec:
                      retry=RetryPolicy(max_requeues=policy.max_requeues, max_failures=policy.max_failures,
                                        max_failures_without_progress=policy.max_failures_without_progress),
                      signal_seconds=policy.signal_seconds, titan_module=config.torchtitan.module,
-                     titan_config=config.torchtitan.config)
+                     titan_config=config.torchtitan.config, straggler=_straggler_plan(config))
 
 
 def _lines(template: str, **values: str) -> list[str]:

@@ -93,6 +93,9 @@ def _print(info: dict[str, Any]) -> None:
         print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
               f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
               f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
+        for slow in attempt["slow"]:
+            print(f"    slow node {slow['host']}: score {slow['score']:.2f} over steps {slow['since_step']}.."
+                  f"{slow['step']} -> {slow['action']} ({slow['why']})")
         if attempt["attempt"] in times:
             print(_time_text(times[attempt["attempt"]]))
         if (attempt["cause"] or "").startswith("hung on ") and info["job_dir"]:

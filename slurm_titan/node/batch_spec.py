@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.errors import SlurmTitanError
+from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import run_folder
 
 FORMAT = 1
@@ -42,6 +43,7 @@ class BatchSpec:
     signal_seconds: int  # preemption.signal_seconds: how long before the time limit Slurm's warning comes
     titan_module: str  # torchtitan.module and torchtitan.config, checked before any node starts
     titan_config: str
+    straggler: StragglerPlan  # the slow-node judge of the step watcher (node.batch.slow_watch)
 
     def to_json(self) -> str:
         """The file's text: `format`, then the fields in order, one per line (the dry run shows it)."""
@@ -55,7 +57,8 @@ class BatchSpec:
             raise ValueError("not a JSON object")
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-        retry, shrink_to = _field(data, "retry", dict), _field(data, "shrink_to", list)
+        retry, shrink_to, straggler = (_field(data, "retry", dict), _field(data, "shrink_to", list),
+                                       _field(data, "straggler", dict))
         return cls(
             nodes=_field(data, "nodes", int),
             shrink_to=tuple(_typed(f"shrink_to[{i}]", count, int) for i, count in enumerate(shrink_to)),
@@ -63,6 +66,11 @@ class BatchSpec:
             signal_seconds=_field(data, "signal_seconds", int),
             titan_module=_field(data, "titan_module", str),
             titan_config=_field(data, "titan_config", str),
+            straggler=StragglerPlan(action=_field(straggler, "action", str, "straggler."),
+                                    threshold=_field(straggler, "threshold", float, "straggler."),
+                                    window_steps=_optional(straggler, "window_steps", int, "straggler."),
+                                    warmup_steps=_field(straggler, "warmup_steps", int, "straggler."),
+                                    total_steps=_optional(straggler, "total_steps", int, "straggler.")),
         )
 
     @classmethod
@@ -106,3 +114,8 @@ def _field(data: dict[str, Any], key: str, kind: type, prefix: str = "") -> Any:
     if key not in data:
         raise ValueError(f"{prefix}{key} missing")
     return _typed(prefix + key, data[key], kind)
+
+
+def _optional(data: dict[str, Any], key: str, kind: type, prefix: str = "") -> Any:
+    """A field that may be null."""
+    return None if key in data and data[key] is None else _field(data, key, kind, prefix)

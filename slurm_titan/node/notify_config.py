@@ -30,7 +30,7 @@ from typing import Literal
 from slurm_titan import envvars
 from slurm_titan.errors import ConfigError
 
-EVENTS = ("requeued", "failed", "hang detected", "node excluded", "restart loop", "completed")
+EVENTS = ("requeued", "failed", "hang detected", "slow node", "node excluded", "restart loop", "completed")
 MAIL_TYPES = {"requeued": "REQUEUE", "failed": "FAIL", "completed": "END"}
 """The events Slurm itself knows, with the `--mail-type` value that mails them."""
 WebhookFormat = Literal["json", "slack", "feishu", "dingtalk"]

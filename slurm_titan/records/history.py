@@ -1,6 +1,7 @@
 """A run's own record of its attempts (JSON lines in the job folder), readable without Slurm.
 
-Node 0 appends one `start` and one `end` event per attempt; `slurm-titan status` reads them, so
+Node 0 appends one `start` and one `end` event per attempt (the batch shell a `slow` one per node it names
+slow); `slurm-titan status` reads them, so
 the outcome is known even on clusters without accounting (slurmdbd) or after Slurm forgot the job.
 Beside it, each attempt's trained-step file: the last step it trained, which rank 0 replaces after
 every step (an attempt killed before its `end` event still tells its progress).
@@ -40,6 +41,7 @@ class Attempt:
     culprit: str | None = None  # the node that failure is blamed on
     note: str | None = None  # why the decision went that way ("max_failures=20 reached", ...)
     excluded: list[str] = field(default_factory=list)  # nodes left out after this attempt
+    slow: list[dict[str, Any]] = field(default_factory=list)  # nodes named slow: host, score, step, action, why
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,6 +101,9 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
             attempt.action = record.pop("action")
         elif event == "last-step":
             attempt.last_step = record.pop("step")
+        elif event == "slow":  # node.batch.slow_watch named a node slow
+            attempt.slow.append(record | {"time": stamp})
+            continue
         attempt.extra.update(record)
     return [attempts[key] for key in sorted(attempts)]
 

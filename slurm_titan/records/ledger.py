@@ -6,7 +6,8 @@ unique within a cluster). The batch shell appends one line per attributed failur
 job, kind (`slurm_titan.failure_kinds`), cause and whether the run excluded the node. Each
 line is one O_APPEND write shorter than PIPE_BUF, so jobs appending at once never interleave.
 
-A node is avoided until `period_s` (default 24 h) after a hardware-kind failure, or after the
+A node is avoided until `period_s` (default 24 h) after a hardware-kind failure or a judgement of it as slow
+(kind `slow`: it slowed every rank of a run, node.batch.straggler), or after the
 second of two failures within `window_s` (default 1 h) that say something about it: a bug that
 crashes every node says nothing about the node it crashed on first, and neither does a peer's fault
 recorded on the node that saw it (`peer`: the log named no peer; a named peer's node is recorded with a
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from slurm_titan import slurm, table
 from slurm_titan.errors import ClusterError
-from slurm_titan.failure_kinds import HARDWARE, PEER, USER
+from slurm_titan.failure_kinds import HARDWARE, PEER, SLOW, USER
 from slurm_titan.records import jobs
 
 PERIOD_S = 24 * 3600.0
@@ -35,6 +36,8 @@ WINDOW_S = 3600.0
 CAUSE_CHARS = 1000
 SAYS_NOTHING = frozenset({USER, PEER})
 """Kinds that say nothing about the node they are recorded on."""
+AVOIDED_AT_ONCE = frozenset({HARDWARE, SLOW})
+"""Kinds whose first entry keeps new jobs off the node."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def read(path: Path) -> list[Entry]:
 
 
 def avoided_until(entries: list[Entry], period_s: float = PERIOD_S, window_s: float = WINDOW_S) -> dict[str, float]:
-    """Until when each node is avoided: `period_s` after a hardware failure, or after the second of
+    """Until when each node is avoided: `period_s` after a hardware failure or a slow verdict, or after the second of
     two failures within `window_s` that say something about it (not SAYS_NOTHING). Nodes never avoided are
     absent."""
     until: dict[str, float] = {}
@@ -145,7 +148,7 @@ def avoided_until(entries: list[Entry], period_s: float = PERIOD_S, window_s: fl
     for entry in sorted(entries, key=lambda e: e.time):
         telling = entry.kind not in SAYS_NOTHING
         repeated = telling and entry.time - previous.get(entry.node, float("-inf")) <= window_s
-        if entry.kind == HARDWARE or repeated:
+        if entry.kind in AVOIDED_AT_ONCE or repeated:
             until[entry.node] = max(until.get(entry.node, 0.0), entry.time + period_s)
         if telling:
             previous[entry.node] = entry.time

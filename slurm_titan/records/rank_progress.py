@@ -3,12 +3,16 @@
 The supervisor creates `<dir>/rank-R.progress` (node-local tmpfs: /dev/shm when there is one) before it
 starts the rank, and names it in envvars.PROGRESS_FILE. The rank rewrites the record with one
 `os.pwrite` at every phase change and at the end of every step (a few microseconds: see
-tools/bench/progress_hook.py); the supervisor's watchdog reads it every poll. A sequence number at both
+tools/bench/progress_hook.py), after one reading of the rank's threads' schedstat (records.schedstat: tens of
+microseconds, tools/bench/straggler.py); the supervisor's watchdog reads it every poll. A sequence number at both
 ends of the record tells a reader a torn read (pwrite and read are not atomic on every file system), and
 it reads again.
 
 Record: the current phase and step, `since` (wall-clock time of the rank's last progress: when it
-entered the phase), the steps this rank finished in this attempt, and the slowest of them (seconds).
+entered the phase), the steps this rank finished in this attempt, the slowest of them (seconds), and over
+those steps the rank's working time (`work_s`: the CPU time its threads wanted, records.schedstat; what it
+waited for its peers in collectives is not in it) and their wall time (`wall_s`). Checkpoint saves, the
+restore and start-up are other phases: neither sum counts them.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from enum import IntEnum
 from pathlib import Path
 
 from slurm_titan import envvars
+from slurm_titan.records.schedstat import WantedTime
 
-_RECORD = struct.Struct("<QqiiddqQ")  # seq, step, phase, pad, since, slowest_step_s, steps_done, seq
+_RECORD = struct.Struct("<QqiiddqddQ")  # seq, step, phase, pad, since, slowest_step_s, steps_done, work_s, wall_s, seq
 
 
 class Phase(IntEnum):
@@ -45,11 +50,13 @@ class Progress:
     since: float  # time.time() of the last progress
     steps_done: int = 0  # steps finished in this attempt
     slowest_step_s: float = 0.0  # the slowest of them
+    work_s: float = 0.0  # the CPU time the rank wanted (ran + waited for a CPU) in those steps
+    wall_s: float = 0.0  # their wall time
 
 
 def encode(progress: Progress, seq: int) -> bytes:
     return _RECORD.pack(seq, progress.step, int(progress.phase), 0, progress.since, progress.slowest_step_s,
-                        progress.steps_done, seq)
+                        progress.steps_done, progress.work_s, progress.wall_s, seq)
 
 
 def create(path: Path, since: float) -> None:
@@ -66,9 +73,9 @@ def read(path: Path, tries: int = 5) -> Progress | None:
             return None
         if len(data) != _RECORD.size:
             return None
-        seq, step, phase, _, since, slowest, done, seq_end = _RECORD.unpack(data)
+        seq, step, phase, _, since, slowest, done, work, wall, seq_end = _RECORD.unpack(data)
         if seq == seq_end:
-            return Progress(Phase(phase), step, since, done, slowest)
+            return Progress(Phase(phase), step, since, done, slowest, work, wall)
     return None
 
 
@@ -79,26 +86,31 @@ class ProgressWriter:
         self._fd = os.open(path, os.O_WRONLY)
         self._seq = 0
         self._phase, self._step, self._since = Phase.STARTUP, 0, time.time()
-        self._done, self._slowest = 0, 0.0
+        self._done, self._slowest, self._work, self._wall = 0, 0.0, 0.0, 0.0
+        self._wanted = WantedTime()
+        self._mark = 0.0  # the wanted time when the current phase began
 
     def _write(self) -> None:
         self._seq += 1
         os.pwrite(self._fd, _RECORD.pack(self._seq, self._step, self._phase, 0, self._since, self._slowest,
-                                         self._done, self._seq), 0)
+                                         self._done, self._work, self._wall, self._seq), 0)
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
-        self._phase, self._since = phase, time.time()
+        self._phase, self._since, self._mark = phase, time.time(), self._wanted.sample()
         if step is not None:
             self._step = step
         self._write()
 
     def step_done(self, step: int) -> None:
-        """Step `step` ended: note its duration (from the start of the STEP phase); step `step + 1` begins."""
-        now = time.time()
+        """Step `step` ended: note its duration and working time (from the start of the STEP phase); step
+        `step + 1` begins."""
+        now, wanted = time.time(), self._wanted.sample()
         if self._phase == Phase.STEP:
             self._done += 1
             self._slowest = max(self._slowest, now - self._since)
-        self._phase, self._step, self._since = Phase.STEP, step + 1, now
+            self._work += wanted - self._mark
+            self._wall += now - self._since
+        self._phase, self._step, self._since, self._mark = Phase.STEP, step + 1, now, wanted
         self._write()
 
 

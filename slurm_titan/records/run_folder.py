@@ -25,6 +25,12 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
         restore/                             node.supervisor.restore: the nodes' agreement on each checkpoint candidate
                                              (ckpt.agree: step-<S>/node-<N>.json)
         stacks/rank-<R>.txt                  node.supervisor.stacks: each rank's Python stacks, dumped on a hang
+        timing/node-<N>.json                 node.supervisor.timing: node N's ranks' steps, working and wall time
+                                             (records.node_timing), replaced every few seconds
+        node-scores.jsonl                    node.batch.straggler: every node's score against the others over
+                                             time (records.slow_nodes), appended by the batch shell
+        slow-node.json                       node.batch.straggler: the node named slow in the attempt, and the
+                                             action taken (records.slow_nodes)
 
 Only names live here; what a file holds belongs to the module that writes it. The names are on disk in
 old runs and read by tests: they never change.
@@ -174,3 +180,19 @@ def stack_file(job_dir: Path, attempt: int, rank: int) -> Path:
 def stack_files(job_dir: Path, attempt: int) -> list[Path]:
     """The stack files of an attempt, by rank."""
     return sorted(stacks_folder(job_dir, attempt).glob("rank-*.txt"), key=lambda p: int(p.stem.partition("-")[2] or 0))
+
+
+def timing_folder(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "timing"
+
+
+def node_timing(job_dir: Path, attempt: int, node: int) -> Path:
+    return timing_folder(job_dir, attempt) / f"node-{node}.json"
+
+
+def node_scores(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "node-scores.jsonl"
+
+
+def slow_node(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "slow-node.json"

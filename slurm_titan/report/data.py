@@ -7,6 +7,8 @@
   (slurm_titan.ckpt.commit, as slurm_titan.launch.runs reads it);
 - restores and saves: torchtitan's checkpointer logs `Finished loading|saving|staging the checkpoint
   in S seconds.` (torchtitan/components/checkpointer/dcp.py) when it is done: the S seconds before;
+- each node's score against the others over time (`attempts/<A>/node-scores.jsonl`, records.slow_nodes: the
+  batch shell's slow-node judge) and the nodes it named slow (the history's `slow` events);
 - each attempt's phases and lost time: slurm_titan.launch.goodput's per-attempt times, laid end to end from
   the submit (queue, start-up, training with its retrained steps first, then its end), with the
   restores cut out of the start-up and the saves out of what follows the first step; a run that
@@ -28,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.launch import goodput
-from slurm_titan.records import history
+from slurm_titan.records import history, slow_nodes
 from slurm_titan.records.run_folder import rank_log
+from slurm_titan.records.slow_nodes import ScoreLine
 
 REPORT_RANK = 0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -88,6 +91,7 @@ class RunReport:
     checkpoints: list[Checkpoint]
     phases: list[Phase]
     interruptions: list[Interruption]
+    scores: list[ScoreLine]  # every node's score over time, every attempt
 
     @property
     def steps_retrained(self) -> int:
@@ -236,7 +240,7 @@ def collect(job_dir: Path, submitted: float, now: float | None = None) -> RunRep
     phase_list = phases(attempts, result, submitted, facts.busy)
     rows = history.as_dicts(attempts)
     return RunReport(job_dir, submitted, rows, result, facts.steps, _unique(facts.checkpoints), phase_list,
-                     interruptions(rows, phase_list, facts.steps))
+                     interruptions(rows, phase_list, facts.steps), slow_nodes.read_scores(job_dir))
 
 
 def _unique(checkpoints: list[Checkpoint]) -> list[Checkpoint]:

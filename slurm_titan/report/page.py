@@ -146,6 +146,32 @@ def wall_figure(report: RunReport) -> go.Figure:
     return fig
 
 
+def score_figure(report: RunReport) -> go.Figure:
+    """Each node's score against the other nodes over wall time (1: typical; below the threshold for a window
+    of steps: named slow), the nodes named slow marked."""
+    fig = go.Figure()
+    hosts = sorted({host for line in report.scores for host in line.scores})
+    for index, host in enumerate(hosts):
+        points = [line for line in report.scores if host in line.scores]
+        fig.add_trace(go.Scatter(x=[_clock(p.time) for p in points], y=[p.scores[host] for p in points], name=host,
+                                 mode="lines+markers" if len(points) <= 200 else "lines",
+                                 line={"color": ATTEMPT_COLOURS[index % len(ATTEMPT_COLOURS)], "width": 1.5},
+                                 marker={"size": 4}, customdata=[[p.step, p.attempt] for p in points],
+                                 hovertemplate=f"{html.escape(host)}<br>step %{{customdata[0]}} (attempt "
+                                               "%{customdata[1]})<br>%{x}<br>score %{y:.2f}<extra></extra>"))
+    named = [slow | {"attempt": row["attempt"]} for row in report.attempts for slow in row.get("slow", [])]
+    fig.add_trace(go.Scatter(x=[_clock(s["time"]) for s in named], y=[s["score"] for s in named], mode="markers",
+                             name="named slow", marker={"symbol": "x", "size": 12, "color": "#d32f2f"},
+                             customdata=[[s["host"], s["action"], s["why"]] for s in named],
+                             hovertemplate="%{customdata[0]} named slow: %{customdata[1]}<br>%{customdata[2]}"
+                                           "<extra></extra>"))
+    fig.update_layout(title="node scores: working time per step, the other nodes' median over the node's own",
+                      height=360, margin={"t": 40, "b": 40, "l": 70, "r": 20}, hovermode="closest",
+                      legend={"orientation": "h", "y": -0.15})
+    fig.update_xaxes(type="date")
+    return fig
+
+
 def _phase_bars(name: str, parts: list[Phase]) -> go.Bar:
     return go.Bar(orientation="h", name=name, legendgroup="phases", y=[f"attempt {p.attempt}" for p in parts],
                   base=[_clock(p.start) for p in parts], x=[p.seconds * 1000 for p in parts],
@@ -204,8 +230,8 @@ def _attempts_table(report: RunReport) -> str:
 
 def render(report: RunReport, title: str) -> str:
     """The whole page."""
-    figures = "".join(fig.to_html(full_html=False, include_plotlyjs=False, config=PLOT_CONFIG)
-                      for fig in (wall_figure(report), step_figure(report)))
+    shown = (wall_figure(report), step_figure(report), *((score_figure(report),) if report.scores else ()))
+    figures = "".join(fig.to_html(full_html=False, include_plotlyjs=False, config=PLOT_CONFIG) for fig in shown)
     note = "" if report.steps else "<p class=muted>no step lines in rank 0's log yet</p>"
     checkpoints = _table(["step", "committed at", "attempt"],
                          [[c.step, _clock(c.time)[:19], "-" if c.attempt is None else c.attempt]

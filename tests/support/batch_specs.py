@@ -7,11 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
+from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import run_folder
 
 SPEC = BatchSpec(nodes=2, shrink_to=(), retry=RetryPolicy(max_requeues=5, max_failures=5,
                                                          max_failures_without_progress=3),
-                 signal_seconds=60, titan_module="llama3", titan_config="llama3_debugmodel")
+                 signal_seconds=60, titan_module="llama3", titan_config="llama3_debugmodel",
+                 straggler=StragglerPlan(action="off", threshold=0.8, window_steps=None, warmup_steps=5,
+                                         total_steps=None))
 
 
 def write_batch_spec(job_dir: Path, **changes: Any) -> BatchSpec:

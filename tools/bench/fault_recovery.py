@@ -15,7 +15,9 @@ attempts and whether Slurm requeued. With --soak-minutes M, one job then trains 
 or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = distinct steps
 trained in the soak x the uninterrupted time per step (the mean interval between consecutive steps of one
 attempt in the soak, its checkpoint saves included) / its wall time; `goodput_strict` takes the median interval
-instead, so that saves and the spread of step times count as lost as well.
+instead, so that saves and the spread of step times count as lost as well. No node of the soak is slow: every node
+the slow-node judge names in it (the history's `slow` events) is a false positive (`slow_false_positives`, and
+per hour: the goal is none in 20 minutes).
 References (fault-tolerance-anchors): nvidia-resiliency-ext in-job restart ~1 min; MindCluster detection
 < 5 s + restart ~70 s.
 """
@@ -126,7 +128,10 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
     distinct = len(set(trained))
     per_step = uninterrupted_intervals(steps, [a.started for a in history.read_attempts(run.job_dir) if a.started])
     wall = end - start
-    return {"minutes": minutes, "faults": faults, "steps_trained": len(trained), "distinct_steps": distinct,
+    named = [slow for attempt in history.read_attempts(run.job_dir) for slow in attempt.slow]
+    return {"minutes": minutes, "faults": faults, "slow_false_positives": named,
+            "slow_false_positives_per_hour": rounded(len(named) / (wall / 3600), 2),
+            "steps_trained": len(trained), "distinct_steps": distinct,
             "steps_retrained": len(trained) - distinct, "step_s": rounded(statistics.mean(per_step), 3),
             "median_step_s": rounded(statistics.median(per_step), 3),
             "goodput": rounded(distinct * statistics.mean(per_step) / wall, 3),

@@ -6,7 +6,9 @@
 Per step every rank makes one `rank_progress.step_done` call (from the checkpoint hook's `save()`),
 plus an `enter` for each save; the supervisor reads the records every 0.5 s. Measured here, in one run:
 
-- hook: `step_done` on a record in /dev/shm (or the temp folder), the way a rank makes it;
+- hook: `step_done` on a record in /dev/shm (or the temp folder), the way a rank makes it (its schedstat
+  reading of the rank's threads included: records.schedstat; tools/bench/straggler.py --cost sets the hook
+  against a real debug-model step, with torch's threads);
 - reference: an empty Python function call in the same loop (the floor of any hook);
 - and the hook's share of a step of `--step-ms` (100 ms: the debug model's CPU step is ~0.3-1 s, an
   8B NPU step several seconds, so 100 ms is on the safe side). Goal: <= 1 %.
@@ -41,7 +43,7 @@ def _per_call_s(function, calls: int) -> float:  # noqa: ANN001
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--step-ms", type=float, default=100.0)
     parser.add_argument("--json", type=Path)

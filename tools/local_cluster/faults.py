@@ -1,6 +1,7 @@
 """Real faults for jobs on the bundled cluster, injected from outside as an operator or the hardware would:
-a signal to a training process once its own log shows a step (SIGKILL: a crash; SIGSTOP: a hang). A node
-killed whole is `LocalCluster.kill_node` (cluster.py). Shared by the end-to-end tests and
+a signal to a training process once its own log shows a step (SIGKILL: a crash; SIGSTOP: a hang), or a CPU
+quota on a node's training processes (a slow node: ThrottleAtStep). A node killed whole is
+`LocalCluster.kill_node` (cluster.py). Shared by the end-to-end tests and
 tools/bench/fault_recovery.py."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_when_running
 
 
 def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
@@ -101,3 +104,52 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+class ThrottleAtStep:
+    """Slow a node down as a throttled chip would: once its rank `rank`'s log shows step `step`, every training
+    process of `job_id` on `host` goes into one cgroup capped at `fraction` of the CPUs they were using
+    (measured over `measure_s`: tools/local_cluster/cpu_throttle.py; needs root). The node's processes of later
+    attempts join it too. `throttled_at` is when the quota took hold, `pids` the processes it holds; the cgroup is
+    removed on exit. Use as a context manager."""
+
+    def __init__(self, job_dir: Path, job_id: str, host: str, rank: int, step: int, fraction: float = 0.6,
+                 measure_s: float = 3.0, poll_s: float = 0.2) -> None:
+        self.job_dir, self.job_id, self.host, self.rank, self.step = job_dir, job_id, host, rank, step
+        self.fraction, self.measure_s, self.poll_s = fraction, measure_s, poll_s
+        self.throttled_at: float | None = None
+        self.cpus: float | None = None
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._throttle: CpuThrottle | None = None
+
+    def __enter__(self) -> ThrottleAtStep:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._throttle is not None:
+            self._throttle.__exit__()
+
+    def _node_ranks(self) -> list[int]:
+        return [pid for pid, env in rank_processes(self.job_id).items() if env.get("SLURMD_NODENAME") == self.host]
+
+    def _watch(self) -> None:
+        reached = step_reached(self.step)
+        log = self.job_dir / "logs" / f"rank-{self.rank}.log"
+        while not self._stop.wait(self.poll_s) and self._throttle is None:
+            with contextlib.suppress(OSError):
+                if reached({}, log.read_text(errors="replace")):
+                    pids = self._node_ranks()
+                    self.cpus = cpus_when_running(pids, self.measure_s)
+                    self._throttle = CpuThrottle(f"slurm-titan-slow-{self.job_id}", self.fraction * self.cpus)
+                    self._throttle.__enter__()
+                    self.throttled_at = time.time()
+        while not self._stop.wait(self.poll_s):  # this node's processes of later attempts too
+            for pid in set(self._node_ranks()) - self.pids:
+                with contextlib.suppress(OSError):
+                    self._throttle.add(pid)  # type: ignore[union-attr]
+                    self.pids.add(pid)

@@ -34,11 +34,13 @@ from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node.batch import allocation, attribution, notify, step_watch
-from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RunSoFar, decide
+from slurm_titan.node.batch.outcome import REQUEUE, RESTART, SLOW_NODE, STOP, Outcome, RunSoFar, decide
+from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import BatchSpec, load_or_exit
 from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import probe_failures
-from slurm_titan.records import history, ledger, run_folder
+from slurm_titan.records import history, ledger, run_folder, slow_nodes
+from slurm_titan.records.slow_nodes import SWAP
 
 REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
 TIME_LIMIT_MARGIN_S = 90  # slurmctld sends the --signal up to ~60 s earlier than asked
@@ -141,20 +143,26 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     preflight = attribution.preflight_failure(read_verdict(job_dir, attempt.number), attempt.hosts,
                                               attempt.number) if code == ExitCode.PREFLIGHT else None
-    outcome = decide(code, near_limit, run, spec.retry, preflight is not None)
+    slow = slow_nodes.read_verdict(job_dir, attempt.number)
+    outcome = decide(code, near_limit, run, spec.retry, preflight is not None,
+                     swapping=slow is not None and slow.action == SWAP)
     failure: attribution.NodeFailure | None = preflight
     excluded: list[str] = []
-    if code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
+    if outcome.reason == SLOW_NODE and slow is not None:
+        excluded = swap_out(job_dir, slow, env)
+    elif code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
         failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
     elif preflight is not None:
         allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
         excluded = leave_out(job_dir, job_id, attempt, outcome, preflight, allocated, _unhealthy(allocated), env)
+    swapped = slow if outcome.reason == SLOW_NODE else None
+    cause = failure.describe() if failure else swapped and swapped.describe()
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
-                         action=outcome.action, note=outcome.note, cause=failure and failure.describe(),
-                         culprit=failure and failure.blamed()[0], excluded=excluded,
+                         action=outcome.action, note=outcome.note, cause=cause,
+                         culprit=failure.blamed()[0] if failure else swapped and swapped.host, excluded=excluded,
                          trained_step=history.read_trained_step(job_dir, attempt.number), progressed=run.progressed)
     summary = (f"attempt {attempt.number} ended: {outcome.reason} (exit code {code})"
-               + (f", {failure.describe()}" if failure else "") + (f"; {outcome.note}" if outcome.note else ""))
+               + (f", {cause}" if cause else "") + (f"; {outcome.note}" if outcome.note else ""))
     say(summary + {STOP: "", RESTART: "; restarting", REQUEUE: "; requeueing"}[outcome.action])
     if failure and failure.kind == attribution.HUNG:
         notify.send("hang detected", notify.JobRef.from_env(env), summary, notify.spec_from_env(env))
@@ -197,6 +205,16 @@ def leave_out(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, fa
         notify.send("node excluded", notify.JobRef.from_env(env), f"{host}: {why}", notify.spec_from_env(env))
     ledger.record_failure(host, job_id, kind, failure.describe(), bool(excluded), env)
     return excluded
+
+
+def swap_out(job_dir: Path, slow: slow_nodes.SlowNode, env: dict[str, str]) -> list[str]:
+    """Leave the slow node out of the rest of the run, as a failed one is (its ledger entry, kind `slow`, was
+    written when it was named); the nodes left out."""
+    why = f"{slow.describe()}: swapped for a spare"
+    allocation.exclude(job_dir, slow.host, why)
+    say(f"left out {slow.host} for the rest of the run: {why}")
+    notify.send("node excluded", notify.JobRef.from_env(env), f"{slow.host}: {why}", notify.spec_from_env(env))
+    return [slow.host]
 
 
 def _unhealthy(hosts: list[str]) -> set[str]:
@@ -246,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             attempt = Attempt(plan.attempt, list(plan.nodes))
             say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")
             srun = subprocess.Popen(["bash", "-c", f"exec {srun_command(job_dir, job_id)}"], env=env)
-            step_watch.watch(job_dir, plan.attempt, list(plan.nodes), srun.pid)
+            step_watch.watch(job_dir, plan.attempt, list(plan.nodes), srun.pid,
+                             slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, list(plan.nodes), env))
             srun_exit_code = srun.wait()
             continue
         if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all

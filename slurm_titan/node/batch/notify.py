@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slurm_titan.envvars import NOTIFY
-from slurm_titan.node.batch.outcome import REQUEUE, Outcome
+from slurm_titan.node.batch.outcome import REQUEUE, SLOW_NODE, Outcome
 from slurm_titan.node.notify_config import EVENTS, NotifySpec, WebhookSpec
 
 RETRY_PAUSE_S = 1.0
@@ -73,8 +73,9 @@ def spec_from_env(env: Mapping[str, str]) -> NotifySpec | None:
 
 
 def outcome_event(outcome: Outcome) -> str | None:
-    """The event an attempt's outcome is (`finish.conclude`), None for a requeue (the requeue sends its own)."""
-    if outcome.action == REQUEUE:
+    """The event an attempt's outcome is (`finish.conclude`), None for a requeue (the requeue sends its own) and
+    a slow node's swap (its `slow node` alert went when it was named)."""
+    if outcome.action == REQUEUE or outcome.reason == SLOW_NODE:
         return None
     return {"finished": "completed", "restart loop": "restart loop"}.get(outcome.reason, "failed")
 

@@ -8,7 +8,9 @@ allocation after it. What follows an attempt:
   failure instead, so the caps below bound it;
 - `requeue`: back through Slurm's queue (a preemption or the time limit: the allocation is going);
 - `restart`: an unplanned failure; a new attempt inside the allocation when it still has enough
-  healthy nodes, else a requeue without the bad nodes (`slurm_titan.node.batch.finish` chooses).
+  healthy nodes, else a requeue without the bad nodes (`slurm_titan.node.batch.finish` chooses). Also a
+  slow node's swap (`slow node`: the attempt saved and stopped so that the next one runs on a spare,
+  node.batch.slow_watch), which is no failure: it counts against none of the caps below.
 
 Unplanned failures are retried by default. What stops a loop is progress: a failed attempt that
 trained no step beyond every earlier attempt's is "stalled"; `max_failures_without_progress` stalled
@@ -24,6 +26,7 @@ from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch_spec import RetryPolicy
 
 STOP, REQUEUE, RESTART = "stop", "requeue", "restart"
+SLOW_NODE = "slow node"
 
 
 @dataclass(frozen=True)
@@ -38,19 +41,22 @@ class RunSoFar:
 
 @dataclass(frozen=True)
 class Outcome:
-    reason: str  # finished | preempted | timed out | failed | restart loop | preflight failed
+    reason: str  # finished | preempted | timed out | failed | restart loop | preflight failed | slow node
     action: str  # STOP | REQUEUE | RESTART
     note: str = ""
 
 
 def decide(exit_code: int, near_time_limit: bool, run: RunSoFar, policy: RetryPolicy,
-           retry_preflight: bool = False) -> Outcome:
+           retry_preflight: bool = False, swapping: bool = False) -> Outcome:
     """Decide what follows an attempt that ended with `exit_code` (the node reports combined); a preflight failure
-    is retried only with `retry_preflight` (a transient one after a restart)."""
+    is retried only with `retry_preflight` (a transient one after a restart). `swapping`: the batch shell
+    stopped the attempt to swap a slow node, so its checkpoint-to-stop restarts (unless the time limit is near)."""
     if exit_code == 0:
         return Outcome("finished", STOP)
     if exit_code == ExitCode.PREFLIGHT and not retry_preflight:
         return Outcome("preflight failed", STOP, "a node failed the preflight: not retried")
+    if exit_code == ExitCode.PREEMPTED and swapping and not near_time_limit:
+        return Outcome(SLOW_NODE, RESTART, "saved and stopped to run on a spare node instead")
     if exit_code == ExitCode.PREEMPTED:
         reason = "timed out" if near_time_limit else "preempted"
         if run.requeues >= policy.max_requeues:

@@ -5,7 +5,10 @@ slurmctld marks the node down (SlurmdTimeout, 300 s by default; "srun: error: No
 The surviving nodes' supervisors report within seconds (their ranks fail on the lost peer), so once
 some node has reported and others stay silent for `grace_s`, the silent ones are probed
 (`node.srun_probe.probe_failures`); if one does not answer, srun is killed and the batch shell goes on to
-`finish`, which finds the same silent, unanswering node and blames it. While it watches, it touches the
+`finish`, which finds the same silent, unanswering node and blames it. Beside that it judges the nodes' speed
+(node.batch.slow_watch): a slow node to swap gets srun Slurm's warning signal (USR2, which srun passes on to
+every node's supervisor): the ranks save the current step and stop, and `finish` restarts without the node.
+While it watches, it touches the
 attempt's batch-shell heartbeat (:func:`beat`), which tells the other nodes' supervisors
 (`node.supervisor.batch_host`) that the batch shell still lives to decide what follows a failure. The first
 attempt's watcher is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the
@@ -25,6 +28,8 @@ from pathlib import Path
 
 from slurm_titan import envvars
 from slurm_titan.node.batch import attribution
+from slurm_titan.node.batch.slow_watch import SlowNodeWatch
+from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import run_folder
 
@@ -77,15 +82,21 @@ class _Beating:
 
 
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
-          poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures) -> list[str]:
+          poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures,
+          slow: SlowNodeWatch | None = None) -> list[str]:
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes.
 
     Silent nodes that answered a probe are probed again only after twice the wait (up to REPROBE_MAX_S): one
-    probe round per failure, not one every `grace_s` while the reports trickle in."""
+    probe round per failure, not one every `grace_s` while the reports trickle in. With `slow`, a node it
+    names for a swap ends the attempt with one USR2 to srun (the ranks save and stop)."""
     waiting_since: float | None = None
     wait_s = grace_s
+    swapping = False
     with _Beating(job_dir, attempt, poll_s):
         while alive(srun_pid):
+            if slow and not swapping and slow.poll():
+                swapping = True
+                os.kill(srun_pid, signal.SIGUSR2)
             reports = attribution.read_reports(job_dir, attempt, len(hosts))
             silent = attribution.silent_nodes(reports, hosts)
             if not reports or not silent:
@@ -126,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is for the ranks
     srun = find_srun(args.shell_pid)
     if srun is not None:
-        watch(args.job_dir, int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(","), srun)
+        attempt, hosts = int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(",")
+        slow = SlowNodeWatch.for_attempt(load_or_exit(args.job_dir), args.job_dir, attempt, hosts, os.environ)
+        watch(args.job_dir, attempt, hosts, srun, slow=slow)
     return 0
 
 

@@ -37,6 +37,7 @@ from slurm_titan.errors import ExitCode, SlurmTitanError
 from slurm_titan.node.node_log import say
 from slurm_titan.node.spec import NodeSpec
 from slurm_titan.node.supervisor import batch_host, rendezvous, restore
+from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
@@ -299,8 +300,10 @@ class NodeSupervisor:
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
         if spec.checkpoint:
             env |= spec.checkpoint.rank_env(job_id)
+        timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
-                            learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes) if spec.watchdog else None
+                            learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes,
+                            timing=timing) if spec.watchdog else None
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv, run_folder.restore_verdicts(job_dir, attempt), report)

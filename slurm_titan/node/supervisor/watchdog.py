@@ -2,8 +2,9 @@
 
 Every rank rewrites its progress record (records.rank_progress) in a node-local folder this watchdog makes;
 each poll of the supervisor reads them and compares the time since each rank's last progress with its
-phase's budget (node.budgets). On a hang it dumps the stacks of every rank of the node (node.supervisor.stacks) into
-`<job>/attempts/<A>/stacks/`, and names the node's culprit: a rank that does not run at all (stopped, or in
+phase's budget (node.budgets); the records also go to the node's timing report (node.supervisor.timing). On a
+hang it dumps the stacks of every rank of the node (node.supervisor.stacks) into `<job>/attempts/<A>/stacks/`,
+and names the node's culprit: a rank that does not run at all (stopped, or in
 uninterruptible sleep) first, then one that is not waiting in a collective, then the one whose last progress
 is the oldest. The supervisor then kills the ranks and reports the hang (ExitCode.HANG); attribution
 compares the hangs of all nodes with the same key. A rank seen stopped at every poll of a step has a shorter
@@ -33,6 +34,7 @@ from slurm_titan.node import budgets
 from slurm_titan.node.budgets import Budgets, Calibration
 from slurm_titan.node.culprit import culprit_key
 from slurm_titan.node.supervisor import stacks
+from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.rank_progress import Progress
 
@@ -66,9 +68,9 @@ class Watchdog:
     """One node's watchdog over its ranks (global rank numbers)."""
 
     def __init__(self, limits: Budgets, ranks: list[int], job_dir: Path, attempt: int, learns: bool,
-                 say: Callable[[str], None], nodes: int = 1) -> None:
+                 say: Callable[[str], None], nodes: int = 1, timing: TimingReport | None = None) -> None:
         self.limits, self.job_dir, self.attempt, self.say, self.learns = limits, job_dir, attempt, say, learns
-        self.nodes = nodes
+        self.nodes, self.timing = nodes, timing
         self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
         self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
         self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
@@ -107,6 +109,8 @@ class Watchdog:
                 self.stopped_since.pop(rank, None)
         progress = self.read()
         self._learn(max((p.slowest_step_s for p in progress.values()), default=0.0))
+        if self.timing:
+            self.timing.offer(progress, now)
         late, self.late_stopped = [], set()
         for rank, record in progress.items():
             if rank not in running:

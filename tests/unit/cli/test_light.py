@@ -38,3 +38,14 @@ def test_config_error_is_one_line_exit_2(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == f"slurm-titan: {bad}: slurm.nodes: must be >= 1, got 0\n"
+
+
+def test_a_bad_straggler_threshold_is_one_line_exit_2_and_nothing_submitted(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"name: x\nruns_dir: {tmp_path / 'runs'}\ncheckpoint: {{enable: true}}\n"
+                   "straggler: {threshold: 1.2}\n")
+    result = subprocess.run([sys.executable, "-m", "slurm_titan.cli.main", "submit", str(bad)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == f"slurm-titan: {bad}: straggler.threshold: must be within (0, 1), got 1.2\n"
+    assert not (tmp_path / "runs").exists()

@@ -131,3 +131,28 @@ def test_doctor_check_kernels_is_off_by_default_and_for_npu_jobs_only() -> None:
         load_config(REPO / "configs/debug_cpu.yaml", [("doctor.check_kernels", True)])
     with pytest.raises(ConfigError, match="doctor.check_kernels: expected bool, got 'yes'"):
         load_config(npu, [("doctor.check_kernels", "yes")])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("straggler: {threshold: 1.5}", "straggler.threshold: must be within (0, 1), got 1.5"),
+    ("straggler: {threshold: 0}", "straggler.threshold: must be within (0, 1), got 0.0"),
+    ("straggler: {window_steps: 0}", "straggler.window_steps: must be >= 1 (or null: sized from the step time), got 0"),
+    ("straggler: {action: kick}", "straggler.action: expected 'swap' | 'alert' | 'off' or null, got 'kick'"),
+    ("straggler: {threshold: fast}", "straggler.threshold: expected float, got 'fast'"),
+])
+def test_bad_straggler_settings_are_one_line_each(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, f"name: x\n{text}\n"))
+    assert str(error.value) == f"{tmp_path / 'job.yaml'}: {message}"
+
+
+def test_straggler_defaults_swap_with_a_spare_and_warn_for_swap_without(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    config = load_config(write(tmp_path, "name: x\ncheckpoint: {enable: true}\nstraggler: {threshold: 0.75}\n"))
+    assert config.straggler.threshold == 0.75 and config.straggler.resolved_action(0) == "alert"
+    assert config.straggler.resolved_action(1) == "swap"
+    config = load_config(write(tmp_path, "name: x\ncheckpoint: {enable: true}\nstraggler: {action: swap}\n"))
+    assert config.straggler.resolved_action(0) == "alert"
+    assert capsys.readouterr().err == (f"slurm-titan: WARNING: {tmp_path / 'job.yaml'}: straggler.action is swap "
+                                       "but slurm.spare_nodes is 0: a slow node will only be alerted\n")
+    assert load_config(write(tmp_path, "name: x\nstraggler: {action: 'off'}\n")).straggler.resolved_action(1) == "off"

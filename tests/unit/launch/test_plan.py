@@ -11,6 +11,7 @@ from slurm_titan.errors import ConfigError
 from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import flatten_options, plan_job
 from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
+from slurm_titan.node.straggler_config import StragglerPlan
 from tests.support.paths import DATA
 from tests.support.plans import pinned_debug_cpu
 
@@ -49,7 +50,8 @@ def test_the_batch_spec_carries_the_config(tmp_path: Path) -> None:
         ("preemption.max_failures", 7), ("torchtitan.config", "llama3_8b")]))
     assert plan.batch == BatchSpec(nodes=4, shrink_to=(3, 2, 1), retry=RetryPolicy(
         max_requeues=20, max_failures=7, max_failures_without_progress=3), signal_seconds=120, titan_module="llama3",
-        titan_config="llama3_8b")
+        titan_config="llama3_8b", straggler=StragglerPlan(action="swap", threshold=0.8, window_steps=None,
+                                                          warmup_steps=5, total_steps=12))
     assert "#SBATCH --nodes=5" in plan.script()  # the allocation has the spare; each attempt, the spec's count
 
 

@@ -9,6 +9,7 @@ import sys
 
 from slurm_titan.cli.main import main
 from slurm_titan.launch import runs
+from slurm_titan.records import history
 from tests.support.cli import PROBE
 from tests.support.paths import REPO
 from tests.support.recorded import submitted_runs  # noqa: F401  (jobs 101..103: the recorded runs)
@@ -27,6 +28,14 @@ def test_status_shows_goodput_and_time_lost_per_attempt(submitted_runs, capsys):
     assert info["goodput"] == {"goodput": 0.6941, "wall_s": 850.0, "productive_s": 590.0, "lost_s": 260.0}
     assert [t["lost_s"] for t in info["attempt_times"]] == [100.0, 160.0]
     assert info["attempt_times"][1]["retrained_steps"] == 7 and info["attempts"][0]["steps_retrained"] == 7
+
+
+def test_status_names_the_slow_node_and_what_was_done(submitted_runs, capsys):
+    history.append_event(submitted_runs["crash-restart"], "slow", 1, host="n2", score=0.61, step=50, since_step=41,
+                         action="alert", why="no spare node left in the allocation")
+    assert main(["status", "102"]) == 0
+    assert ("    slow node n2: score 0.61 over steps 41..50 -> alert (no spare node left in the allocation)"
+            in capsys.readouterr().out.splitlines())
 
 
 def test_runs_lists_job_name_state_step_checkpoint_goodput(submitted_runs, monkeypatch, capsys):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.records import history, run_folder
-from slurm_titan.report import data
+from slurm_titan.records import history, run_folder, slow_nodes
+from slurm_titan.report import data, page
 from tests.support.recorded import recorded, utc  # noqa: F401  (autouse: the recorded logs are UTC)
 
 SUBMITTED = 1735725600.0  # 2025-01-01 10:00:00 UTC, every recorded run's submit
@@ -124,3 +124,13 @@ def test_a_run_waiting_for_its_next_attempt_has_it_queued(tmp_path):
     nothing = data.collect(tmp_path, submitted, submitted + 30)  # submitted, queued in Slurm
     assert [(p.attempt, p.name, p.seconds) for p in nothing.phases] == [(0, "queued", 30)]
     assert nothing.lost_by_cause()["queue"] == 30 and nothing.steps == [] and nothing.interruptions == []
+
+
+def test_node_scores_and_slow_nodes_come_from_the_attempts(tmp_path):
+    folder, submitted, now = recorded("crash-restart", tmp_path)
+    slow_nodes.append_scores(folder, 1, slow_nodes.ScoreLine(1, SUBMITTED + 600, 40, {"n1": 1.6, "n2": 0.62}))
+    history.append_event(folder, "slow", 1, host="n2", score=0.62, step=40, since_step=32, action="alert", why="x")
+    report = data.collect(folder, submitted, now)
+    assert report.scores == [slow_nodes.ScoreLine(1, SUBMITTED + 600, 40, {"n1": 1.6, "n2": 0.62})]
+    assert report.attempts[1]["slow"][0]["host"] == "n2"
+    assert {trace.name for trace in page.score_figure(report).data} == {"n1", "n2", "named slow"}

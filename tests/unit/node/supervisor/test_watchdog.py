@@ -22,7 +22,8 @@ from slurm_titan.node import budgets
 from slurm_titan.node.batch import attribution
 from slurm_titan.node.budgets import Budgets, Calibration, WatchdogSpec
 from slurm_titan.node.supervisor import stacks, watchdog
-from slurm_titan.records import rank_progress, run_folder
+from slurm_titan.node.supervisor.timing import TimingReport
+from slurm_titan.records import node_timing, rank_progress, run_folder
 from slurm_titan.records.rank_progress import Phase, Progress
 from tests.support.paths import REPO
 from tests.support.reports import node_report
@@ -91,6 +92,11 @@ def test_progress_record_round_trip(tmp_path: Path) -> None:
     assert record.slowest_step_s >= 0 and record.since >= 100.0
     writer.enter(Phase.SAVE, 8)
     assert rank_progress.read(path).phase == Phase.SAVE
+    sum(range(2_000_000))  # the save's work is no step's
+    writer.enter(Phase.STEP, 9)
+    writer.step_done(9)
+    record = rank_progress.read(path)
+    assert record.steps_done == 2 and 0 <= record.work_s < 0.02 and 0 <= record.wall_s < 0.02
     torn = bytearray(path.read_bytes())
     torn[-1] ^= 0xFF  # the end's sequence number differs: a write in progress
     path.write_bytes(bytes(torn))
@@ -222,6 +228,49 @@ def test_a_stopped_rank_is_hung_after_the_stopped_budget_a_sleeping_one_only_aft
             child.kill()
             child.wait()
         dog.close()
+
+
+def test_the_working_time_counts_only_steps(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.progress"
+    rank_progress.create(path, 0.0)
+    writer = rank_progress.ProgressWriter(str(path))
+    writer.enter(Phase.STEP, 1)
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:
+        pass
+    writer.step_done(1)
+    time.sleep(0.2)  # waiting for peers: no work
+    writer.step_done(2)
+    record = rank_progress.read(path)
+    # the busy step's CPU time, and its wait for a CPU on a loaded machine; none of the sleeping step's
+    assert record.steps_done == 2 and 0.19 < record.work_s <= record.slowest_step_s + 0.05 and record.wall_s >= 0.4
+
+
+def test_a_throttled_rank_is_never_hung_and_the_node_reports_its_timing(tmp_path: Path) -> None:
+    """A rank at 60 % of its CPU steps 1/0.6 as long: the learned budget grows with it (3 x the slowest step). A
+    duty-cycled one (stopped 0.3 s of every 0.8 s) is never seen stopped at every poll for the stopped budget."""
+    limits = Budgets(watchdog=WatchdogSpec(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3,
+                                           save_s=5, upload_s=5, stopped_s=2), step_cap_s=100)
+    assert limits.for_progress(Progress(Phase.STEP, 9, 0.0, steps_done=8, slowest_step_s=1 / 0.6), 0.0) == 5.0
+    timing = TimingReport(tmp_path, 0, 0, "n1", period_s=0.5)
+    dog = watchdog.Watchdog(limits, [0], tmp_path, 0, learns=False, say=lambda _: None, timing=timing)
+    rank = _start_rank(dog, 0)
+    try:
+        dog.arm()
+        start = time.time()
+        while time.time() - start < 5:
+            os.kill(rank.pid, signal.SIGSTOP)
+            time.sleep(0.3)
+            assert dog.overdue({0: rank.pid}) == []
+            os.kill(rank.pid, signal.SIGCONT)
+            time.sleep(0.5)
+            assert dog.overdue({0: rank.pid}) == []
+    finally:
+        rank.kill()
+        rank.wait()
+        dog.close()
+    [reported] = node_timing.read_all(tmp_path, 0).values()
+    assert (reported.node, reported.host) == (0, "n1") and reported.steps > 10 and reported.wall_s > 0
 
 
 def test_the_faulthandler_fallback_is_registered_on_an_unused_signal() -> None:

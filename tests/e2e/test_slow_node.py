@@ -1,0 +1,91 @@
+"""A slow node on the real local Slurm cluster: the training processes of the node of rank 1 are put, at step
+THROTTLE_AT, into one cgroup v1 cpu group (`/sys/fs/cgroup/cpu/slurm-titan-slow-<job>`) whose quota is 60 % of
+the CPUs they were using (measured over 3 s: tools.local_cluster.faults.ThrottleAtStep), as a throttled chip
+would slow them. Nothing fails; the batch shell's judge must name the node from the ranks' own working time.
+
+With a spare the node is named, swapped (the ranks save the current step and stop, the next attempt runs on the
+spare, no failure counted), the run COMPLETED with every loss equal to an uninterrupted run's, and its steps back
+to their speed before the throttle. Without one it is named and alerted, and training goes on to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.records import history, slow_nodes
+from slurm_titan.report.data import read_log
+from tests.support.cli import Cli
+from tests.support.runs import assert_same_training, job_dir, job_field, wait_for_log
+from tools.local_cluster.faults import ThrottleAtStep
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+STEPS = 240  # enough steps left after the verdict for a swap to pay for its restart (~0.55 s steps here)
+THROTTLE_AT = 8
+CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
+          "--set", "checkpoint.interval=50", "--set", "straggler.window_steps=10", "--set", "straggler.warmup_steps=3"]
+
+
+@pytest.fixture
+def reference(reference_losses) -> dict[int, str]:
+    return reference_losses(STEPS, *CONFIG)
+
+
+def _step_intervals(folder: Path, attempt: int, first: int, last: int) -> list[float]:
+    """Seconds between consecutive steps `first`..`last` of `attempt`, from rank 0's log."""
+    starts = [a.started or 0.0 for a in history.read_attempts(folder)]
+    points = {p.step: p.time for p in read_log(folder / "logs/rank-0.log", starts).steps
+              if p.attempt == attempt and p.time is not None and first <= p.step <= last}
+    return [points[s] - points[s - 1] for s in sorted(points) if s - 1 in points]
+
+
+def _throttled_run(cli: Cli, *extra: str) -> tuple[str, Path, str, ThrottleAtStep, dict]:
+    job = cli.submit(*CONFIG, *extra)
+    folder = job_dir(cli, job)
+    wait_for_log(folder / "logs/rank-0.log", "step:  1")
+    slow = cli.status(job)["attempts"][0]["hosts"][1]
+    with ThrottleAtStep(folder, job, slow, rank=1, step=THROTTLE_AT, fraction=0.6) as throttle:
+        status = cli.wait(job, timeout=1800)
+    assert throttle.throttled_at is not None and throttle.pids, "the node's ranks were never throttled"
+    return job, folder, slow, throttle, status
+
+
+def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dict[int, str]) -> None:
+    job, folder, slow, throttle, status = _throttled_run(cli, "--set", "slurm.spare_nodes=1")
+    assert status["state"] == "COMPLETED", status
+    first, second = status["attempts"][:2]
+    [named] = first["slow"]
+    assert (named["host"], named["action"]) == (slow, "swap") and named["score"] < 0.8, named
+    assert named["time"] - throttle.throttled_at < 120, "not named within 2 minutes"
+    assert (first["reason"], first["action"]) == ("slow node", "restart") and first["excluded"] == [slow]
+    assert first["exit_code"] == 75 and first["stopped_at_step"] is not None  # saved the current step, stopped
+    assert slow not in second["hosts"] and len(second["hosts"]) == 2
+    assert job_field(cli, job, "Restarts") == 0  # swapped inside the allocation
+    assert not any(a["reason"] == "failed" for a in status["attempts"])  # never counted as a crash
+    assert_same_training(cli, job, reference)
+    before = statistics.median(_step_intervals(folder, 0, 2, THROTTLE_AT))
+    after = statistics.median(_step_intervals(folder, 1, second["first_step"] + 3, STEPS))
+    assert after < 1.25 * before, f"steps after the swap: {after:.2f} s, before the throttle: {before:.2f} s"
+    verdict = slow_nodes.read_verdict(folder, 0)
+    assert verdict is not None and verdict.host == slow
+    assert any(line.scores[slow] < 0.8 for line in slow_nodes.read_scores(folder))
+    nodes = json.loads(cli("nodes", "--json").stdout)["nodes"]
+    assert any(row["node"] == slow and row["kinds"].get("slow") for row in nodes)  # the next job avoids it
+    assert f"slow node {slow}" in cli("status", job).stdout
+
+
+def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(cli: Cli, reference: dict[int, str]) -> None:
+    job, folder, slow, throttle, status = _throttled_run(cli)
+    assert status["state"] == "COMPLETED", status
+    [attempt] = status["attempts"]  # no restart: the run went on on the slow node
+    [named] = attempt["slow"]
+    assert (named["host"], named["action"]) == (slow, "alert") and "no spare" in named["why"]
+    assert named["time"] - throttle.throttled_at < 120
+    assert attempt["reason"] == "finished" and attempt["excluded"] == []
+    assert_same_training(cli, job, reference)
+    batch_log = (folder / f"{job}_0_log.out").read_text(errors="replace")
+    assert f"slow node {slow}" in batch_log and "training goes on" in batch_log
+    assert "watchdog: rank" not in "".join(p.read_text(errors="replace") for p in folder.glob(f"{job}_*_log.out"))
