@@ -9,7 +9,7 @@ import pytest
 import s3fs
 
 from tests.support.cli import Cli, run
-from tests.support.references import TWELVE_STEP_GROUP, remote_of
+from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
 from tests.support.runs import checkpoints, job_dir, step_losses, wait_for_log
 from tests.support.s3 import S3Server
 from tests.support.throttle import ThrottledS3
@@ -115,19 +115,22 @@ def test_a_throttling_store_is_waited_out_by_the_save_and_by_the_restore(
     with ThrottledS3(s3_server, share=0.3) as proxy:
         cli = Cli(slurm_env, tmp_path_factory.mktemp("throttled"), proxy)
         through = ["--set", f"checkpoint.endpoint_url={proxy.endpoint}"]
-        first = cli.submit(*CONFIG, "--set", "torchtitan.args.training.steps=10", *through)
+        first = cli.submit(*CONFIG, *through)
         assert cli.wait(first)["state"] == "COMPLETED"
-        remote = remote_of(cli, first)
         saved = proxy.stats()
+        remote = remote_of(cli, first)
+        from10 = remote + "-from10"  # its steps 5 and 10 only: the second job resumes step 10
+        copy_steps(s3_server, remote, from10, [5, 10])
         proxy.configure(share=0.5)
         proxy.reset()
-        second = cli.submit(*CONFIG, *through, "--set", f"checkpoint.remote={remote}")
+        second = cli.submit(*CONFIG, *through, "--set", f"checkpoint.remote={from10}")
         assert cli.wait(second)["state"] == "COMPLETED"
         restored = proxy.stats()
     assert sum(m["throttled"] for m in saved.values()) > 0 and sum(m["throttled"] for m in restored.values()) > 0
     first_losses = step_losses(job_dir(cli, first) / "logs/rank-0.log")
     second_losses = step_losses(job_dir(cli, second) / "logs/rank-0.log")
-    assert [s for s, _ in first_losses] == list(range(1, 11)) and [s for s, _ in second_losses] == [11, 12]
+    assert [s for s, _ in first_losses] == list(range(1, 13)) and [s for s, _ in second_losses] == [11, 12]
     assert all(original[step] == loss for step, loss in first_losses + second_losses)
     direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)
-    assert direct("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
+    for location in (remote, from10):
+        assert direct("ckpt", "verify", location, "--all", "--quiet", timeout=300).returncode == 0

@@ -45,7 +45,16 @@ from slurm_titan.ckpt.manifest import FileEntry
 from slurm_titan.ckpt.storage import ranged
 from slurm_titan.ckpt.storage.backoff import Backoff, WaitNotice
 from slurm_titan.ckpt.storage.concurrency import AdaptiveLimit
-from slurm_titan.ckpt.storage.errors import StoreError, TransientStoreError, describe, is_transient, redact, scrub
+from slurm_titan.ckpt.storage.errors import (
+    StoreError,
+    TransientStoreError,
+    describe,
+    is_transient,
+    redact,
+    retry_after,
+    scrub,
+    throttle_code,
+)
 from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.storage")
@@ -179,8 +188,10 @@ class Store(abc.ABC):
     # -- errors: the one place a failure becomes a line ----------------------------------
     def _fail(self, what: str, cause: BaseException | None = None) -> StoreError:
         """``<location>: <what>``, secrets scrubbed; transient if ``cause`` is worth retrying."""
-        cls = TransientStoreError if cause is not None and is_transient(cause) else StoreError
-        return cls(scrub(f"{self.location}: {what}", self._secrets))
+        message = scrub(f"{self.location}: {what}", self._secrets)
+        if cause is None or not is_transient(cause):
+            return StoreError(message)
+        return TransientStoreError(message, throttle=throttle_code(cause), retry_after=retry_after(cause))
 
     def _error(self, action: str, e: Exception) -> StorageError:
         if isinstance(e, StorageError):

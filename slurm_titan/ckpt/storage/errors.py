@@ -131,7 +131,10 @@ def throttle_code(exc: BaseException) -> str:
     if isinstance(exc, TransientStoreError):
         return exc.throttle
     code = client_error_code(exc)
-    return code if code in _THROTTLE_CODES else ""
+    if code in _THROTTLE_CODES:
+        return code
+    # s3fs turns SlowDown into OSError(EBUSY, "Please reduce your request rate."), its ClientError dropped
+    return "SlowDown" if isinstance(exc, OSError) and exc.errno == errno.EBUSY else ""
 
 
 def throttle_answer(status: int, code: str) -> str:
@@ -175,7 +178,7 @@ def is_transient(exc: BaseException) -> bool:
         return code in _TRANSIENT_CODES
     if {c.__name__ for c in type(exc).__mro__} & _TRANSIENT_NAMES:
         return True
-    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
+    return isinstance(exc, OSError) and (exc.errno in _TRANSIENT_ERRNOS or bool(throttle_code(exc)))
 
 
 def describe(exc: BaseException, endpoint: str | None = None) -> str:

@@ -10,7 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from slurm_titan import envvars
-from slurm_titan.ckpt.storage import Backoff, StoreError, TransientStoreError, Wait
+from slurm_titan.ckpt.storage import Backoff, LocalStore, StoreError, TransientStoreError, Wait
 from slurm_titan.ckpt.storage.backoff import WaitNotice
 from slurm_titan.ckpt.storage.errors import is_transient, parse_retry_after, retry_after, throttle_code
 from slurm_titan.errors import ConfigError
@@ -167,3 +167,11 @@ def test_other_answers_are_not_throttling():
 def test_retry_after_headers_parse():
     assert parse_retry_after("3") == 3.0 and parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past: now
+
+
+def test_what_s3fs_raises_for_slowdown_is_a_throttled_answer_of_the_store(tmp_path):
+    # s3fs raises OSError(EBUSY) for SlowDown with no ClientError behind it: a rank opening its location at 30%
+    # SlowDown crashed on it (it was transient but not throttled, so no wait)
+    error = LocalStore(str(tmp_path), str(tmp_path))._error("cannot open the checkpoint location",
+                                             OSError(errno.EBUSY, "Please reduce your request rate."))
+    assert isinstance(error, TransientStoreError) and error.throttle == "SlowDown"
