@@ -76,16 +76,3 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dic
     assert any(row["node"] == slow and row["kinds"].get("slow") for row in nodes)  # the next job avoids it
     assert f"slow node {slow}" in cli("status", job).stdout
 
-
-def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(cli: Cli, reference: dict[int, str]) -> None:
-    job, folder, slow, throttle, status = _throttled_run(cli)
-    assert status["state"] == "COMPLETED", status
-    [attempt] = status["attempts"]  # no restart: the run went on on the slow node
-    [named] = attempt["slow"]
-    assert (named["host"], named["action"]) == (slow, "alert") and "straggler.action is alert" in named["why"]
-    assert named["time"] - throttle.throttled_at < 120
-    assert attempt["reason"] == "finished" and attempt["excluded"] == []
-    assert_same_training(cli, job, reference)
-    batch_log = (folder / f"{job}_0_log.out").read_text(errors="replace")
-    assert f"slow node {slow}" in batch_log and "training goes on" in batch_log
-    assert "watchdog: rank" not in "".join(p.read_text(errors="replace") for p in folder.glob(f"{job}_*_log.out"))
