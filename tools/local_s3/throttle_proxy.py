@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -307,15 +307,12 @@ class Handler(BaseHTTPRequestHandler):
                     while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
                         pass  # trailers
                     return
-                left = size
-                while left:
-                    piece = self.rfile.read(min(left, _PIECE))
-                    if not piece:
-                        raise ConnectionError("the client closed its request body early")
-                    left -= len(piece)
-                    yield piece
+                yield from self._pieces(size)
                 self.rfile.readline(3)
-        left = int(self.headers.get("Content-Length") or 0)
+        yield from self._pieces(int(self.headers.get("Content-Length") or 0))
+
+    def _pieces(self, left: int) -> Iterator[bytes]:
+        """The next `left` bytes of the request body, in pieces of at most _PIECE."""
         while left:
             piece = self.rfile.read(min(left, _PIECE))
             if not piece:
