@@ -97,7 +97,10 @@ def _layers(shapes: QkvShapes, mesh):  # noqa: ANN001, ANN202 - torch types: imp
 
 
 def _live_bytes_mode():  # noqa: ANN202 - a TorchDispatchMode subclass, made in the rank (torch imported there)
-    """A dispatch mode counting the bytes of the storages ops allocate while it is on, alive now and at most."""
+    """A dispatch mode counting the bytes of the storages ops allocate while it is on, alive now and at most.
+    Garbage that only the cycle collector frees is collected before a new peak is recorded, so that the peak is
+    what the save holds, not what depends on when the collector happened to run (under load, at other times)."""
+    import gc
     import weakref
 
     import torch
@@ -130,6 +133,8 @@ def _live_bytes_mode():  # noqa: ANN202 - a TorchDispatchMode subclass, made in 
             inputs = storages((args, kwargs))
             for key, storage in storages(out).items():
                 if key not in inputs and key not in self.live:
+                    if self.now + storage.nbytes() > self.peak:
+                        gc.collect()
                     self.live[key] = storage.nbytes()
                     self.now += storage.nbytes()
                     self.peak = max(self.peak, self.now)
