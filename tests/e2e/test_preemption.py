@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.support.cli import Cli, run, wait_for
+from tests.support.references import SIXTY_STEPS
 from tests.support.runs import (
     checkpoints,
     job_dir,
@@ -26,8 +27,7 @@ from tests.support.runs import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test c) lands mid-run
-CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
-          "--set", "checkpoint.interval=100"]
+CONFIG = SIXTY_STEPS
 
 
 @pytest.fixture

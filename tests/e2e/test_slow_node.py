@@ -5,7 +5,9 @@ would slow them. Nothing fails; the batch shell's judge must name the node from 
 
 With a spare the node is named, swapped (the ranks save the current step and stop, the next attempt runs on the
 spare, no failure counted), the run COMPLETED with every loss equal to an uninterrupted run's, and its steps back
-to their speed before the throttle. Without one it is named and alerted, and training goes on to the end.
+to their speed before the throttle (240 steps: enough left after the verdict for a swap to pay). Without one it is
+named and alerted, and training goes on to the end: 60 steps (the verdict comes near step 25), compared with the
+preemption tests' uninterrupted 60-step run (the straggler settings change no loss).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import pytest
 from slurm_titan.records import history, slow_nodes
 from slurm_titan.report.data import read_log
 from tests.support.cli import Cli
+from tests.support.references import SIXTY_STEPS
 from tests.support.runs import assert_same_training, job_dir, job_field, wait_for_log
 from tools.local_cluster.faults import ThrottleAtStep
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 240  # enough steps left after the verdict for a swap to pay for its restart (~0.55 s steps here)
 THROTTLE_AT = 8
+JUDGE = ["--set", "straggler.window_steps=10", "--set", "straggler.warmup_steps=3"]
 CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
-          "--set", "checkpoint.interval=50", "--set", "straggler.window_steps=10", "--set", "straggler.warmup_steps=3"]
+          "--set", "checkpoint.interval=50", *JUDGE]
 
 
 @pytest.fixture
@@ -42,8 +46,8 @@ def _step_intervals(folder: Path, attempt: int, first: int, last: int) -> list[f
     return [points[s] - points[s - 1] for s in sorted(points) if s - 1 in points]
 
 
-def _throttled_run(cli: Cli, *extra: str) -> tuple[str, Path, str, ThrottleAtStep, dict]:
-    job = cli.submit(*CONFIG, *extra)
+def _throttled_run(cli: Cli, *config: str) -> tuple[str, Path, str, ThrottleAtStep, dict]:
+    job = cli.submit(*config)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
     slow = cli.status(job)["attempts"][0]["hosts"][1]
@@ -54,7 +58,7 @@ def _throttled_run(cli: Cli, *extra: str) -> tuple[str, Path, str, ThrottleAtSte
 
 
 def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dict[int, str]) -> None:
-    job, folder, slow, throttle, status = _throttled_run(cli, "--set", "slurm.spare_nodes=1")
+    job, folder, slow, throttle, status = _throttled_run(cli, *CONFIG, "--set", "slurm.spare_nodes=1")
     assert status["state"] == "COMPLETED", status
     first, second = status["attempts"][:2]
     [named] = first["slow"]
@@ -76,3 +80,17 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dic
     assert any(row["node"] == slow and row["kinds"].get("slow") for row in nodes)  # the next job avoids it
     assert f"slow node {slow}" in cli("status", job).stdout
 
+
+
+def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(cli: Cli, reference_losses) -> None:
+    job, folder, slow, throttle, status = _throttled_run(cli, *SIXTY_STEPS, *JUDGE)
+    assert status["state"] == "COMPLETED", status
+    [attempt] = status["attempts"]  # no restart: the run went on on the slow node
+    [named] = attempt["slow"]
+    assert (named["host"], named["action"]) == (slow, "alert") and "straggler.action is alert" in named["why"]
+    assert named["time"] - throttle.throttled_at < 120
+    assert attempt["reason"] == "finished" and attempt["excluded"] == []
+    assert_same_training(cli, job, reference_losses(60, *SIXTY_STEPS))
+    batch_log = (folder / f"{job}_0_log.out").read_text(errors="replace")
+    assert f"slow node {slow}" in batch_log and "training goes on" in batch_log
+    assert "watchdog: rank" not in "".join(p.read_text(errors="replace") for p in folder.glob(f"{job}_*_log.out"))
