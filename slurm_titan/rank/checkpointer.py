@@ -10,7 +10,8 @@ per-step duties, since ``save`` is what torchtitan calls after every step:
 - the agreed stop: every step, all ranks agree whether any got Slurm's warning signal, and then save
   and stop together (:mod:`slurm_titan.rank.preemption`);
 - progress: each step and phase goes to the rank's progress record (the supervisor's watchdog reads
-  it) and, from rank 0, to the run history (:mod:`slurm_titan.rank.progress`);
+  it, with the chip's probe time on an accelerator: :mod:`slurm_titan.rank.device_probe`) and, from rank 0,
+  to the run history (:mod:`slurm_titan.rank.progress`);
 - the restore gate: before loading, the rank waits for the node's restore and answers its plan
   requests (:mod:`slurm_titan.rank.restore_gate`).
 
@@ -42,7 +43,7 @@ from slurm_titan import envvars
 from slurm_titan.ckpt import Range, TransferConfig, Uploader, UploaderProcess, UploadSettings
 from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
-from slurm_titan.rank import preemption, progress
+from slurm_titan.rank import device_probe, preemption, progress
 from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
 from slurm_titan.rank.replicated import shard_split_qkv, sharded
 from slurm_titan.rank.restore_gate import wait_for_restore
@@ -132,7 +133,7 @@ class SyncedCheckpointManager(CheckpointManager):
         """torchtitan calls this after every step. All ranks first agree whether any got a stop
         signal (one all_reduce); if so they save this step, wait for its commit and exit so that
         the job requeues (see slurm_titan.rank.preemption). The watchdog hears of every step here."""
-        rank_progress.step_done(curr_step)
+        rank_progress.step_done(curr_step, device_probe.tick())
         progress.note_step(curr_step, last_step)
         if last_step or not preemption.agreed_stop():
             return super().save(curr_step, last_step)

@@ -1,7 +1,8 @@
 """Each node's working time per step, told to the batch shell: one small JSON file per node and attempt.
 
 The node supervisor sums its ranks' progress records (records.rank_progress: steps, the CPU time their
-threads wanted in them, their wall time) and replaces `attempts/<A>/timing/node-<N>.json` every few seconds
+threads wanted in them, their wall time, their chips' probe time) and replaces
+`attempts/<A>/timing/node-<N>.json` every few seconds
 (node.supervisor.timing); the batch shell's step watcher reads every node's file (one listing of the folder)
 and scores the nodes against each other (node.batch.straggler). The sums only grow within an attempt: a
 reader takes differences between two readings.
@@ -28,6 +29,8 @@ class NodeTiming:
     steps: int  # steps its ranks finished in this attempt, summed over the ranks
     work_s: float  # the CPU time they wanted in those steps (ran + waited for a CPU)
     wall_s: float  # their wall time
+    device_s: float = 0.0  # the device time of their chips' probes (rank.device_probe; none on the CPU)
+    probes: int = 0  # how many probes that is
 
     @classmethod
     def of(cls, node: int, host: str, records: dict[int, Progress], now: float) -> NodeTiming:
@@ -35,7 +38,8 @@ class NodeTiming:
         progress = list(records.values())
         return cls(node=node, host=host, time=now, step=min((p.step for p in progress), default=0),
                    steps=sum(p.steps_done for p in progress), work_s=sum(p.work_s for p in progress),
-                   wall_s=sum(p.wall_s for p in progress))
+                   wall_s=sum(p.wall_s for p in progress), device_s=sum(p.device_s for p in progress),
+                   probes=sum(p.probes for p in progress))
 
 
 def write(job_dir: Path, attempt: int, timing: NodeTiming) -> None:

@@ -12,7 +12,8 @@ Record: the current phase and step, `since` (wall-clock time of the rank's last 
 entered the phase), the steps this rank finished in this attempt, the slowest of them (seconds), and over
 those steps the rank's working time (`work_s`: the CPU time its threads wanted, records.schedstat; what it
 waited for its peers in collectives is not in it) and their wall time (`wall_s`). Checkpoint saves, the
-restore and start-up are other phases: neither sum counts them.
+restore and start-up are other phases: neither sum counts them. On an accelerator also the device time of
+the chip's probe (rank.device_probe: `device_s` over `probes`, the same work at every step).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 from slurm_titan import envvars
 from slurm_titan.records.schedstat import WantedTime
 
-_RECORD = struct.Struct("<QqiiddqddQ")  # seq, step, phase, pad, since, slowest_step_s, steps_done, work_s, wall_s, seq
+_RECORD = struct.Struct("<QqiiddqdddqQ")
+# seq, step, phase, pad, since, slowest_step_s, steps_done, work_s, wall_s, device_s, probes, seq
 
 
 class Phase(IntEnum):
@@ -52,11 +54,14 @@ class Progress:
     slowest_step_s: float = 0.0  # the slowest of them
     work_s: float = 0.0  # the CPU time the rank wanted (ran + waited for a CPU) in those steps
     wall_s: float = 0.0  # their wall time
+    device_s: float = 0.0  # the device time of the chip's probes that completed (none on the CPU)
+    probes: int = 0  # how many
 
 
 def encode(progress: Progress, seq: int) -> bytes:
     return _RECORD.pack(seq, progress.step, int(progress.phase), 0, progress.since, progress.slowest_step_s,
-                        progress.steps_done, progress.work_s, progress.wall_s, seq)
+                        progress.steps_done, progress.work_s, progress.wall_s, progress.device_s, progress.probes,
+                        seq)
 
 
 def create(path: Path, since: float) -> None:
@@ -73,9 +78,9 @@ def read(path: Path, tries: int = 5) -> Progress | None:
             return None
         if len(data) != _RECORD.size:
             return None
-        seq, step, phase, _, since, slowest, done, work, wall, seq_end = _RECORD.unpack(data)
+        seq, step, phase, _, since, slowest, done, work, wall, device, probes, seq_end = _RECORD.unpack(data)
         if seq == seq_end:
-            return Progress(Phase(phase), step, since, done, slowest, work, wall)
+            return Progress(Phase(phase), step, since, done, slowest, work, wall, device, probes)
     return None
 
 
@@ -87,13 +92,15 @@ class ProgressWriter:
         self._seq = 0
         self._phase, self._step, self._since = Phase.STARTUP, 0, time.time()
         self._done, self._slowest, self._work, self._wall = 0, 0.0, 0.0, 0.0
+        self._device, self._probes = 0.0, 0
         self._wanted = WantedTime()
         self._mark = 0.0  # the wanted time when the current phase began
 
     def _write(self) -> None:
         self._seq += 1
         os.pwrite(self._fd, _RECORD.pack(self._seq, self._step, self._phase, 0, self._since, self._slowest,
-                                         self._done, self._work, self._wall, self._seq), 0)
+                                         self._done, self._work, self._wall, self._device, self._probes,
+                                         self._seq), 0)
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
         self._phase, self._since, self._mark = phase, time.time(), self._wanted.sample()
@@ -101,10 +108,11 @@ class ProgressWriter:
             self._step = step
         self._write()
 
-    def step_done(self, step: int) -> None:
-        """Step `step` ended: note its duration and working time (from the start of the STEP phase); step
-        `step + 1` begins."""
+    def step_done(self, step: int, device: tuple[float, int] = (0.0, 0)) -> None:
+        """Step `step` ended: note its duration and working time (from the start of the STEP phase), and the
+        chip probe's `device` (seconds, probes) so far; step `step + 1` begins."""
         now, wanted = time.time(), self._wanted.sample()
+        self._device, self._probes = device
         if self._phase == Phase.STEP:
             self._done += 1
             self._slowest = max(self._slowest, now - self._since)
@@ -130,6 +138,6 @@ def enter(phase: Phase, step: int | None = None) -> None:
         progress.enter(phase, step)
 
 
-def step_done(step: int) -> None:
+def step_done(step: int, device: tuple[float, int] = (0.0, 0)) -> None:
     if progress := writer():
-        progress.step_done(step)
+        progress.step_done(step, device)

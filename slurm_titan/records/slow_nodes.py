@@ -17,6 +17,7 @@ from pathlib import Path
 from slurm_titan.records import run_folder
 
 SWAP, ALERT, OFF = "swap", "alert", "off"
+HOST, DEVICE = "host", "device"  # what named the node: its ranks' wanted CPU time, or its chips' probe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,10 +32,12 @@ class SlowNode:
     time: float
     action: str  # SWAP | ALERT
     why: str  # the swap's gain and cost, or why it only alerts
+    signal: str = HOST  # HOST or DEVICE
 
     def describe(self) -> str:
+        chip = ", its chips' probe time" if self.signal == DEVICE else ""
         return (f"slow node {self.host} (score {self.score:.2f} of the other nodes' median over steps "
-                f"{self.since_step}..{self.step})")
+                f"{self.since_step}..{self.step}{chip})")
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ class SlowNodeWatch:
             time_left_s=self._time_left_s(job_id),
             cost_s=swap_cost_s(history.read_attempts(self.job_dir), self.attempt, candidate.step_wall_s))
         slow = SlowNode(host=candidate.host, node=candidate.node, score=round(candidate.score, 4),
-                        step=candidate.step, since_step=candidate.since_step, time=now, action=action, why=why)
+                        step=candidate.step, since_step=candidate.since_step, time=now, action=action, why=why,
+                        signal=candidate.signal)
         slow_nodes.write_verdict(self.job_dir, self.attempt, slow)
         history.append_event(self.job_dir, "slow", self.attempt, host=slow.host, score=slow.score, step=slow.step,
                              since_step=slow.since_step, action=action, why=why)

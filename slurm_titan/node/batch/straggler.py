@@ -7,7 +7,10 @@ it works 1/0.6 as long for the same step, and in synchronous training every rank
 score stays below `threshold` for `window` steps in a row is named slow, once per attempt. Not judged: each
 attempt's first `warmup_steps` (start-up, the restore, compilation, the data loader's first batches); saves
 and restores are other phases, outside the sums. A slowdown every node shares (the file system, the
-network) moves every score alike and names none.
+network) moves every score alike and names none. On an accelerator each node's chip probe (rank.device_probe:
+the same matmul at every step, timed on the device) is a second signal, scored and windowed the same way on
+its device time per probe: the host's time cannot see a slow chip, for which the host only waits. A node is
+named by whichever signal stays below first; a line's score is the lower of the two.
 
 Swapping pays when what the slow node costs over the time left, (1 - score) x the time left, exceeds the
 swap's measured cost: this run's restart (an earlier restart's end to its next first step, else this
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from slurm_titan.node.straggler_config import MIN_WINDOW_STEPS, WINDOW_S
 from slurm_titan.records import history
 from slurm_titan.records.node_timing import NodeTiming
-from slurm_titan.records.slow_nodes import ALERT, SWAP, ScoreLine
+from slurm_titan.records.slow_nodes import ALERT, DEVICE, HOST, SWAP, ScoreLine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,7 @@ class Candidate:
     step: int
     since_step: int
     step_wall_s: float  # the attempt's wall time per step now (the median node's)
+    signal: str = HOST  # what named it: HOST (its ranks' wanted CPU) or DEVICE (its chips' probe)
 
 
 class Judge:
@@ -47,7 +51,8 @@ class Judge:
         self.window, self.window_s = window_steps, window_s
         self._base: dict[int, NodeTiming] = {}  # each node's reading at the last judgment
         self._first_step: int | None = None
-        self._below: dict[int, tuple[int, float, float]] = {}  # node -> (since step, others' work, own work)
+        # signal -> node -> (since step, the others' time, its own time) while it scores below the threshold
+        self._below: dict[str, dict[int, tuple[int, float, float]]] = {}
         self.named: set[int] = set()
 
     def offer(self, timings: dict[int, NodeTiming], now: float) -> tuple[ScoreLine | None, Candidate | None]:
@@ -66,31 +71,44 @@ class Judge:
         steps = {n: current[n].steps - base[n].steps for n in current}
         if min(steps.values()) <= 0:
             return None, None
-        work = {n: (current[n].work_s - base[n].work_s) / steps[n] for n in current}
+        signals = {HOST: {n: (current[n].work_s - base[n].work_s) / steps[n] for n in current}}
+        probes = {n: current[n].probes - base[n].probes for n in current}
+        if min(probes.values()) > 0:  # every node's chip probe finished some probes: its own signal
+            signals[DEVICE] = {n: (current[n].device_s - base[n].device_s) / probes[n] for n in current}
         wall = statistics.median((current[n].wall_s - base[n].wall_s) / steps[n] for n in current)
         chunk_start, step = min(t.step for t in base.values()), min(t.step for t in current.values())
         self._base = current
-        scores, reference = {}, {}
-        for n in current:
-            reference[n] = statistics.median(work[m] for m in current if m != n)
-            scores[n] = reference[n] / work[n] if work[n] > 0 else 1.0
         if self.window is None:
             self.window = max(MIN_WINDOW_STEPS, math.ceil(self.window_s / wall)) if wall > 0 else MIN_WINDOW_STEPS
-        for n, score in scores.items():
-            if score < self.threshold:
-                since, others, own = self._below.get(n, (chunk_start, 0.0, 0.0))
-                self._below[n] = (since, others + reference[n] * steps[n], own + work[n] * steps[n])
-            else:
-                self._below.pop(n, None)
-        line = ScoreLine(self.attempt, now, step, {self.hosts[n]: score for n, score in scores.items()})
-        due = [(others / own if own > 0 else 1.0, n, since) for n, (since, others, own) in self._below.items()
-               if n not in self.named and step - since >= self.window]
+        line_scores: dict[int, float] = {}
+        for signal, per_step in signals.items():
+            below = self._below.setdefault(signal, {})
+            for n, (score, reference) in _against_the_others(per_step).items():
+                line_scores[n] = min(score, line_scores.get(n, score))
+                if score < self.threshold:
+                    since, others, own = below.get(n, (chunk_start, 0.0, 0.0))
+                    below[n] = (since, others + reference * steps[n], own + per_step[n] * steps[n])
+                else:
+                    below.pop(n, None)
+        line = ScoreLine(self.attempt, now, step, {self.hosts[n]: score for n, score in line_scores.items()})
+        due = [(others / own if own > 0 else 1.0, n, since, signal) for signal, below in self._below.items()
+               for n, (since, others, own) in below.items() if n not in self.named and step - since >= self.window]
         if not due:
             return line, None
-        score, node, since = min(due)
+        score, node, since, signal = min(due)
         self.named.add(node)
         return line, Candidate(node=node, host=self.hosts[node], score=score, step=step, since_step=since,
-                               step_wall_s=wall)
+                               step_wall_s=wall, signal=signal)
+
+
+def _against_the_others(per_step: dict[int, float]) -> dict[int, tuple[float, float]]:
+    """Each node's (score, reference): the median of the other nodes' time per step (the reference) over its
+    own; 1.0 for a node that spent no time."""
+    against = {}
+    for n, own in per_step.items():
+        reference = statistics.median(per_step[m] for m in per_step if m != n)
+        against[n] = (reference / own if own > 0 else 1.0, reference)
+    return against
 
 
 def swap_cost_s(attempts: list[history.Attempt], current: int, step_wall_s: float) -> float | None:

@@ -23,7 +23,7 @@ from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
 from slurm_titan.node.straggler_config import StragglerPlan
 from slurm_titan.records import history, ledger, node_timing, run_folder, slow_nodes
 from slurm_titan.records.node_timing import NodeTiming
-from slurm_titan.records.slow_nodes import ALERT, SWAP, SlowNode
+from slurm_titan.records.slow_nodes import ALERT, DEVICE, HOST, SWAP, SlowNode
 from tests.support.batch_specs import SPEC, write_batch_spec
 from tests.support.reports import node_report
 
@@ -32,12 +32,14 @@ HOSTS = ["n1", "n2", "n3"]
 
 class Cluster:
     """Synchronous training as the nodes' timing files tell it: every node trains the same steps; node i works
-    `work[i]` s per step (its wanted CPU time), and the step takes as long as the slowest node's work."""
+    `work[i]` s per step (its wanted CPU time), and the step takes as long as the slowest node's work. With
+    `chip`, node i's chip probe takes `chip[i]` s of device time at every step (an accelerator's nodes)."""
 
-    def __init__(self, work: list[float], noise: float = 0.0, seed: int = 0) -> None:
-        self.work, self.noise, self.rng = list(work), noise, random.Random(seed)
+    def __init__(self, work: list[float], noise: float = 0.0, seed: int = 0, chip: list[float] | None = None) -> None:
+        self.work, self.noise, self.rng, self.chip = list(work), noise, random.Random(seed), chip
         self.step, self.now = 1, 1000.0
         self.sums = [[0, 0.0, 0.0] for _ in work]  # steps, work_s, wall_s
+        self.device = [0.0 for _ in work]
 
     def run(self, steps: int) -> dict[int, NodeTiming]:
         for _ in range(steps):
@@ -47,12 +49,16 @@ class Cluster:
                 self.sums[node][0] += 1
                 self.sums[node][1] += w
                 self.sums[node][2] += wall
+                if self.chip:
+                    self.device[node] += self.chip[node] * (1 + self.rng.uniform(-self.noise, self.noise))
             self.step, self.now = self.step + 1, self.now + wall
         return self.timings()
 
     def timings(self) -> dict[int, NodeTiming]:
         return {node: NodeTiming(node=node, host=HOSTS[node], time=self.now, step=self.step, steps=steps,
-                                 work_s=work, wall_s=wall) for node, (steps, work, wall) in enumerate(self.sums)}
+                                 work_s=work, wall_s=wall, device_s=self.device[node],
+                                 probes=steps if self.chip else 0)
+                for node, (steps, work, wall) in enumerate(self.sums)}
 
 
 def judge(window: int | None = 20, threshold: float = 0.8, warmup: int = 5, hosts: int = 3) -> Judge:
@@ -103,6 +109,29 @@ def test_two_nodes_score_against_each_other_and_1_2x_stays_above_the_default_thr
     lines, named = run_until_named(judge(window=10, hosts=2), Cluster([1.0, 1.25]), chunks=20)
     assert named == [] and lines[-1].scores["n2"] == pytest.approx(0.8)
     assert run_until_named(judge(window=10, threshold=0.9, hosts=2), Cluster([1.0, 1.2]), chunks=20)[1][0].host == "n2"
+
+
+def test_a_slow_chip_is_named_by_its_probe_where_the_hosts_work_alike() -> None:
+    # an accelerator's host only launches kernels and waits: its wanted CPU time is the same on every node
+    cluster = Cluster([1.0, 1.0, 1.0], noise=0.05, seed=3, chip=[0.06e-3, 0.06e-3 * 1.5, 0.06e-3])
+    lines, named = run_until_named(judge(), cluster, chunks=20)
+    [candidate] = named
+    assert (candidate.host, candidate.signal) == ("n2", DEVICE)
+    assert candidate.score == pytest.approx(1 / 1.5, abs=0.05)
+    assert lines[-1].scores["n2"] == pytest.approx(1 / 1.5, abs=0.1)  # a line shows the lower of the two
+    # a chip slowdown every node shares, or healthy chips with noise, name none; nor does a node whose probe has
+    # not finished (no new probes on one node: the device signal waits, the host's goes on)
+    assert run_until_named(judge(), Cluster([1.0] * 3, noise=0.05, chip=[2e-4] * 3), chunks=40)[1] == []
+    stalled, j = Cluster([1.0, 1.0, 1.0], chip=[1e-4, 2e-4, 1e-4]), judge(window=4, warmup=0)
+    for _ in range(10):
+        timings = stalled.run(2)
+        timings[1] = replace(timings[1], probes=0, device_s=0.0)
+        assert j.offer(timings, stalled.now)[1] is None
+
+
+def test_a_slow_host_is_still_named_by_its_host_time_on_an_accelerator() -> None:
+    [candidate] = run_until_named(judge(), Cluster([1.0, 1.0, 1.5], chip=[1e-4] * 3), chunks=20)[1]
+    assert (candidate.host, candidate.signal) == ("n3", HOST)
 
 
 def test_the_default_window_is_a_minute_of_the_first_judged_steps() -> None:
