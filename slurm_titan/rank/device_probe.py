@@ -64,13 +64,13 @@ _off = False
 
 
 def tick() -> tuple[float, int]:
-    """This rank's probe (made at the first call on an accelerator; none on the CPU, where the host's time is
-    the chip's): (device seconds, probes) so far, (0.0, 0) without one."""
+    """This rank's probe (made at the first call on an available accelerator; none on the CPU, where the host's
+    time is the chip's): (device seconds, probes) so far, (0.0, 0) without one."""
     global _probe, _off
     if _probe is None and not _off:
         from torchtitan.tools.utils import device_module, device_type
 
-        if device_type == "cpu":
+        if device_type == "cpu" or not device_module.is_available():
             _off = True
         else:
             _probe = DeviceProbe(device_module, f"{device_type}:{device_module.current_device()}")
