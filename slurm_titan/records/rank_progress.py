@@ -98,9 +98,9 @@ class ProgressWriter:
 
     def _write(self) -> None:
         self._seq += 1
-        os.pwrite(self._fd, _RECORD.pack(self._seq, self._step, self._phase, 0, self._since, self._slowest,
-                                         self._done, self._work, self._wall, self._device, self._probes,
-                                         self._seq), 0)
+        record = Progress(self._phase, self._step, self._since, self._done, self._slowest, self._work, self._wall,
+                          self._device, self._probes)
+        os.pwrite(self._fd, encode(record, self._seq), 0)
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
         self._phase, self._since, self._mark = phase, time.time(), self._wanted.sample()

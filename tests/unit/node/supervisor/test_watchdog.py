@@ -94,9 +94,13 @@ def test_progress_record_round_trip(tmp_path: Path) -> None:
     assert rank_progress.read(path).phase == Phase.SAVE
     sum(range(2_000_000))  # the save's work is no step's
     writer.enter(Phase.STEP, 9)
-    writer.step_done(9)
+    writer.step_done(9, device=(0.125, 3))  # the chip's probes so far, as rank.device_probe.tick() gives them
     record = rank_progress.read(path)
     assert record.steps_done == 2 and 0 <= record.work_s < 0.02 and 0 <= record.wall_s < 0.02
+    assert (record.device_s, record.probes) == (0.125, 3)
+    node_timing.write(tmp_path, 0, node_timing.NodeTiming.of(1, "n2", {3: record, 4: record}, 200.0))
+    timing = node_timing.read_all(tmp_path, 0)[1]
+    assert (timing.steps, timing.device_s, timing.probes) == (4, 0.25, 6)  # the node's ranks summed
     torn = bytearray(path.read_bytes())
     torn[-1] ^= 0xFF  # the end's sequence number differs: a write in progress
     path.write_bytes(bytes(torn))
