@@ -3,8 +3,8 @@
 - `reference_losses(steps, *config)` (session fixture): every step's loss of an uninterrupted run of `config`,
   keyed by its arguments and shared by every pytest-xdist worker of the session (a file cache under the
   session's temporary folder; the first worker to ask trains it, the others wait for it);
-- `SIXTY_STEPS`: the 60-step run that test_preemption interrupts and test_slow_node slows without a spare (one
-  reference for both: the straggler settings the latter adds do not change a loss);
+- `SIXTY_STEPS`: the 60-step run that test_preemption interrupts and test_slow_node slows (one reference for
+  all: the straggler and spare-node settings the latter adds do not change a loss);
 - `twelve_step_run(nodes)` (session fixture): the job of an uninterrupted 12-step run on `nodes` nodes with its
   checkpoints in the worker's S3 store (steps 5, 10, 12; 1 MiB checksum blocks), trained once per worker:
   tests that read it are marked `xdist_group("twelve-step-runs")` so that they run where it lives, and a test
@@ -34,7 +34,7 @@ TWELVE_STEPS = ["configs/debug_cpu.yaml", "--set", "checkpoint.interval=5", "--s
                 "torchtitan.args.training.steps=12", "--set", "environment.env.SLURM_TITAN_CKPT_BLOCK_KB=1024"]
 TWELVE_STEP_GROUP = pytest.mark.xdist_group("twelve-step-runs")
 SIXTY_STEPS = ["configs/debug_cpu.yaml", "--set", "torchtitan.args.training.steps=60", "--set",
-               "checkpoint.interval=100"]  # no checkpoint before the end: the preemption and no-spare slow-node runs
+               "checkpoint.interval=100"]  # no checkpoint before the end: the preemption and slow-node runs
 
 
 def session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
