@@ -7,7 +7,8 @@ ranks fail or hang because it vanished. Else the attempt's failure is the earlie
 that died first, not the peers that died after it in a collective. A crash seen before any node's
 watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
 rank that stopped making progress first is blamed (node.culprit.culprit_key: a rank that does not run
-at all, then one that does not wait in a collective, then the earliest `since`); the crashes after it
+at all, then one that does not wait in a collective, then the one least far in steps and phases, then the
+earliest `since`); the crashes after it
 are the kill's consequences. A crash whose log shows a peer's fault (failure_kinds.PEER) counts against the
 peer's node when the log names it, and against no node when it does not. A preflight failure after a restart
 whose failures may clear by themselves (a chip a killed rank still held) is blamed on the lowest node rank that

@@ -288,8 +288,9 @@ def test_the_faulthandler_fallback_is_registered_on_an_unused_signal() -> None:
 
 # ---- attribution -----------------------------------------------------------------------------------------
 
-def _hang(rank: int, since: float, at: float, frozen: bool = False, in_collective: bool | None = False) -> dict:
-    return {"rank": rank, "step": 12, "phase": "step", "since": since, "time": at, "budget_s": 60.0,
+def _hang(rank: int, since: float, at: float, frozen: bool = False, in_collective: bool | None = False,
+          step: int = 12, phase: str = "step") -> dict:
+    return {"rank": rank, "step": step, "phase": phase, "since": since, "time": at, "budget_s": 60.0,
             "state": "T" if frozen else "S", "frozen": frozen, "in_collective": in_collective}
 
 
@@ -310,6 +311,24 @@ def test_the_rank_that_stopped_first_is_blamed_across_nodes(tmp_path: Path) -> N
     _hang_report(tmp_path, 1, "n2", _hang(1, since=100.2, at=160.9, in_collective=True))  # both wait: the oldest
     failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
     assert failure.host == "n1"
+
+
+def test_the_stuck_rank_is_named_with_a_node_clock_5_s_off(tmp_path: Path) -> None:
+    """Rank 0 hung in the save of step 12 (at 100.0); rank 1 saved, went on to step 13 at 103.0 and waits
+    there. No stacks tell them apart (in_collective None); n2's clock is 5 s behind, n1's 5 s ahead: the steps
+    and phases decide, not the clocks."""
+    for skew_n1, skew_n2 in ((0.0, -5.0), (5.0, 0.0)):
+        _hang_report(tmp_path, 0, "n1", _hang(0, since=100.0 + skew_n1, at=161.0 + skew_n1, in_collective=None,
+                                               phase="checkpoint save"))
+        _hang_report(tmp_path, 1, "n2", _hang(1, since=103.0 + skew_n2, at=164.0 + skew_n2, in_collective=None,
+                                               step=13))
+        failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+        assert failure.describe() == "hung on n1 rank 0 at step 12 (checkpoint save)", (skew_n1, skew_n2)
+    # rank 1 never finished step 12 (stuck after its last collective) while rank 0 went on to save it: n2 is
+    # behind, though its clock, 5 s ahead, says it progressed last
+    _hang_report(tmp_path, 1, "n2", _hang(1, since=108.0, at=169.0, in_collective=None))
+    failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
+    assert failure.describe() == "hung on n2 rank 1 at step 12 (step)"
 
 
 def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path) -> None:
