@@ -22,7 +22,9 @@ worked out, and one rank's parse of what the node hands it); CPU seconds (user +
 ``resource.getrusage``. Printed: record bytes (the index and the largest part), the commit's CPU-s and RSS, the
 node's and the rank's; a power law fitted over the largest three points, extrapolated to 4,096 and 16,384 ranks
 (labelled "fitted"), and PASS/FAIL against the goals: a record <= 32 MiB at 4,096 ranks (or an index <= 32 MiB
-with each process reading the index and its own parts only), a commit <= 30 CPU-s and <= 1 GiB RSS.
+with each process reading the index and its own parts only), a commit <= 30 CPU-s and <= 1 GiB RSS, and a
+node's restore GETs <= its own ranges + 16: counted from its share (one GET per block or span it fetches, one
+per 16 MiB range of a file fetched whole), those of its own ranks' files ("own") and of the others' ("other": the replicated items).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ BLOCK = 16 * MiB
 RANKS_PER_NODE = 8
 REPLICATED = 725
 STEP = 1000
-GOALS = {"record_mib": 32.0, "commit_cpu_s": 30.0, "commit_rss_mib": 1024.0}
+GOALS = {"record_mib": 32.0, "commit_cpu_s": 30.0, "commit_rss_mib": 1024.0, "other_gets": 16.0}
 
 
 def params() -> list[int]:
@@ -141,7 +143,7 @@ def commit(location: str, n: int) -> dict:
 
 def node(location: str, n: int) -> dict:
     """Node 0's restore-side work on the record (its 8 ranks' share), and one rank's parse of what it hands over."""
-    from slurm_titan.ckpt import Manifest, Share, layout, open_store, read_manifest
+    from slurm_titan.ckpt import Manifest, Share, TransferConfig, layout, open_store, read_manifest
     from slurm_titan.ckpt.share import node_share
 
     store = open_store(location)
@@ -160,12 +162,17 @@ def node(location: str, n: int) -> dict:
     assert share is not None
     handed = share.to_json()
     cpu1, rss1 = _usage()
+    own = {f"__{r}_0.distcp" for r in ranks}
+    part = TransferConfig().part_size  # a file fetched whole comes in ranges of this size
+    gets = {f.path: -(-f.size // part) if f.path in share.whole else len(share.pieces(f)) for f in m.files}
     Share.from_json(handed, "rank")
     if not _code()["parts"]:  # the rank parsed the node's copy of the record too (dcp_plan.check_share)
         Manifest.from_json(local_record, "rank")
     cpu2, rss2 = _usage()
     return {"node_cpu_s": cpu1 - cpu0, "node_rss_mib": rss1, "rank_cpu_s": cpu2 - cpu1,
-            "handed_bytes": len(handed) + len(local_record) * (not _code()["parts"])}
+            "handed_bytes": len(handed) + len(local_record) * (not _code()["parts"]),
+            "own_gets": sum(n for path, n in gets.items() if path in own),
+            "other_gets": sum(n for path, n in gets.items() if path not in own)}
 
 
 # ------------------------------------------------------------------------------ the parent
@@ -196,7 +203,8 @@ COLUMNS = [("ranks", "ranks", 6, "{}"), ("record_mib", "record MiB", 10, "{:.2f}
            ("part_bytes", "part B", 8, "{}"), ("commit_cpu_s", "commit CPU-s", 12, "{:.2f}"),
            ("commit_wall_s", "wall s", 7, "{:.2f}"), ("commit_rss_mib", "RSS MiB", 8, "{:.0f}"),
            ("node_cpu_s", "node CPU-s", 10, "{:.3f}"), ("node_rss_mib", "RSS MiB", 8, "{:.0f}"),
-           ("rank_cpu_s", "rank CPU-s", 10, "{:.4f}"), ("handed_bytes", "handed B", 11, "{}")]
+           ("rank_cpu_s", "rank CPU-s", 10, "{:.4f}"), ("handed_bytes", "handed B", 11, "{}"),
+           ("own_gets", "own GETs", 9, "{}"), ("other_gets", "other GETs", 10, "{}")]
 
 
 def table(rows: list[dict]) -> None:
