@@ -29,6 +29,7 @@ from tools.local_cluster.faults import ThrottleAtStep
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 THROTTLE_AT = 8
 JUDGE = ["--set", "straggler.window_steps=10", "--set", "straggler.warmup_steps=3"]
+NAMED_WITHIN = 30  # steps after the throttle: three windows (a noisy chunk above the threshold restarts one)
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dic
     first, second = status["attempts"][:2]
     [named] = first["slow"]
     assert (named["host"], named["action"]) == (slow, "swap") and named["score"] < 0.8, named
-    assert named["time"] - throttle.throttled_at < 120, "not named within 2 minutes"
+    assert named["step"] - THROTTLE_AT <= NAMED_WITHIN, named  # how soon in seconds: tools/bench/straggler.py
     assert (first["reason"], first["action"]) == ("slow node", "restart") and first["excluded"] == [slow]
     assert first["exit_code"] == 75 and first["stopped_at_step"] is not None  # saved the current step, stopped
     assert slow not in second["hosts"] and len(second["hosts"]) == 2
@@ -85,7 +86,7 @@ def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(cli: Cli, ref
     [attempt] = status["attempts"]  # no restart: the run went on on the slow node
     [named] = attempt["slow"]
     assert (named["host"], named["action"]) == (slow, "alert") and "straggler.action is alert" in named["why"]
-    assert named["time"] - throttle.throttled_at < 120
+    assert named["step"] - THROTTLE_AT <= NAMED_WITHIN, named
     assert attempt["reason"] == "finished" and attempt["excluded"] == []
     assert_same_training(cli, job, reference)
     batch_log = (folder / f"{job}_0_log.out").read_text(errors="replace")
