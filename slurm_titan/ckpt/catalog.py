@@ -24,7 +24,7 @@ from typing import Any
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.checksum import hash_bytes
-from slurm_titan.ckpt.manifest import FileEntry, Manifest
+from slurm_titan.ckpt.manifest import FileEntry, GatheredRef, Manifest
 from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges
 from slurm_titan.ckpt.storage import Store
 from slurm_titan.errors import StorageError
@@ -231,8 +231,24 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
         for f in held:
             if f.path not in names_bad and f.path not in share.whole:
                 bad += [(f.path, why) for why in [_bad_pieces(store, step, f, share, m.algorithm, counter)] if why]
+    elif m.gathered is not None:
+        bad += _bad_gathered(store, m, m.gathered)
     return VerifyReport(step, len(held), m.total_bytes if share is None else share.nbytes(m), sorted(bad),
                         store.url(layout.step_dir(step)), None if share is None else share.ranks)
+
+
+def _bad_gathered(store: Store, m: Manifest, ref: GatheredRef) -> list[tuple[str, str]]:
+    """The record's gathered small items, when damaged. Absent is not bad: a restored folder does not hold them,
+    and a restore without them reads each item from its file."""
+    rel = layout.spans_path(m.step, ref.name)
+    try:
+        blob = store.cat(rel)
+    except FileNotFoundError:
+        return []
+    if len(blob) == ref.size and hash_bytes(blob, m.algorithm) == ref.checksum:
+        return []
+    return [(rel.split("/", 1)[1], f"gathered small items damaged ({len(blob)} bytes, expected {ref.size}, or "
+                                   f"a checksum mismatch)")]
 
 
 def _held_share(store: Store, step: int) -> Share | None:

@@ -16,16 +16,20 @@ Making step N complete, in the order of this file:
    :class:`ReceiptPoll`), refuses a failed rank or a file uploaded twice
    (:func:`checked_files`), and checks every file's and part's size against one listing of the
    step folder (:func:`check_sizes`);
-3. only then does it write the commit record's index (format 2: O(files + ranks), naming every
+3. it gathers every file's spans (the small items other ranks read: replicated ones, at the heads of
+   the files) into one object, each checked against the checksum its rank recorded, written
+   create-only under a name of its own (:func:`gather_spans`): a node then fetches them with one GET,
+   not one per file;
+4. only then does it write the commit record's index (format 2: O(files + ranks), naming every
    part with its checksum; :mod:`.manifest`), create-only (``Store.create_bytes``: S3 one
    conditional PUT, the index being bounded below the single-PUT limit; a directory a temporary
    file hard-linked into place), so the record appears whole or not at all and is never replaced,
    and reads it back: the committer whose record is there has committed;
-4. then the catalog entry (:func:`.layout.catalog_entry`), which saves a listing from reading
+5. then the catalog entry (:func:`.layout.catalog_entry`), which saves a listing from reading
    the record.
 
-Checksums are not recomputed at commit: they are the uploading rank's, and every restore and
-``verify`` checks them.
+Checksums are not recomputed at commit (but for the small spans it gathers): they are the uploading
+rank's, and every restore and ``verify`` checks them.
 
 Unmaking it (:func:`delete_checkpoint`): catalog entry first, then the commit record, then the
 files.
@@ -36,8 +40,9 @@ What a crash leaves behind, and why that is safe:
   saves the step again uploads over it (its committer ignores receipts of other attempts and
   deletes those of ranks beyond its world size); else retention deletes it once a newer
   checkpoint is complete.
-- in 3: the record exists whole or not at all.
-- between 3 and 4: complete without a catalog entry: listed complete ("no catalog entry"), at
+- in 3: a gathered object no record names: incomplete, deleted with the step folder.
+- in 4: the record exists whole or not at all.
+- between 4 and 5: complete without a catalog entry: listed complete ("no catalog entry"), at
   the cost of one more listing of that folder.
 - while deleting: after the entry went, a complete checkpoint without an entry; after the
   record went, an incomplete one. Never a "complete" checkpoint with holes.
@@ -67,6 +72,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -74,7 +80,17 @@ from typing import Protocol, TypeVar
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import CheckpointInfo
-from slurm_titan.ckpt.manifest import INDEX_MAX_BYTES, FileEntry, Manifest, PartRef, Receipt, utc_iso
+from slurm_titan.ckpt.checksum import hash_bytes
+from slurm_titan.ckpt.manifest import (
+    INDEX_MAX_BYTES,
+    FileEntry,
+    GatheredRef,
+    Manifest,
+    PartRef,
+    Receipt,
+    gathered_layout,
+    utc_iso,
+)
 from slurm_titan.ckpt.parts import write_part
 from slurm_titan.ckpt.share import merged
 from slurm_titan.ckpt.storage import Entry, Store
@@ -83,6 +99,8 @@ from slurm_titan.errors import StorageError
 log = logging.getLogger("slurm_titan.ckpt.commit")
 
 T = TypeVar("T")
+GATHERED_MAX_BYTES = 64 << 20
+"""Spans beyond this, in all (a record whose ranks checksummed large items on their own), stay in their files."""
 
 
 class Retry(Protocol):
@@ -111,7 +129,7 @@ def write_receipt(store: Store, receipt: Receipt) -> None:
     store.put_bytes(layout.receipt_path(receipt.step, receipt.rank), receipt.to_json())
 
 
-# ------------------------------------------------------------------------------ 2.-4. rank 0
+# ------------------------------------------------------------------------------ 2.-5. rank 0
 def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm: str, config_digest: str,
            saved_at: str, committed_by: str, retry: Retry, stop: threading.Event,
            poll_interval: float) -> Manifest | None:
@@ -129,7 +147,7 @@ def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm:
         step=step, world_size=world_size, files=files, algorithm=algorithm,
         config_digest=config_digest, attempt=attempt,
         saved_at=receipts[0].saved_at or saved_at, committed_at=utc_iso(),
-        extra={"committed_by": committed_by}, parts=parts,
+        extra={"committed_by": committed_by}, parts=parts, gathered=gather_spans(store, step, files, algorithm, retry),
     )
     # Built once, from receipts each checked when parsed (paths, sizes, block counts) and by
     # checked_files (no file twice): no round trip through the parser.
@@ -214,6 +232,27 @@ class ReceiptPoll:
         if len(receipts) < len(wanted) or not all(self._current(r) for r in receipts):
             return None  # an earlier attempt's receipt: this attempt's rank will overwrite it
         return receipts
+
+
+def gather_spans(store: Store, step: int, files: list[FileEntry], algorithm: str, retry: Retry) -> GatheredRef | None:
+    """Every file's spans, read from the store (one ranged GET each, once per checkpoint) and checked against
+    the checksums their ranks recorded, written as one object (create-only, its name unique to this committer);
+    None when no file has spans or they hold more than GATHERED_MAX_BYTES. StorageError for a span whose
+    bytes differ (a file changed after its rank hashed it): the step stays incomplete."""
+    items = gathered_layout(files)
+    if not items or sum(n for _, _, n, _ in items) > GATHERED_MAX_BYTES:
+        return None
+    ranges = [(f"{layout.step_dir(step)}/{path}", off, n) for path, off, n, _ in items]
+    got = retry("reading the files' small items", lambda: store.read_ranges(ranges))
+    for (rel, off, n), (_, _, _, checksum), data in zip(ranges, items, got):
+        if hash_bytes(data, algorithm) != checksum:
+            raise StorageError(f"{store.url(rel)}: bytes {off}-{off + n} differ from what their rank recorded; "
+                               f"step {step} stays incomplete")
+    blob = b"".join(got)
+    ref = GatheredRef(layout.spans_name(secrets.token_hex(8)), len(blob), hash_bytes(blob, algorithm))
+    path = layout.spans_path(step, ref.name)
+    retry("writing the gathered small items", lambda: store.exists(path) or store.create_bytes(path, blob))
+    return ref
 
 
 def checked_files(receipts: list[Receipt], step: int) -> list[FileEntry]:

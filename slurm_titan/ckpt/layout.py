@@ -3,6 +3,7 @@
     <root>/step-<N>/...                                 torchtitan's DCP files (.metadata, __R_I.distcp)
     <root>/step-<N>/.slurm-titan/receipts/rank-<R>.json  per-rank upload receipt
     <root>/step-<N>/.slurm-titan/parts/rank-<R>.<T>.json one rank's part of the commit record (its read map)
+    <root>/step-<N>/.slurm-titan/spans.<T>.bin           the small items other ranks read, gathered at commit
     <root>/step-<N>/.slurm-titan/commit.json             the commit record's index, written last, create-only
     <root>/.slurm-titan/catalog/step-<N>.w<W>.f<F>.b<B>  catalog entry written right after the commit
 
@@ -32,6 +33,7 @@ _RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
 _RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
 _RECEIPT_RE = re.compile(r"^rank-(\d+)\.json$")
 _PART_RE = re.compile(r"^rank-(\d+)\.[0-9a-f]{8,32}\.json$")
+_SPANS_RE = re.compile(r"^spans\.[0-9a-f]{8,32}\.bin$")
 
 
 def step_dir(step: int) -> str:
@@ -69,6 +71,19 @@ def parse_part_name(name: object) -> int | None:
     """The rank of a part's name (:func:`part_name`), or None when ``name`` is not one."""
     m = _PART_RE.match(name) if isinstance(name, str) else None
     return int(m.group(1)) if m else None
+
+
+def spans_name(token: str) -> str:
+    """The name of a step's gathered small items (``token``: hex, unique to the committer)."""
+    return f"spans.{token}.bin"
+
+
+def spans_path(step: int, name: str) -> str:
+    return f"{step_dir(step)}/{META_DIR}/{name}"
+
+
+def is_spans_name(name: object) -> bool:
+    return isinstance(name, str) and _SPANS_RE.match(name) is not None
 
 
 def parse_receipt_name(name: str) -> int | None:

@@ -3,9 +3,9 @@
 Format 2 (written since 4,096-rank saves: records of O(N x items) took minutes to write and were
 parsed by every process) is an *index*, O(files + ranks) and compact: each file's size, checksum and
 block checksums (one string per file), the checksums of the few small items other ranks read
-(replicated ones), and one :class:`PartRef` per rank naming that rank's part (its read map,
-:mod:`.parts`) with its size and checksum. The index is the commit point. Format 1 (the read map
-inline, block checksums as lists) is still read.
+(replicated ones), those items gathered into one object (:class:`GatheredRef`), and one :class:`PartRef`
+per rank naming that rank's part (its read map, :mod:`.parts`) with its size and checksum. The index is the
+commit point. Format 1 (the read map inline, block checksums as lists) is still read.
 
 Every path in a record is relative to its step folder; a record holding an absolute path,
 a ``..`` component, an empty component or a backslash is refused, so a corrupt or hostile
@@ -277,6 +277,35 @@ def _parts_from(raw: Any, world_size: int, where: str) -> list[PartRef]:
     return [PartRef.from_raw(p, rank, where) for rank, p in enumerate(raw)]
 
 
+@dataclass(frozen=True)
+class GatheredRef:
+    """The object in the step's own folder (:func:`.layout.spans_path`) that holds every file's spans
+    (:attr:`FileEntry.spans`: the small items other ranks read), gathered by the committer in
+    :func:`gathered_layout` order: a node fetches them with one GET instead of one per file."""
+
+    name: str
+    size: int
+    checksum: str
+
+    def to_list(self) -> list[Any]:
+        return [self.name, self.size, self.checksum]
+
+    @classmethod
+    def from_raw(cls, raw: Any, where: str) -> GatheredRef:
+        ok = (isinstance(raw, list) and len(raw) == 3 and layout.is_spans_name(raw[0])
+              and isinstance(raw[1], int) and not isinstance(raw[1], bool) and raw[1] > 0
+              and isinstance(raw[2], str) and raw[2])
+        if not ok:
+            raise ManifestError(f"{where}: bad 'gathered': {raw!r} (expected [name, size, checksum])")
+        return cls(raw[0], raw[1], raw[2])
+
+
+def gathered_layout(files: list[FileEntry]) -> list[tuple[str, int, int, str]]:
+    """Every file's spans as (path, offset, length, checksum), in the order the gathered object holds them
+    (files by path, each file's spans by offset)."""
+    return [(f.path, o, n, c) for f in sorted(files, key=lambda f: f.path) for o, n, c in f.spans]
+
+
 @dataclass
 class Manifest:
     """The commit record: a checkpoint is complete exactly when this exists in its step folder."""
@@ -297,6 +326,9 @@ class Manifest:
     checkpoint; on another world size the loading ranks work out their reads at restore time: :mod:`.share`)."""
     read_map: list[list[Range]] | None = None
     """Format 1: the read maps of all ranks, inline (what ``parts`` name in format 2)."""
+    gathered: GatheredRef | None = None
+    """The files' spans gathered into one object (records written before it, or with spans in fewer than two
+    files: None, and each span is fetched from its file)."""
     format: str = FORMAT
     raw: bytes = field(default=b"", repr=False, compare=False)
     """The bytes this record was read from (b"": built here): what a restore copies, unparsed."""
@@ -321,6 +353,8 @@ class Manifest:
         }
         if self.parts is not None:
             body["parts"] = [p.to_list() for p in self.parts]
+        if self.gathered is not None:
+            body["gathered"] = self.gathered.to_list()
         return body
 
     def to_json(self) -> bytes:
@@ -361,6 +395,8 @@ class Manifest:
             m.read_map = _read_map_from(obj["read_map"], m, where)
         if fmt == FORMAT and obj.get("parts") is not None:
             m.parts = _parts_from(obj["parts"], m.world_size, where)
+        if fmt == FORMAT and obj.get("gathered") is not None:
+            m.gathered = GatheredRef.from_raw(obj["gathered"], where)
         if not m.algorithm:
             raise ManifestError(f"{where}: no checksum_algorithm")
         if step is not None and m.step != step:

@@ -39,7 +39,7 @@ from slurm_titan.ckpt.catalog import (
 )
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, gathered_layout
 from slurm_titan.ckpt.parts import rank_reads
 from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share, reads_share
 from slurm_titan.ckpt.storage import Store, open_store
@@ -475,13 +475,16 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
         results = store.download_many(items, counter.add, m.algorithm)
         bad = [(f.path, why) for f, (size, digest) in zip(whole, results)
                if (why := _download_problem(_inside(tmp, f.path), f, size, digest, m.algorithm))]
+        gathered: dict[tuple[str, int, int], bytes] = {}
         if share is not None:
+            gathered = _gathered_spans(store, m, share)
             partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
-            parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size, share.pieces(f))
-                     for f in partial]
+            parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size,
+                      [p for p in share.pieces(f) if (f.path, p[0], p[1]) not in gathered]) for f in partial]
             for f, failed in zip(partial, store.download_pieces(parts, m.algorithm, counter.add)):
                 if failed:
                     bad.append((f.path, describe_ranges(f, failed)))
+            _write_spans(tmp, gathered, counter.add)
         if bad:
             raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
         meta = os.path.join(tmp, layout.META_DIR)
@@ -495,9 +498,49 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     parts_txt = "" if share is None else (f" for ranks {_ranks_text(share.ranks)} of {share.world_size}: "
-                                          f"{len(share.whole)} file(s) whole, {len(share.blocks)} in part")
+                                          f"{len(share.whole)} file(s) whole, {len(share.blocks)} in part"
+                                          + (f", {len(gathered)} small item(s) of {len({p for p, _, _ in gathered})} "
+                                             f"file(s) in one GET" if gathered else ""))
     log.info("checkpoint step %d: fetched %d of %d bytes%s", step, need, m.total_bytes, parts_txt)
     return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, fetched=need, share=share), tmp)
+
+
+def _gathered_spans(store: Store, m: Manifest, share: Share) -> dict[tuple[str, int, int], bytes]:
+    """The spans of ``share`` (path, offset, length) that the record's gathered object holds, with their bytes,
+    from one GET of it; none when the record has no such object or the share no spans. An object missing or
+    damaged is said in one line, and its spans are fetched from their files instead."""
+    wanted = {(path, off, n) for path, spans in share.spans.items() for off, n in spans}
+    if m.gathered is None or not wanted:
+        return {}
+    rel = layout.spans_path(m.step, m.gathered.name)
+    try:
+        blob = store.cat(rel)
+    except FileNotFoundError:
+        blob = b""
+    if len(blob) != m.gathered.size or hash_bytes(blob, m.algorithm) != m.gathered.checksum:
+        log.warning("checkpoint step %d: %s is missing or damaged: its small items are fetched from their files",
+                    m.step, store.url(rel))
+        return {}
+    out, at = {}, 0
+    for path, off, n, _ in gathered_layout(m.files):
+        if (path, off, n) in wanted:
+            out[(path, off, n)] = blob[at:at + n]
+        at += n
+    return out
+
+
+def _write_spans(folder: str, spans: dict[tuple[str, int, int], bytes], progress: Callable[[int], None]) -> None:
+    """Write gathered spans at their offsets into the (sparse) files under ``folder`` that hold them."""
+    for (path, off, _), data in sorted(spans.items()):
+        try:
+            fd = os.open(_inside(folder, path), os.O_WRONLY)
+            try:
+                os.pwrite(fd, data, off)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise StorageError(f"cannot write {_inside(folder, path)}: {e.strerror}") from None
+        progress(len(data))
 
 
 def _ranks_text(ranks: list[int]) -> str:

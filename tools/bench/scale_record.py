@@ -24,7 +24,8 @@ node's and the rank's; a power law fitted over the largest three points, extrapo
 (labelled "fitted"), and PASS/FAIL against the goals: a record <= 32 MiB at 4,096 ranks (or an index <= 32 MiB
 with each process reading the index and its own parts only), a commit <= 30 CPU-s and <= 1 GiB RSS, and a
 node's restore GETs <= its own ranges + 16: counted from its share (one GET per block or span it fetches, one
-per 16 MiB range of a file fetched whole), those of its own ranks' files ("own") and of the others' ("other": the replicated items).
+per 16 MiB range of a file fetched whole, one for the spans the committer gathered into one object), those of
+its own ranks' files ("own") and of the others' ("other": the replicated items).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def _hex(*key: int) -> str:
 def prepare(location: str, n: int, scale: int, spans: str) -> dict:
     """Write the N ranks' files (sparse locally; scaled-down real bytes in S3) and receipts."""
     from slurm_titan.ckpt import FileEntry, Receipt, layout, open_store
+    from slurm_titan.ckpt.checksum import hash_bytes
     from slurm_titan.ckpt.commit import write_receipt
 
     store = open_store(location, create=True)
@@ -103,8 +105,8 @@ def prepare(location: str, n: int, scale: int, spans: str) -> dict:
                 f.truncate(sizes[r])
         else:
             store.put_bytes(f"{layout.step_dir(STEP)}/{path}", bytes(sizes[r]))
-        chosen = [(o, length, _hex(r, o)) for o, length, rep in items[r]
-                  if length < block and (rep or spans == "all")]
+        chosen = [(o, length, hash_bytes(bytes(length), "xxh3_128")) for o, length, rep in items[r]
+                  if length < block and (rep or spans == "all")]  # the files hold zeros: their real checksums
         entry = FileEntry(path, sizes[r], _hex(r), block, tuple(_hex(r, b, 1) for b in range(-(-sizes[r] // block))),
                           tuple(chosen))
         reads = [(path, 0, sizes[r])] + [(f"__{k}_0.distcp", 0, heads[k]) for k in range(n) if k != r and heads[k]]
@@ -164,7 +166,9 @@ def node(location: str, n: int) -> dict:
     cpu1, rss1 = _usage()
     own = {f"__{r}_0.distcp" for r in ranks}
     part = TransferConfig().part_size  # a file fetched whole comes in ranges of this size
-    gets = {f.path: -(-f.size // part) if f.path in share.whole else len(share.pieces(f)) for f in m.files}
+    gathered = getattr(m, "gathered", None) is not None and bool(share.spans)  # the spans in one GET of it
+    gets = {f.path: -(-f.size // part) if f.path in share.whole else
+            len(share.pieces(f)) - gathered * len(share.spans.get(f.path, [])) for f in m.files}
     Share.from_json(handed, "rank")
     if not _code()["parts"]:  # the rank parsed the node's copy of the record too (dcp_plan.check_share)
         Manifest.from_json(local_record, "rank")
@@ -172,7 +176,7 @@ def node(location: str, n: int) -> dict:
     return {"node_cpu_s": cpu1 - cpu0, "node_rss_mib": rss1, "rank_cpu_s": cpu2 - cpu1,
             "handed_bytes": len(handed) + len(local_record) * (not _code()["parts"]),
             "own_gets": sum(n for path, n in gets.items() if path in own),
-            "other_gets": sum(n for path, n in gets.items() if path not in own)}
+            "other_gets": sum(n for path, n in gets.items() if path not in own) + gathered}
 
 
 # ------------------------------------------------------------------------------ the parent

@@ -347,6 +347,30 @@ class Store(abc.ABC):
         return [self._error(f"cannot read {rel}", r) if isinstance(r, Exception) else r
                 for (rel, _), r in zip(items, results)]
 
+    def read_ranges(self, items: list[tuple[str, int, int]]) -> list[bytes]:
+        """The bytes of ranges of stored files, [(rel, offset, length)], into memory, in order: small ones (a
+        committer gathering the checkpoint's small items, :func:`.commit.gather_spans`). Raises StorageError
+        when the store fails, or a range is short."""
+        if not items:
+            return []
+        with self._guard("cannot read"):
+            reader = self._range_reader()
+
+        def one(item: tuple[str, int, int]) -> bytes:
+            rel, off, n = item
+            buf = bytearray(n)
+            got = self._request(f"cannot read {rel}", lambda _attempt: reader.read(rel, off, memoryview(buf), _noop))
+            if got != n:
+                raise StoreError(f"{self.url(rel)}: short read at byte {off} ({got} of {n} bytes)")
+            return bytes(buf)
+
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.transfer.concurrency, len(items))),
+                                    thread_name_prefix="ckpt-range") as pool:
+                return list(pool.map(one, items))
+        finally:
+            reader.close()
+
     def download_pieces(self, items: list[tuple[str, str, int, list[tuple[int, int, str]]]], algorithm: str,
                         progress: Progress | None = None) -> list[list[tuple[int, int]]]:
         """Fetch byte ranges of files: [(rel, local path, file size, [(offset, length, checksum)])].

@@ -124,6 +124,8 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
                                 for p in sizes)
         if nodes > 1:
             assert got < m.total_bytes
+        if res.share.spans:  # the small items of other ranks' files: from the committer's gathered object
+            assert m.gathered is not None and "file(s) in one GET" in line, line
         fetched.append(got)
         for r in range(world):  # files of other nodes' ranks: sparse (holes where nothing was fetched), or absent
             p = node_dirs[k] / f"__{r}_0.distcp"

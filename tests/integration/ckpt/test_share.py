@@ -12,8 +12,9 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.agree import NodeAgreement
-from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.catalog import read_manifest, verify
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
+from slurm_titan.ckpt.commit import gather_spans
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
 from slurm_titan.ckpt.parts import all_reads, part_bytes
 from slurm_titan.ckpt.restore import restore_checkpoint
@@ -297,9 +298,36 @@ def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, mo
     assert res.fetched == len(files[10][".metadata"]) + len(files[10]["__1_0.distcp"]) + ITEM[1]
     partial = (tmp_path / "node1" / "step-10" / "__0_0.distcp").read_bytes()
     assert partial[ITEM[0]:sum(ITEM)] == data[ITEM[0]:sum(ITEM)] and partial.count(0) >= len(data) - ITEM[1]
-    _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)
+
+
+def test_the_committer_gathers_the_small_items_and_a_node_fetches_them_in_one_get(location, tmp_path, monkeypatch,
+                                                                                  caplog):
+    files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch, spans=True)
+    store = open_store(location)
+    m = read_manifest(store, 11)
+    gathered = layout.spans_path(11, m.gathered.name)
+    assert store.cat(gathered) == files[11]["__0_0.distcp"][ITEM[0]:sum(ITEM)]  # every file's spans, in order
+    _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)  # the item in its file: the gathered copy serves
+    with caplog.at_level("INFO", logger="slurm_titan.ckpt.restore"):
+        res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    assert res.step == 11 and "1 small item(s) of 1 file(s) in one GET" in caplog.text
+    partial = (tmp_path / "node1" / "step-11" / "__0_0.distcp").read_bytes()
+    assert partial[ITEM[0]:sum(ITEM)] == files[11]["__0_0.distcp"][ITEM[0]:sum(ITEM)]
+    assert [p for p, _ in verify(store, 11).bad] == ["__0_0.distcp"]  # the file itself is still found bad
+    _corrupt(store, gathered, 3)  # both copies bad: the step is refused, the restore falls back
     res = restore_checkpoint(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
     assert res.step == 10 and f"__0_0.distcp: bytes {ITEM[0]}-{sum(ITEM)} fail their checksum" in res.skipped[0][1]
+    assert "gathered small items damaged" in dict(verify(store, 11).bad)[gathered.split("/", 1)[1]]
+
+
+def test_a_span_that_differs_from_its_ranks_checksum_keeps_the_step_incomplete(tmp_path):
+    store = open_store(str(tmp_path / "remote"), create=True)
+    store.put_bytes("step-3/__0_0.distcp", b"x" * 100)
+    entry = FileEntry("__0_0.distcp", 100, hash_bytes(b"x" * 100), spans=((10, 8, hash_bytes(b"y" * 8)),))
+    with pytest.raises(StorageError, match=r"__0_0.distcp: bytes 10-18 differ from what their rank recorded; "
+                                           r"step 3 stays incomplete"):
+        gather_spans(store, 3, [entry], "xxh3_128", lambda what, fn: fn())
+    assert store.find("step-3/.slurm-titan") == []  # nothing written
 
 
 # what ranks 2 and 3 of a new world size of 4 read of a checkpoint saved by 2 ranks: parts of rank 1's file

@@ -154,6 +154,16 @@ class StoreContract:
         for off, n in good:
             assert got[off:off + n] == data[off:off + n]
 
+    def test_read_ranges_reads_small_ranges_into_memory(self, store, tmp_path):
+        data = os.urandom(3 * 4096 + 7)
+        store.put_bytes("step-1/a.distcp", data)
+        store.put_bytes("step-1/b.distcp", data[::-1])
+        wanted = [("step-1/a.distcp", 0, 8), ("step-1/b.distcp", 4090, 20), ("step-1/a.distcp", len(data) - 7, 7)]
+        assert store.read_ranges(wanted) == [data[:8], data[::-1][4090:4110], data[-7:]]
+        with pytest.raises(StorageError) as e:
+            store.read_ranges([("step-1/a.distcp", len(data) - 4, 8)])  # past the end: short
+        _one_line_without_secrets(e.value)
+
     def test_failures_are_one_line_without_secrets(self, store, tmp_path):
         with pytest.raises(StorageError) as e:
             store.download_many([("step-1/no-such.distcp", str(tmp_path / "x"), None)])
