@@ -250,9 +250,9 @@ def _int_field(obj: dict[str, Any], key: str, where: str, minimum: int = 0) -> i
 
 
 @dataclass(frozen=True)
-class PartRef:
-    """One rank's part of a format-2 record (:mod:`.parts`): its name in the step's ``parts/`` folder,
-    size and checksum (of the record's algorithm)."""
+class ObjectRef:
+    """An object of the step's own folder that the record names: its name, size and checksum (of the record's
+    algorithm)."""
 
     name: str
     size: int
@@ -262,13 +262,22 @@ class PartRef:
         return [self.name, self.size, self.checksum]
 
     @classmethod
-    def from_raw(cls, raw: Any, rank: int, where: str) -> PartRef:
-        ok = (isinstance(raw, list) and len(raw) == 3 and layout.parse_part_name(raw[0]) == rank
-              and isinstance(raw[1], int) and not isinstance(raw[1], bool) and raw[1] > 0
-              and isinstance(raw[2], str) and raw[2])
-        if not ok:
-            raise ManifestError(f"{where}: bad part of rank {rank}: {raw!r} (expected [name, size, checksum])")
+    def _checked(cls, raw: Any, name_ok: bool, what: str, where: str) -> Any:
+        """``raw`` ([name, size, checksum]) as this type, or ManifestError naming ``what``."""
+        if not (name_ok and isinstance(raw, list) and len(raw) == 3 and isinstance(raw[1], int)
+                and not isinstance(raw[1], bool) and raw[1] > 0 and isinstance(raw[2], str) and raw[2]):
+            raise ManifestError(f"{where}: bad {what}: {raw!r} (expected [name, size, checksum])")
         return cls(raw[0], raw[1], raw[2])
+
+
+@dataclass(frozen=True)
+class PartRef(ObjectRef):
+    """One rank's part of a format-2 record (:mod:`.parts`), in the step's ``parts/`` folder."""
+
+    @classmethod
+    def from_raw(cls, raw: Any, rank: int, where: str) -> PartRef:
+        name_ok = isinstance(raw, list) and bool(raw) and layout.parse_part_name(raw[0]) == rank
+        return cls._checked(raw, name_ok, f"part of rank {rank}", where)
 
 
 def _parts_from(raw: Any, world_size: int, where: str) -> list[PartRef]:
@@ -278,26 +287,15 @@ def _parts_from(raw: Any, world_size: int, where: str) -> list[PartRef]:
 
 
 @dataclass(frozen=True)
-class GatheredRef:
+class GatheredRef(ObjectRef):
     """The object in the step's own folder (:func:`.layout.spans_path`) that holds every file's spans
     (:attr:`FileEntry.spans`: the small items other ranks read), gathered by the committer in
     :func:`gathered_layout` order: a node fetches them with one GET instead of one per file."""
 
-    name: str
-    size: int
-    checksum: str
-
-    def to_list(self) -> list[Any]:
-        return [self.name, self.size, self.checksum]
-
     @classmethod
     def from_raw(cls, raw: Any, where: str) -> GatheredRef:
-        ok = (isinstance(raw, list) and len(raw) == 3 and layout.is_spans_name(raw[0])
-              and isinstance(raw[1], int) and not isinstance(raw[1], bool) and raw[1] > 0
-              and isinstance(raw[2], str) and raw[2])
-        if not ok:
-            raise ManifestError(f"{where}: bad 'gathered': {raw!r} (expected [name, size, checksum])")
-        return cls(raw[0], raw[1], raw[2])
+        name_ok = isinstance(raw, list) and bool(raw) and layout.is_spans_name(raw[0])
+        return cls._checked(raw, name_ok, "'gathered'", where)
 
 
 def gathered_layout(files: list[FileEntry]) -> list[tuple[str, int, int, str]]:
