@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from slurm_titan.ckpt.catalog import CheckpointInfo
 from slurm_titan.ckpt.manifest import (
     FORMAT_1,
     FileEntry,
+    GatheredRef,
     Manifest,
     ManifestError,
     PartRef,
@@ -110,6 +112,9 @@ def test_the_index_is_compact_its_block_checksums_one_string_a_file():
     assert all(isinstance(f["blocks"], str) for f in body["files"])
     back = Manifest.from_json(raw, step=100)
     assert back.files == sorted(m.files, key=lambda f: f.path) and back.parts == m.parts and back.raw == raw
+    assert back.gathered is None and b"gathered" not in raw  # none gathered: the record as before it existed
+    gathered = GatheredRef(layout.spans_name("ab" * 8), 24, "c" * 32)
+    assert Manifest.from_json(dataclasses.replace(m, gathered=gathered).to_json()).gathered == gathered
     shown = back.view([[("__0_0.distcp", 0, 5)], []])  # what `ckpt show --json` prints: format 1's shape
     assert all(isinstance(f["blocks"], list) for f in shown["files"])
     assert shown["read_map"][0] == [["__0_0.distcp", 0, 5]]
@@ -120,6 +125,8 @@ def test_the_index_is_compact_its_block_checksums_one_string_a_file():
     (lambda b: b["parts"][1].__setitem__(0, "rank-00000.0000000000000000.json"), "bad part of rank 1"),
     (lambda b: b["parts"][0].__setitem__(0, "../../x.json"), "bad part of rank 0"),
     (lambda b: b["parts"][0].__setitem__(1, 0), "bad part of rank 0"),
+    (lambda b: b.update(gathered=["spans.x.bin", 8, "c" * 32]), "bad 'gathered': \\['spans.x.bin'"),
+    (lambda b: b.update(gathered=[layout.spans_name("ab" * 8), 0, "c" * 32]), "bad 'gathered'"),
     (lambda b: b["files"][1].update(blocks=b["files"][1]["blocks"][:-32]), "__0_0.distcp: bytes 0-12287: 2 block"),
     (lambda b: b["files"][0].update(blocks=b["files"][0]["blocks"] + "x"), "'blocks' is not a list of checksums"),
 ])
