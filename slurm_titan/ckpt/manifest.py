@@ -325,8 +325,8 @@ class Manifest:
     read_map: list[list[Range]] | None = None
     """Format 1: the read maps of all ranks, inline (what ``parts`` name in format 2)."""
     gathered: GatheredRef | None = None
-    """The files' spans gathered into one object (records written before it, or with spans in fewer than two
-    files: None, and each span is fetched from its file)."""
+    """The files' spans gathered into one object (None in records written before it, without spans, or with
+    more than commit.GATHERED_MAX_BYTES of them: each span is then fetched from its file)."""
     format: str = FORMAT
     raw: bytes = field(default=b"", repr=False, compare=False)
     """The bytes this record was read from (b"": built here): what a restore copies, unparsed."""
