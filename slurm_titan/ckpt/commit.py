@@ -235,8 +235,9 @@ class ReceiptPoll:
 
 
 def gather_spans(store: Store, step: int, files: list[FileEntry], algorithm: str, retry: Retry) -> GatheredRef | None:
-    """Every file's spans, read from the store (one ranged GET each, once per checkpoint) and checked against
-    the checksums their ranks recorded, written as one object (create-only, its name unique to this committer);
+    """Every file's spans, read from the store once per checkpoint (a file's nearby spans with one ranged GET:
+    :mod:`.storage.range_batches`) and checked against the checksums their ranks recorded, written as one
+    object (create-only, its name unique to this committer);
     None when no file has spans or they hold more than GATHERED_MAX_BYTES. StorageError for a span whose
     bytes differ (a file changed after its rank hashed it): the step stays incomplete."""
     items = gathered_layout(files)

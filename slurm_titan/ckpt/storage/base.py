@@ -55,6 +55,7 @@ from slurm_titan.ckpt.storage.errors import (
     scrub,
     throttle_code,
 )
+from slurm_titan.ckpt.storage.range_batches import Batch, batch_ranges
 from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.storage")
@@ -349,27 +350,34 @@ class Store(abc.ABC):
 
     def read_ranges(self, items: list[tuple[str, int, int]]) -> list[bytes]:
         """The bytes of ranges of stored files, [(rel, offset, length)], into memory, in order: small ones (a
-        committer gathering the checkpoint's small items, :func:`.commit.gather_spans`). Raises StorageError
-        when the store fails, or a range is short."""
+        committer gathering the checkpoint's small items, :func:`.commit.gather_spans`), nearby ranges of a
+        file with one request (:mod:`.range_batches`). Raises StorageError when the store fails, or a range
+        is short."""
         if not items:
             return []
+        batches = batch_ranges(items)
         with self._guard("cannot read"):
             reader = self._range_reader()
 
-        def one(item: tuple[str, int, int]) -> bytes:
-            rel, off, n = item
-            buf = bytearray(n)
-            got = self._request(f"cannot read {rel}", lambda _attempt: reader.read(rel, off, memoryview(buf), _noop))
-            if got != n:
-                raise StoreError(f"{self.url(rel)}: short read at byte {off} ({got} of {n} bytes)")
+        def one(batch: Batch) -> bytes:
+            buf = bytearray(batch.length)
+            got = self._request(f"cannot read {batch.rel}",
+                                lambda _attempt: reader.read(batch.rel, batch.offset, memoryview(buf), _noop))
+            if got != batch.length:
+                raise StoreError(f"{self.url(batch.rel)}: short read at byte {batch.offset} ({got} of "
+                                 f"{batch.length} bytes)")
             return bytes(buf)
 
+        out: list[bytes] = [b""] * len(items)
         try:
-            with ThreadPoolExecutor(max_workers=max(1, min(self.transfer.concurrency, len(items))),
+            with ThreadPoolExecutor(max_workers=max(1, min(self.transfer.concurrency, len(batches))),
                                     thread_name_prefix="ckpt-range") as pool:
-                return list(pool.map(one, items))
+                for batch, data in zip(batches, pool.map(one, batches)):
+                    for index, start, n in batch.members:
+                        out[index] = data[start:start + n]
         finally:
             reader.close()
+        return out
 
     def download_pieces(self, items: list[tuple[str, str, int, list[tuple[int, int, str]]]], algorithm: str,
                         progress: Progress | None = None) -> list[list[tuple[int, int]]]:
