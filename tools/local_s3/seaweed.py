@@ -69,8 +69,10 @@ def ports_free(port: int) -> bool:
     return True
 
 
-def free_port(lo: int = 12000, hi: int = 22000, tries: int = 200) -> int:
-    """An S3 port P with P..P+4 and their gRPC ports (+10000) free, below the ephemeral range."""
+def free_port(lo: int = 2000, hi: int = 6900, tries: int = 200) -> int:
+    """An S3 port P with P..P+4 and their gRPC ports (+10000) free. The default range keeps both out of the
+    ports a test job's ranks listen on (slurm.port_window, 20000-29999: a store whose gRPC port was a job's
+    master port failed the job with EADDRINUSE), of the bundled cluster's (17000 up) and of the ephemeral range."""
     rng = random.Random(os.getpid() ^ int(time.time() * 1000))
     for _ in range(tries):
         p = rng.randrange(lo, hi, 5)
