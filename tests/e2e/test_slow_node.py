@@ -7,7 +7,8 @@ Both runs are the preemption tests' 60-step run (tests.support.references.SIXTY_
 reference for all; the straggler settings change no loss). With a spare the node is named near step 19 and
 swapped (the ranks save the current step and stop, the next attempt runs on the spare, no failure counted): the
 ~40 steps left at the slowed pace gain more than twice the swap's measured restart on an idle machine. The run
-COMPLETED with every loss equal to the reference's, and its steps back to their speed before the throttle.
+COMPLETED with every loss equal to the reference's, and after the swap every node works as fast as the others
+(the judge's scores of the next attempt; a step's wall time would measure the machine's other load too).
 Without a spare it is named and alerted, and training goes on to the end.
 """
 
@@ -19,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.records import history, slow_nodes
-from slurm_titan.report.data import read_log
+from slurm_titan.records import slow_nodes
 from tests.support.cli import Cli
 from tests.support.references import SIXTY_STEPS
 from tests.support.runs import assert_same_training, job_dir, job_field, wait_for_log
@@ -35,14 +35,6 @@ NAMED_WITHIN = 30  # steps after the throttle: three windows (a noisy chunk abov
 @pytest.fixture
 def reference(reference_losses) -> dict[int, str]:
     return reference_losses(60, *SIXTY_STEPS)
-
-
-def _step_intervals(folder: Path, attempt: int, first: int, last: int) -> list[float]:
-    """Seconds between consecutive steps `first`..`last` of `attempt`, from rank 0's log."""
-    starts = [a.started or 0.0 for a in history.read_attempts(folder)]
-    points = {p.step: p.time for p in read_log(folder / "logs/rank-0.log", starts).steps
-              if p.attempt == attempt and p.time is not None and first <= p.step <= last}
-    return [points[s] - points[s - 1] for s in sorted(points) if s - 1 in points]
 
 
 def _throttled_run(cli: Cli, *config: str) -> tuple[str, Path, str, ThrottleAtStep, dict]:
@@ -69,9 +61,10 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dic
     assert job_field(cli, job, "Restarts") == 0  # swapped inside the allocation
     assert not any(a["reason"] == "failed" for a in status["attempts"])  # never counted as a crash
     assert_same_training(cli, job, reference)
-    before = statistics.median(_step_intervals(folder, 0, 2, THROTTLE_AT))
-    after = statistics.median(_step_intervals(folder, 1, second["first_step"] + 3, 60))
-    assert after < 1.25 * before, f"steps after the swap: {after:.2f} s, before the throttle: {before:.2f} s"
+    # back to normal after the swap: every node of attempt 1 works as fast as the others (the judge's own
+    # scores, one another's working time: a wall-clock step time would measure the machine's other load)
+    after = [line.scores for line in slow_nodes.read_scores(folder) if line.attempt == 1]
+    assert after and all(statistics.median(s[host] for s in after) > 0.8 for host in second["hosts"]), after
     verdict = slow_nodes.read_verdict(folder, 0)
     assert verdict is not None and verdict.host == slow
     assert any(line.scores[slow] < 0.8 for line in slow_nodes.read_scores(folder))
