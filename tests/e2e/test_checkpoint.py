@@ -9,13 +9,14 @@ import pytest
 import s3fs
 
 from tests.support.cli import Cli, run
+from tests.support.configs import DEBUG_CONFIG, SMALL_STEPS
 from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
 from tests.support.runs import checkpoints, job_dir, step_losses, wait_for_log
 from tests.support.s3 import S3Server
 from tests.support.throttle import ThrottledS3
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-CONFIG = ["configs/debug_cpu.yaml", "--set", "torchtitan.args.training.steps=12", "--set", "checkpoint.interval=5"]
+CONFIG = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=12", "--set", "checkpoint.interval=5"]
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPath
     # training goes on meanwhile, the uploads are retried, every checkpoint ends complete.
     with S3Server() as private:
         cli = Cli(slurm_env, tmp_path_factory.mktemp("outage"), private)
-        job = cli.submit(CONFIG[0], "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4")
+        job = cli.submit(DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4")
         remote, rank0 = remote_of(cli, job), job_dir(cli, job) / "logs/rank-0.log"
         wait_for_log(rank0, "checkpoint step 4 committed")
         private.stop()

@@ -9,12 +9,12 @@ loader entries of the checkpoints (restored from the store, read with DCP) show 
 6 is a superset of what is unconsumed at step 9 and that no sample left between them was read twice. Both jobs
 train on the debug documents led by their ids (tests/support/sample_ids.py) and record, per rank, the tokens of
 every batch their loader yielded (tests/support/loader_record.py): read back as samples, no sample's token was
-consumed twice over the two jobs and none is missing up to the last consumed one. The debug config packs
-256-token sequences from documents of 22-238 tokens, so each checkpoint cuts documents mid-sequence: the cut
-ones go on at their token offset. (tests/integration/overrides/test_loader_record.py runs these jobs' loaders in
-one process, with the same data, batch for batch.) The same cases on pre-tokenized token shards of the same documents
-(`slurm-titan data prepare`; issue 28), from a folder and from the store: the same guarantees, through the token-shard
-loader.
+consumed twice over the two jobs and none is missing up to the last consumed one. The jobs pack sequences of
+SEQ_LEN tokens (tests.support.configs) from documents of 22-238 tokens, so each checkpoint cuts documents
+mid-sequence: the cut ones go on at their token offset. (tests/integration/overrides/test_loader_record.py runs
+these jobs' loaders in one process, with the same data, batch for batch.) The same cases on pre-tokenized token
+shards of the same documents (`slurm-titan data prepare`; issue 28), from a folder and from the store: the same
+guarantees, through the token-shard loader.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import pytest
 from slurm_titan.data.cursor import epoch0_rows, pieces_from_tuples, remaining
 from slurm_titan.launch.debug_assets import ensure_assets
 from tests.support.cli import Cli
+from tests.support.configs import LOCAL_BATCH, SEQ_LEN, SMALL_STEPS
 from tests.support.paths import REPO
 from tests.support.runs import assert_fetched_what_new_ranks_read, job_dir, step_losses
 from tests.support.sample_ids import Samples, check_resumed, recorded, write_dataset
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-CONFIG = "configs/debug_cpu.yaml"
 
 
 def unconsumed(cli: Cli, remote: str, step: int, into: Path) -> tuple[int, list[int]]:
@@ -75,11 +75,11 @@ def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path
     common = ["--set", f"slurm.devices_per_node={per_node}", "--set", "checkpoint.interval=3", *data,
               "--set", "torchtitan.override_imports=[tests.support.loader_record.record_yielded_batches]",
               "--set", f"environment.env.PYTHONPATH={REPO}"]
-    first = cli.submit(CONFIG, "--nodes", str(first_nodes), "--set", "torchtitan.args.training.steps=6", *common)
+    first = cli.submit(*SMALL_STEPS, "--nodes", str(first_nodes), "--set", "torchtitan.args.training.steps=6", *common)
     assert cli.wait(first)["state"] == "COMPLETED"
     remote = cli.remote.format(name="debug-cpu", job_id=first)
-    second = cli.submit(CONFIG, "--nodes", str(second_nodes), "--set", "torchtitan.args.training.steps=9", *common,
-                        "--set", f"checkpoint.remote={remote}")
+    second = cli.submit(*SMALL_STEPS, "--nodes", str(second_nodes), "--set", "torchtitan.args.training.steps=9",
+                        *common, "--set", f"checkpoint.remote={remote}")
     assert cli.wait(second)["state"] == "COMPLETED"
     rank0 = job_dir(cli, second) / "logs/rank-0.log"
     old, new = first_nodes * per_node, second_nodes * per_node
@@ -99,11 +99,11 @@ def test_resume_on_another_node_count_reshards_the_data(cli: Cli, tmp_path: Path
     assert len(left6) == len(set(left6)) and len(left9) == len(set(left9))  # each unconsumed sample on one rank
     assert set(left9) < set(left6)  # nothing consumed at step 6 comes back; steps 7-9 consumed some more
     read = set(left6) - set(left9)
-    # 3 steps x local batch 4 x 256 tokens per rank; documents have >= 20 tokens: at most this many read
-    assert 0 < len(read) <= 3 * 4 * 256 * new // 20 + new
+    # 3 steps x a local batch of tokens per rank; documents have >= 20 tokens: at most this many read
+    assert 0 < len(read) <= 3 * LOCAL_BATCH * SEQ_LEN * new // 20 + new
     tokenizer, _ = ensure_assets(REPO / ".cache/debug-assets")  # the debug config's (debug_assets)
     yielded = recorded(job_dir(cli, first)), recorded(job_dir(cli, second))
     assert tuple(map(len, yielded)) == (old, new)  # every rank recorded
     runs = check_resumed(Samples.load(dataset, tokenizer), *yielded)
-    assert sum(end - start for _, start, end in runs) == (6 * old + 3 * new) * 4 * 256  # 6 + 3 steps' batches
+    assert sum(end - start for _, start, end in runs) == (6 * old + 3 * new) * LOCAL_BATCH * SEQ_LEN  # 6 + 3 steps
 

@@ -17,13 +17,14 @@ import s3fs
 
 from slurm_titan.ckpt.share import is_data, merged
 from tests.support.cli import Cli
+from tests.support.configs import SMALL_STEPS
 from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
 from tests.support.runs import FETCHED, assert_fetched_what_new_ranks_read, job_dir, step_losses
 from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 BLOCK_KB = 1024
-CONFIG = ["configs/debug_cpu.yaml", "--set", "checkpoint.interval=5",
+CONFIG = [*SMALL_STEPS, "--set", "checkpoint.interval=5",
           "--set", f"environment.env.SLURM_TITAN_CKPT_BLOCK_KB={BLOCK_KB}"]
 
 

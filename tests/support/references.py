@@ -27,13 +27,14 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Cli
+from tests.support.configs import DEBUG_CONFIG, SMALL_STEPS
 from tests.support.runs import uninterrupted_losses
 from tests.support.s3 import S3Server
 
-TWELVE_STEPS = ["configs/debug_cpu.yaml", "--set", "checkpoint.interval=5", "--set",
+TWELVE_STEPS = [*SMALL_STEPS, "--set", "checkpoint.interval=5", "--set",
                 "torchtitan.args.training.steps=12", "--set", "environment.env.SLURM_TITAN_CKPT_BLOCK_KB=1024"]
 TWELVE_STEP_GROUP = pytest.mark.xdist_group("twelve-step-runs")
-SIXTY_STEPS = ["configs/debug_cpu.yaml", "--set", "torchtitan.args.training.steps=60", "--set",
+SIXTY_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=60", "--set",
                "checkpoint.interval=100"]  # no checkpoint before the end: the preemption and slow-node runs
 
 

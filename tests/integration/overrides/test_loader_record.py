@@ -20,9 +20,9 @@ from torchtitan.config.manager import ConfigManager  # noqa: E402
 from slurm_titan.launch.debug_assets import write_tokenizer  # noqa: E402
 from slurm_titan.overrides import RESHARDING_DATALOADER  # noqa: E402
 from slurm_titan.overrides.resharding_loader import ReshardingDataLoader  # noqa: E402
+from tests.support.configs import LOCAL_BATCH, SEQ_LEN  # noqa: E402
 from tests.support.sample_ids import ROWS, Samples, check_resumed, recorded, write_dataset  # noqa: E402
 
-SEQ, BATCH = 256, 4  # the debug config's sequence and local batch
 RECORDER = "tests.support.loader_record.record_yielded_batches"
 
 
@@ -56,8 +56,8 @@ def job(config, assets, monkeypatch: pytest.MonkeyPatch, folder: Path, degree: i
     monkeypatch.setenv("SLURM_TITAN_JOB_DIR", str(folder))
     monkeypatch.setenv("SLURM_TITAN_ATTEMPT", f"{folder.name}.0")
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets[1]))
-    loaders = [config.dataloader.build(dp_world_size=degree, dp_rank=rank, tokenizer=tokenizer, seq_len=SEQ,
-                                       local_batch_size=BATCH) for rank in range(degree)]
+    loaders = [config.dataloader.build(dp_world_size=degree, dp_rank=rank, tokenizer=tokenizer, seq_len=SEQ_LEN,
+                                       local_batch_size=LOCAL_BATCH) for rank in range(degree)]
     yielded = []
     for loader in loaders:
         if state is not None:
@@ -75,7 +75,8 @@ def test_records_are_what_was_yielded_and_read_back_as_a_resharded_continuation(
     first, second = recorded(tmp_path / "first"), recorded(tmp_path / "second")
     assert [first[rank] for rank in range(old)] == yielded1 and [second[rank] for rank in range(new)] == yielded2
     runs = check_resumed(assets[2], first, second)
-    assert sum(end - start for _, start, end in runs) == (6 * old + 3 * new) * BATCH * SEQ  # every token is a sample's
+    tokens = (6 * old + 3 * new) * LOCAL_BATCH * SEQ_LEN
+    assert sum(end - start for _, start, end in runs) == tokens  # every token is a sample's
     assert any(start for _, start, _ in runs), "a sample cut by the checkpoint goes on at its offset"
 
 
