@@ -39,7 +39,8 @@ from slurm_titan.ckpt.catalog import (
 )
 from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, gathered_layout
+from slurm_titan.ckpt.fetch_plan import WHOLE, FetchPlan, NodePlanner, Piece, Wanted
+from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
 from slurm_titan.ckpt.parts import rank_reads
 from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share, reads_share
 from slurm_titan.ckpt.storage import Store, open_store
@@ -74,16 +75,6 @@ class RestoreResult:
     """What of the checkpoint the folder holds when it is one node's share (None: all of it)."""
 
 
-Ranks = list[int] | Callable[[int], list[int]]
-"""Global ranks, or a function of the saving world size giving them (``ckpt restore --node K --nodes N``)."""
-
-
-NodePlanner = Callable[[str], dict[int, list[Range]] | None]
-"""Given a folder holding a checkpoint's ``.metadata``: per rank of this node (of the world size that will load
-it), the byte ranges its DCP load reads, worked out by that rank (node.supervisor's ``RankGroup.plan``);
-None when some rank cannot tell (the whole checkpoint is then fetched)."""
-
-
 class _PlanRound:
     """The nodes' round on a candidate saved by another world size before any rank plans its load of it
     (:data:`.agree.STAGES`): planning runs collectives across the nodes (torchtitan's fused-QKV state-dict
@@ -112,15 +103,13 @@ class Agreement(Protocol):
         """This node cannot restore at all: tell the others now."""
 
 
-def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
+def prepare_resume(remote: str, local_folder: str, step: int | None = None, *, wanted: Wanted = WHOLE,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
-                   progress: ByteProgress | None = None, ranks: list[int] | None = None,
-                   world_size: int | None = None, agree: Agreement | None = None,
-                   planner: NodePlanner | None = None, notice: Callable[[str], None] | None = None,
-                   ) -> RestoreResult | None:
+                   progress: ByteProgress | None = None, agree: Agreement | None = None,
+                   notice: Callable[[str], None] | None = None) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
-    of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``ranks``,
-    ``world_size``, ``agree``, ``planner``: see :func:`restore` (one node's share; one verdict for all).
+    of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``wanted``,
+    ``agree``: see :func:`restore_checkpoint` (one node's share; one verdict for all).
     A store that throttles is waited out, each of its operations up to SLURM_TITAN_STORE_RETRY_S
     seconds (:mod:`.storage.backoff`), the waits said to ``notice`` (at most a line every 30 s).
 
@@ -134,8 +123,8 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
     infos = None if step is not None else list_checkpoints(store)
     if infos is None or newest_complete(infos) is not None:
         result = restore_checkpoint(store, local_folder, step=step, progress=progress,
-                                    notify=lambda msg: log.warning("%s", msg), ranks=ranks, world_size=world_size,
-                                    agree=agree, infos=infos, planner=planner)
+                                    notify=lambda msg: log.warning("%s", msg), wanted=wanted, agree=agree,
+                                    infos=infos)
         log.info("checkpoint step %d %s %s", result.step, "already in" if result.reused else "restored to",
                  result.path)
     hide_uncommitted(local_folder, newer_than=result.step if result else None)
@@ -163,9 +152,8 @@ def hide_uncommitted(local_folder: str, newer_than: int | None) -> list[str]:
 
 
 def restore_checkpoint(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
-                       notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
-                       world_size: int | None = None, agree: Agreement | None = None,
-                       infos: list[CheckpointInfo] | None = None, planner: NodePlanner | None = None) -> RestoreResult:
+                       notify: Callable[[str], None] | None = None, *, wanted: Wanted = WHOLE,
+                       agree: Agreement | None = None, infos: list[CheckpointInfo] | None = None) -> RestoreResult:
     """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
 
     ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete
@@ -174,16 +162,16 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
     every file is verified, together with its commit record (so ``dest`` is itself a
     location that ``list``/``verify`` understand).
 
-    ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
-    size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
-    (:mod:`.share`) when the record has a read map of that world size. On another world size,
-    ``planner`` (the loading ranks) says what they read of each candidate, from its ``.metadata``
-    (fetched first); without one, or a record without a read map, the whole checkpoint is fetched.
-    ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
+    ``wanted``: the whole checkpoint, or what some ranks' DCP load reads (:class:`.fetch_plan.Wanted`):
+    on the saving world size from the record's read map; on another, its planner says what they read of
+    each candidate, from its ``.metadata`` (fetched first); without one, or a record without a read map,
+    the whole checkpoint is fetched. Each candidate's :class:`.fetch_plan.FetchPlan` is worked out once
+    and then fetched. ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
     rejection anywhere is a fallback everywhere. ``infos``: the location's listing when the caller
     has one (:func:`.catalog.list_checkpoints`; None: list it).
     """
     infos = list_checkpoints(store) if infos is None else infos
+    dest = os.path.abspath(dest)
     by_step = {i.step: i for i in infos}
     if step is not None:
         info = by_step.get(step)
@@ -200,11 +188,10 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
     skipped: list[tuple[int, str]] = []
     for n, s in enumerate(candidates):
         fetched: _Fetched | None = None
-        saved_by = by_step[s].world_size
-        plan_round = (_PlanRound(agree, s) if agree is not None and planner is not None and world_size is not None
-                      and saved_by is not None and saved_by != world_size else None)
+        plan_round = (_PlanRound(agree, s) if agree is not None and wanted.planner is not None
+                      and wanted.resharded_to(by_step[s].world_size) is not None else None)
         try:
-            fetched = _fetch(store, s, dest, progress, ranks, world_size, planner, plan_round)
+            fetched = _fetch(store, _plan(store, s, dest, wanted, plan_round), dest, progress)
             why = ""
         except (CorruptCheckpoint, ManifestError) as e:
             why = str(e)
@@ -263,8 +250,9 @@ def _read_share(folder: str, m: Manifest) -> Share | None:
     return share if share.world_size is not None else dataclasses.replace(share, world_size=m.world_size)
 
 
-def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
-    """Whether ``folder`` holds an intact copy of at least ``share`` (None: the whole checkpoint)."""
+def _local_copy_ok(folder: str, plan: FetchPlan) -> bool:
+    """Whether ``folder`` holds an intact copy of at least what ``plan`` fetches."""
+    m, share = plan.manifest, plan.share
     try:
         with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as record:
             raw = record.read()
@@ -277,20 +265,17 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
         return False
     if share is not None and held is not None and held.world_size != share.world_size:
         return False  # the share of other ranks' loads: fetched anew
-    for f in m.files:
-        whole = share is None or f.path in share.whole
-        wanted = [] if share is None or whole else share.pieces(f)
-        if not whole and not wanted:
-            continue  # not part of the share
+    wanted: list[tuple[FileEntry, tuple[Piece, ...] | None]] = [(f, None) for f in plan.whole]  # None: whole
+    for f, pieces in wanted + list(plan.pieces):
         p = _inside(folder, f.path)
         try:
             if os.path.getsize(p) != f.size:
                 return False
-            if whole:
+            if pieces is None:
                 ok = (held is None or f.path in held.whole) and hash_file(p, m.algorithm) == (f.size, f.checksum)
             else:
-                ok = (held is None or f.path in held.whole or set(wanted) <= set(held.pieces(f))) and _pieces_ok(
-                    p, wanted, m.algorithm)
+                ok = (held is None or f.path in held.whole or set(pieces) <= set(held.pieces(f))) and _pieces_ok(
+                    p, pieces, m.algorithm)
         except OSError:
             return False
         if not ok:
@@ -298,7 +283,7 @@ def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
     return True
 
 
-def _pieces_ok(path: str, pieces: list[tuple[int, int, str]], algorithm: str) -> bool:
+def _pieces_ok(path: str, pieces: tuple[Piece, ...], algorithm: str) -> bool:
     with open(path, "rb", buffering=0) as fin:
         return all(hash_bytes(os.pread(fin.fileno(), n, off), algorithm) == c for off, n, c in pieces)
 
@@ -371,15 +356,32 @@ class _Fetched:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _wanted_share(store: Store, m: Manifest, dest: str, ranks: Ranks | None, world_size: int | None,
-                  planner: NodePlanner | None, plan_round: _PlanRound | None) -> Share | None:
+def _plan(store: Store, step: int, dest: str, wanted: Wanted, plan_round: _PlanRound | None) -> FetchPlan:
+    """The fetch of candidate ``step`` into ``dest`` of what this node wants."""
+    m = read_manifest(store, step)
+    share = _wanted_share(store, m, dest, wanted, plan_round)
+    final = os.path.join(dest, layout.step_dir(step))
+    held = _read_share(final, m) if share is not None and os.path.isdir(final) else None
+    if (share is not None and held is not None and held.world_size == share.world_size
+            and not set(share.ranks) <= set(held.ranks)):
+        # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
+        # ranks may be loading from it: the new copy holds both shares (a share of another world size
+        # is of no rank that loads now)
+        share = share.joined(held, m)
+    return FetchPlan.of(m, share)
+
+
+def _wanted_share(store: Store, m: Manifest, dest: str, wanted: Wanted,
+                  plan_round: _PlanRound | None) -> Share | None:
     where = store.url(layout.commit_path(m.step))
-    if world_size is not None and world_size != m.world_size:
-        if planner is not None:
-            return _planned_share(store, m, dest, world_size, planner, plan_round)
+    world_size = wanted.resharded_to(m.world_size)
+    if world_size is not None:
+        if wanted.planner is not None:
+            return _planned_share(store, m, dest, world_size, wanted.planner, plan_round)
         log.info("checkpoint step %d was saved by %d ranks, loaded by %d: fetching all of it", m.step,
                  m.world_size, world_size)
         return None
+    ranks = wanted.ranks
     if ranks is None:
         return None
     if callable(ranks):
@@ -402,19 +404,13 @@ def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planne
     bad = check_listing(store, m)
     if bad:
         raise CorruptCheckpoint(_describe_bad(store, m.step, bad), bad)
-    meta = next((f for f in m.files if f.path == layout.DCP_METADATA), None)
-    if meta is None:
+    if not any(f.path == layout.DCP_METADATA for f in m.files):
         raise ManifestError(f"{store.url(layout.commit_path(m.step))}: no {layout.DCP_METADATA} in the record")
     folder = os.path.join(dest, f".planning-{m.step}-{os.getpid()}")  # no "step-N" in it, as for .restoring-
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     try:
-        local = os.path.join(folder, meta.path)
-        [(size, digest)] = store.download_many([(f"{layout.step_dir(m.step)}/{meta.path}", local, meta.size)],
-                                               None, m.algorithm)
-        why = _download_problem(local, meta, size, digest, m.algorithm)
-        if why:
-            raise CorruptCheckpoint(_describe_bad(store, m.step, [(meta.path, why)]), [(meta.path, why)])
+        _download(store, FetchPlan.of(m, Share([], [layout.DCP_METADATA])), folder, None)  # the .metadata alone
         other = plan_round.vote("") if plan_round is not None else ""
         if other:
             raise CorruptCheckpoint(other, [])
@@ -434,21 +430,11 @@ def _download_problem(path: str, f: FileEntry, size: int, digest: str, algorithm
     return _bad_blocks(path, f, algorithm) if digest != f.checksum else ""
 
 
-def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: Ranks | None,
-           world_size: int | None, planner: NodePlanner | None, plan_round: _PlanRound | None) -> _Fetched:
-    m = read_manifest(store, step)
-    dest = os.path.abspath(dest)
-    share = _wanted_share(store, m, dest, ranks, world_size, planner, plan_round)
+def _fetch(store: Store, plan: FetchPlan, dest: str, progress: ByteProgress | None) -> _Fetched:
+    """Execute ``plan`` into ``dest``: a copy of it under a temporary name, or the intact one already there."""
+    m, step, share, need = plan.manifest, plan.step, plan.share, plan.nbytes
     final = os.path.join(dest, layout.step_dir(step))
-    held = _read_share(final, m) if share is not None and os.path.isdir(final) else None
-    if (share is not None and held is not None and held.world_size == share.world_size
-            and not set(share.ranks) <= set(held.ranks)):
-        # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
-        # ranks may be loading from it: the new copy holds both shares (a share of another world size
-        # is of no rank that loads now)
-        share = share.joined(held, m)
-    need = m.total_bytes if share is None else share.nbytes(m)
-    if os.path.isdir(final) and _local_copy_ok(final, m, share):
+    if os.path.isdir(final) and _local_copy_ok(final, plan):
         log.info("checkpoint step %d is already intact in %s", step, final)
         if progress:
             progress(need, need)
@@ -468,25 +454,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        counter = ByteCounter(need, progress)
-        whole = [f for f in m.files if share is None or f.path in share.whole]
-        items: list[tuple[str, str, int | None]] = [
-            (f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
-        results = store.download_many(items, counter.add, m.algorithm)
-        bad = [(f.path, why) for f, (size, digest) in zip(whole, results)
-               if (why := _download_problem(_inside(tmp, f.path), f, size, digest, m.algorithm))]
-        gathered: dict[tuple[str, int, int], bytes] = {}
-        if share is not None:
-            gathered = _gathered_spans(store, m, share)
-            partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
-            parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size,
-                      [p for p in share.pieces(f) if (f.path, p[0], p[1]) not in gathered]) for f in partial]
-            for f, failed in zip(partial, store.download_pieces(parts, m.algorithm, counter.add)):
-                if failed:
-                    bad.append((f.path, describe_ranges(f, failed)))
-            _write_spans(tmp, gathered, counter.add)
-        if bad:
-            raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
+        gathered = _download(store, plan, tmp, ByteCounter(need, progress).add)
         meta = os.path.join(tmp, layout.META_DIR)
         os.makedirs(meta, exist_ok=True)
         with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as out:
@@ -505,31 +473,48 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
     return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, fetched=need, share=share), tmp)
 
 
-def _gathered_spans(store: Store, m: Manifest, share: Share) -> dict[tuple[str, int, int], bytes]:
-    """The spans of ``share`` (path, offset, length) that the record's gathered object holds, with their bytes,
-    from one GET of it; none when the record has no such object or the share no spans. An object missing or
-    damaged is said in one line, and its spans are fetched from their files instead."""
-    wanted = {(path, off, n) for path, spans in share.spans.items() for off, n in spans}
-    if m.gathered is None or not wanted:
+def _download(store: Store, plan: FetchPlan, folder: str,
+              progress: Callable[[int], None] | None) -> list[tuple[str, int, int]]:
+    """Fetch what ``plan`` says into ``folder``, verifying every file and piece; returns the pieces (path, offset,
+    length) that came from the record's gathered object. Raises CorruptCheckpoint naming what is bad."""
+    items: list[tuple[str, str, int | None]] = [
+        (plan.source(f.path), _inside(folder, f.path), f.size) for f in plan.whole]
+    results = store.download_many(items, progress, plan.algorithm)
+    bad = [(f.path, why) for f, (size, digest) in zip(plan.whole, results)
+           if (why := _download_problem(_inside(folder, f.path), f, size, digest, plan.algorithm))]
+    gathered = _gathered_spans(store, plan)
+    parts = [(plan.source(f.path), _inside(folder, f.path), f.size,
+              [p for p in pieces if (f.path, p[0], p[1]) not in gathered]) for f, pieces in plan.pieces]
+    for (f, _), failed in zip(plan.pieces, store.download_pieces(parts, plan.algorithm, progress)):
+        if failed:
+            bad.append((f.path, describe_ranges(f, failed)))
+    _write_spans(folder, gathered, progress)
+    if bad:
+        raise CorruptCheckpoint(_describe_bad(store, plan.step, bad), bad)
+    return list(gathered)
+
+
+def _gathered_spans(store: Store, plan: FetchPlan) -> dict[tuple[str, int, int], bytes]:
+    """The pieces of ``plan`` that the record's gathered object holds (:attr:`.FetchPlan.gathered`), with their
+    bytes, from one GET of it. An object missing or damaged is said in one line, and its pieces are fetched
+    from their files instead."""
+    m, ref = plan.manifest, plan.manifest.gathered
+    if ref is None or not plan.gathered:
         return {}
-    rel = layout.spans_path(m.step, m.gathered.name)
+    rel = layout.spans_path(m.step, ref.name)
     try:
         blob = store.cat(rel)
     except FileNotFoundError:
         blob = b""
-    if len(blob) != m.gathered.size or hash_bytes(blob, m.algorithm) != m.gathered.checksum:
+    if len(blob) != ref.size or hash_bytes(blob, m.algorithm) != ref.checksum:
         log.warning("checkpoint step %d: %s is missing or damaged: its small items are fetched from their files",
                     m.step, store.url(rel))
         return {}
-    out, at = {}, 0
-    for path, off, n, _ in gathered_layout(m.files):
-        if (path, off, n) in wanted:
-            out[(path, off, n)] = blob[at:at + n]
-        at += n
-    return out
+    return {(path, off, n): blob[at:at + n] for path, off, n, at in plan.gathered}
 
 
-def _write_spans(folder: str, spans: dict[tuple[str, int, int], bytes], progress: Callable[[int], None]) -> None:
+def _write_spans(folder: str, spans: dict[tuple[str, int, int], bytes],
+                 progress: Callable[[int], None] | None) -> None:
     """Write gathered spans at their offsets into the (sparse) files under ``folder`` that hold them."""
     for (path, off, _), data in sorted(spans.items()):
         try:
@@ -540,7 +525,8 @@ def _write_spans(folder: str, spans: dict[tuple[str, int, int], bytes], progress
                 os.close(fd)
         except OSError as e:
             raise StorageError(f"cannot write {_inside(folder, path)}: {e.strerror}") from None
-        progress(len(data))
+        if progress:
+            progress(len(data))
 
 
 def _ranks_text(ranks: list[int]) -> str:
