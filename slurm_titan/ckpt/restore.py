@@ -1,9 +1,11 @@
-"""Restore a complete checkpoint onto local disk: :func:`restore` (into any folder) and
+"""Restore a complete checkpoint onto local disk: :func:`restore_checkpoint` (into any folder) and
 :func:`prepare_resume` (on a node, before training (re)starts).
 
-``restore`` never restores an incomplete checkpoint (one without a commit record,
+``restore_checkpoint`` never restores an incomplete checkpoint (one without a commit record,
 :mod:`.commit`), verifies every checksum while downloading, and -- asked for the newest --
 falls back to the previous complete checkpoint when the newest turns out corrupt, saying so.
+For each candidate it works out once what to fetch (a :class:`.fetch_plan.FetchPlan` of what the
+node wants, :class:`.fetch_plan.Wanted`), and the fetcher (:mod:`.fetch`) executes that plan.
 
 ``prepare_resume`` runs once per node (not per rank), before torchtitan starts::
 
@@ -18,7 +20,6 @@ step folders newer than the restored one that carry no commit record are moved a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -32,29 +33,20 @@ from slurm_titan.ckpt.catalog import (
     ByteCounter,
     ByteProgress,
     CheckpointInfo,
-    check_listing,
     list_checkpoints,
     newest_complete,
     read_manifest,
 )
-from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
-from slurm_titan.ckpt.fetch_plan import WHOLE, FetchPlan, NodePlanner, Piece, Wanted
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError
+from slurm_titan.ckpt.fetch import CorruptCheckpoint, check_present, download, intact, read_share
+from slurm_titan.ckpt.fetch_plan import WHOLE, FetchPlan, NodePlanner, Wanted
+from slurm_titan.ckpt.manifest import Manifest, ManifestError
 from slurm_titan.ckpt.parts import rank_reads
-from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share, reads_share
+from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share, reads_share
 from slurm_titan.ckpt.storage import Store, open_store
 from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.restore")
-
-
-class CorruptCheckpoint(StorageError):
-    """A committed checkpoint whose files are missing, truncated or fail their checksum."""
-
-    def __init__(self, message: str, bad: list[tuple[str, str]]) -> None:
-        super().__init__(message)
-        self.bad = bad
 
 
 @dataclass
@@ -163,12 +155,11 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
     location that ``list``/``verify`` understand).
 
     ``wanted``: the whole checkpoint, or what some ranks' DCP load reads (:class:`.fetch_plan.Wanted`):
-    on the saving world size from the record's read map; on another, its planner says what they read of
-    each candidate, from its ``.metadata`` (fetched first); without one, or a record without a read map,
-    the whole checkpoint is fetched. Each candidate's :class:`.fetch_plan.FetchPlan` is worked out once
-    and then fetched. ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
-    rejection anywhere is a fallback everywhere. ``infos``: the location's listing when the caller
-    has one (:func:`.catalog.list_checkpoints`; None: list it).
+    on the saving world size from the record's read map; on another, its planner says what they read
+    of each candidate, from its ``.metadata`` (fetched first); without one, or a record without a read
+    map, the whole checkpoint is fetched. ``agree``: each candidate is published only once every node
+    accepts it (:mod:`.agree`); a rejection anywhere is a fallback everywhere. ``infos``: the location's
+    listing when the caller has one (:func:`.catalog.list_checkpoints`; None: list it).
     """
     infos = list_checkpoints(store) if infos is None else infos
     dest = os.path.abspath(dest)
@@ -224,81 +215,6 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
             notify(msg)
     raise StorageError(f"{store.location}: every complete checkpoint is corrupt: "
                        + "; ".join(f"step {s}: {why}" for s, why in skipped))
-
-
-def _describe_bad(store: Store, step: int, bad: list[tuple[str, str]]) -> str:
-    head = ", ".join(f"{p}: {why}" for p, why in bad[:5])
-    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    return f"{store.url(layout.step_dir(step))}: {len(bad)} bad file(s): {head}{more}"
-
-
-def _inside(base: str, rel: str) -> str:
-    path = os.path.normpath(os.path.join(base, rel))
-    if os.path.commonpath([base, path]) != base:
-        raise StorageError(f"refusing to write {rel!r} outside {base}")
-    return path
-
-
-def _read_share(folder: str, m: Manifest) -> Share | None:
-    path = os.path.join(folder, layout.META_DIR, SHARE_FILE)
-    try:
-        with open(path, "rb") as f:
-            share = Share.from_json(f.read(), path)
-    except FileNotFoundError:
-        return None
-    share = share if share.files else share.with_files(m)
-    return share if share.world_size is not None else dataclasses.replace(share, world_size=m.world_size)
-
-
-def _local_copy_ok(folder: str, plan: FetchPlan) -> bool:
-    """Whether ``folder`` holds an intact copy of at least what ``plan`` fetches."""
-    m, share = plan.manifest, plan.share
-    try:
-        with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as record:
-            raw = record.read()
-        # the record as fetched (restores since format 2), or one re-written by an older restore: parsed
-        local = m if raw == m.raw else Manifest.from_json(raw, step=m.step)
-        held = _read_share(folder, m)
-    except (OSError, StorageError):
-        return False
-    if {(f.path, f.size, f.checksum) for f in local.files} != {(f.path, f.size, f.checksum) for f in m.files}:
-        return False
-    if share is not None and held is not None and held.world_size != share.world_size:
-        return False  # the share of other ranks' loads: fetched anew
-    wanted: list[tuple[FileEntry, tuple[Piece, ...] | None]] = [(f, None) for f in plan.whole]  # None: whole
-    for f, pieces in wanted + list(plan.pieces):
-        p = _inside(folder, f.path)
-        try:
-            if os.path.getsize(p) != f.size:
-                return False
-            if pieces is None:
-                ok = (held is None or f.path in held.whole) and hash_file(p, m.algorithm) == (f.size, f.checksum)
-            else:
-                ok = (held is None or f.path in held.whole or set(pieces) <= set(held.pieces(f))) and _pieces_ok(
-                    p, pieces, m.algorithm)
-        except OSError:
-            return False
-        if not ok:
-            return False
-    return True
-
-
-def _pieces_ok(path: str, pieces: tuple[Piece, ...], algorithm: str) -> bool:
-    with open(path, "rb", buffering=0) as fin:
-        return all(hash_bytes(os.pread(fin.fileno(), n, off), algorithm) == c for off, n, c in pieces)
-
-
-def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
-    """Which byte ranges of a downloaded file that failed its checksum are bad (from its block
-    checksums; only the whole file's in records without them)."""
-    if not f.block_size:
-        return "checksum mismatch"
-    with open(path, "rb", buffering=0) as fin:
-        bad = [b for b in range(len(f.blocks))
-               if hash_bytes(os.pread(fin.fileno(), f.block_span(b)[1], f.block_span(b)[0]), algorithm) != f.blocks[b]]
-    if not bad:
-        return "checksum mismatch (though every block matches its own: the record disagrees with itself)"
-    return describe_ranges(f, [f.block_span(b) for b in bad])
 
 
 def _clean_leftovers(dest: str) -> None:
@@ -361,7 +277,7 @@ def _plan(store: Store, step: int, dest: str, wanted: Wanted, plan_round: _PlanR
     m = read_manifest(store, step)
     share = _wanted_share(store, m, dest, wanted, plan_round)
     final = os.path.join(dest, layout.step_dir(step))
-    held = _read_share(final, m) if share is not None and os.path.isdir(final) else None
+    held = read_share(final, m) if share is not None and os.path.isdir(final) else None
     if (share is not None and held is not None and held.world_size == share.world_size
             and not set(share.ranks) <= set(held.ranks)):
         # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
@@ -401,16 +317,14 @@ def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planne
     """The share of the node's ranks of another world size than the save's: its ``.metadata`` is fetched
     (verified) into a folder torchtitan does not pick up, every node says so (``plan_round``), and the ranks
     work out what their load reads of it."""
-    bad = check_listing(store, m)
-    if bad:
-        raise CorruptCheckpoint(_describe_bad(store, m.step, bad), bad)
+    check_present(store, m)
     if not any(f.path == layout.DCP_METADATA for f in m.files):
         raise ManifestError(f"{store.url(layout.commit_path(m.step))}: no {layout.DCP_METADATA} in the record")
     folder = os.path.join(dest, f".planning-{m.step}-{os.getpid()}")  # no "step-N" in it, as for .restoring-
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     try:
-        _download(store, FetchPlan.of(m, Share([], [layout.DCP_METADATA])), folder, None)  # the .metadata alone
+        download(store, FetchPlan.of(m, Share([], [layout.DCP_METADATA])), folder, None)  # the .metadata alone
         other = plan_round.vote("") if plan_round is not None else ""
         if other:
             raise CorruptCheckpoint(other, [])
@@ -423,26 +337,17 @@ def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planne
     return reads_share(m, reads, world_size, store.url(layout.commit_path(m.step)))
 
 
-def _download_problem(path: str, f: FileEntry, size: int, digest: str, algorithm: str) -> str:
-    """Why a downloaded file (``size`` bytes read, checksum ``digest``) is bad; "" when it is not."""
-    if size != f.size:
-        return f"truncated: read {size} bytes, expected {f.size}"
-    return _bad_blocks(path, f, algorithm) if digest != f.checksum else ""
-
-
 def _fetch(store: Store, plan: FetchPlan, dest: str, progress: ByteProgress | None) -> _Fetched:
     """Execute ``plan`` into ``dest``: a copy of it under a temporary name, or the intact one already there."""
     m, step, share, need = plan.manifest, plan.step, plan.share, plan.nbytes
     final = os.path.join(dest, layout.step_dir(step))
-    if os.path.isdir(final) and _local_copy_ok(final, plan):
+    if os.path.isdir(final) and intact(final, plan):
         log.info("checkpoint step %d is already intact in %s", step, final)
         if progress:
             progress(need, need)
         return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, reused=True,
-                                      share=_read_share(final, m)), None)
-    bad = check_listing(store, m)
-    if bad:
-        raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
+                                      share=read_share(final, m)), None)
+    check_present(store, m)
     os.makedirs(dest, exist_ok=True)
     _clean_leftovers(dest)
     free = shutil.disk_usage(dest).free
@@ -454,7 +359,7 @@ def _fetch(store: Store, plan: FetchPlan, dest: str, progress: ByteProgress | No
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        gathered = _download(store, plan, tmp, ByteCounter(need, progress).add)
+        gathered = download(store, plan, tmp, ByteCounter(need, progress).add)
         meta = os.path.join(tmp, layout.META_DIR)
         os.makedirs(meta, exist_ok=True)
         with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as out:
@@ -471,62 +376,6 @@ def _fetch(store: Store, plan: FetchPlan, dest: str, progress: ByteProgress | No
                                              f"file(s) in one GET" if gathered else ""))
     log.info("checkpoint step %d: fetched %d of %d bytes%s", step, need, m.total_bytes, parts_txt)
     return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, fetched=need, share=share), tmp)
-
-
-def _download(store: Store, plan: FetchPlan, folder: str,
-              progress: Callable[[int], None] | None) -> list[tuple[str, int, int]]:
-    """Fetch what ``plan`` says into ``folder``, verifying every file and piece; returns the pieces (path, offset,
-    length) that came from the record's gathered object. Raises CorruptCheckpoint naming what is bad."""
-    items: list[tuple[str, str, int | None]] = [
-        (plan.source(f.path), _inside(folder, f.path), f.size) for f in plan.whole]
-    results = store.download_many(items, progress, plan.algorithm)
-    bad = [(f.path, why) for f, (size, digest) in zip(plan.whole, results)
-           if (why := _download_problem(_inside(folder, f.path), f, size, digest, plan.algorithm))]
-    gathered = _gathered_spans(store, plan)
-    parts = [(plan.source(f.path), _inside(folder, f.path), f.size,
-              [p for p in pieces if (f.path, p[0], p[1]) not in gathered]) for f, pieces in plan.pieces]
-    for (f, _), failed in zip(plan.pieces, store.download_pieces(parts, plan.algorithm, progress)):
-        if failed:
-            bad.append((f.path, describe_ranges(f, failed)))
-    _write_spans(folder, gathered, progress)
-    if bad:
-        raise CorruptCheckpoint(_describe_bad(store, plan.step, bad), bad)
-    return list(gathered)
-
-
-def _gathered_spans(store: Store, plan: FetchPlan) -> dict[tuple[str, int, int], bytes]:
-    """The pieces of ``plan`` that the record's gathered object holds (:attr:`.FetchPlan.gathered`), with their
-    bytes, from one GET of it. An object missing or damaged is said in one line, and its pieces are fetched
-    from their files instead."""
-    m, ref = plan.manifest, plan.manifest.gathered
-    if ref is None or not plan.gathered:
-        return {}
-    rel = layout.spans_path(m.step, ref.name)
-    try:
-        blob = store.cat(rel)
-    except FileNotFoundError:
-        blob = b""
-    if len(blob) != ref.size or hash_bytes(blob, m.algorithm) != ref.checksum:
-        log.warning("checkpoint step %d: %s is missing or damaged: its small items are fetched from their files",
-                    m.step, store.url(rel))
-        return {}
-    return {(path, off, n): blob[at:at + n] for path, off, n, at in plan.gathered}
-
-
-def _write_spans(folder: str, spans: dict[tuple[str, int, int], bytes],
-                 progress: Callable[[int], None] | None) -> None:
-    """Write gathered spans at their offsets into the (sparse) files under ``folder`` that hold them."""
-    for (path, off, _), data in sorted(spans.items()):
-        try:
-            fd = os.open(_inside(folder, path), os.O_WRONLY)
-            try:
-                os.pwrite(fd, data, off)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise StorageError(f"cannot write {_inside(folder, path)}: {e.strerror}") from None
-        if progress:
-            progress(len(data))
 
 
 def _ranks_text(ranks: list[int]) -> str:
