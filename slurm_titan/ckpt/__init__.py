@@ -25,6 +25,8 @@ The package, top to bottom:
 - :mod:`.upload_process`  a rank's CheckpointSync in a child process (outside training's GIL): the
                      parent's side; :mod:`.upload_child_main` is the child's ``python -m`` entry
 - :mod:`.agree`      one verdict on a restored checkpoint for all nodes of a job
+- :mod:`.fetch_plan` what a restore fetches: what a node wants, and each candidate's plan
+- :mod:`.fetch`      the fetcher: a plan fetched into a folder and verified; a local copy checked
 - :mod:`.restore`    restore a complete checkpoint; before a (re)start, onto a node's local disk
 
 The ``slurm-titan ckpt ...`` CLI is :mod:`slurm_titan.cli.ckpt`; the torchtitan hook that
@@ -44,9 +46,11 @@ from slurm_titan.ckpt.catalog import (
     verify,
 )
 from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
+from slurm_titan.ckpt.fetch import CorruptCheckpoint
+from slurm_titan.ckpt.fetch_plan import NodePlanner, Wanted
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Range, Receipt
 from slurm_titan.ckpt.parts import all_reads
-from slurm_titan.ckpt.restore import CorruptCheckpoint, NodePlanner, RestoreResult, prepare_resume, restore_checkpoint
+from slurm_titan.ckpt.restore import RestoreResult, prepare_resume, restore_checkpoint
 from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
 from slurm_titan.ckpt.share import SHARE_FILE, Share, is_data, merged, node_ranks
 from slurm_titan.ckpt.storage import Store, TransferConfig, open_store
@@ -73,6 +77,7 @@ __all__ = [
     "Uploader",
     "UploaderProcess",
     "VerifyReport",
+    "Wanted",
     "all_reads",
     "delete_checkpoint",
     "is_committed",

@@ -1,9 +1,11 @@
-"""Restore a complete checkpoint onto local disk: :func:`restore` (into any folder) and
+"""Restore a complete checkpoint onto local disk: :func:`restore_checkpoint` (into any folder) and
 :func:`prepare_resume` (on a node, before training (re)starts).
 
-``restore`` never restores an incomplete checkpoint (one without a commit record,
+``restore_checkpoint`` never restores an incomplete checkpoint (one without a commit record,
 :mod:`.commit`), verifies every checksum while downloading, and -- asked for the newest --
 falls back to the previous complete checkpoint when the newest turns out corrupt, saying so.
+For each candidate it works out once what to fetch (a :class:`.fetch_plan.FetchPlan` of what the
+node wants, :class:`.fetch_plan.Wanted`), and the fetcher (:mod:`.fetch`) executes that plan.
 
 ``prepare_resume`` runs once per node (not per rank), before torchtitan starts::
 
@@ -18,7 +20,6 @@ step folders newer than the restored one that carry no commit record are moved a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -32,28 +33,20 @@ from slurm_titan.ckpt.catalog import (
     ByteCounter,
     ByteProgress,
     CheckpointInfo,
-    check_listing,
     list_checkpoints,
     newest_complete,
     read_manifest,
 )
-from slurm_titan.ckpt.checksum import hash_bytes, hash_file
 from slurm_titan.ckpt.commit import has_local_record
-from slurm_titan.ckpt.manifest import FileEntry, Manifest, ManifestError, Range, gathered_layout
+from slurm_titan.ckpt.fetch import CorruptCheckpoint, check_present, download, intact, read_share
+from slurm_titan.ckpt.fetch_plan import WHOLE, FetchPlan, NodePlanner, Wanted
+from slurm_titan.ckpt.manifest import Manifest, ManifestError
 from slurm_titan.ckpt.parts import rank_reads
-from slurm_titan.ckpt.share import SHARE_FILE, Share, describe_ranges, node_share, reads_share
+from slurm_titan.ckpt.share import SHARE_FILE, Share, node_share, reads_share
 from slurm_titan.ckpt.storage import Store, open_store
 from slurm_titan.errors import StorageError
 
 log = logging.getLogger("slurm_titan.ckpt.restore")
-
-
-class CorruptCheckpoint(StorageError):
-    """A committed checkpoint whose files are missing, truncated or fail their checksum."""
-
-    def __init__(self, message: str, bad: list[tuple[str, str]]) -> None:
-        super().__init__(message)
-        self.bad = bad
 
 
 @dataclass
@@ -72,16 +65,6 @@ class RestoreResult:
     """Bytes moved out of the store (0 when reused)."""
     share: Share | None = None
     """What of the checkpoint the folder holds when it is one node's share (None: all of it)."""
-
-
-Ranks = list[int] | Callable[[int], list[int]]
-"""Global ranks, or a function of the saving world size giving them (``ckpt restore --node K --nodes N``)."""
-
-
-NodePlanner = Callable[[str], dict[int, list[Range]] | None]
-"""Given a folder holding a checkpoint's ``.metadata``: per rank of this node (of the world size that will load
-it), the byte ranges its DCP load reads, worked out by that rank (node.supervisor's ``RankGroup.plan``);
-None when some rank cannot tell (the whole checkpoint is then fetched)."""
 
 
 class _PlanRound:
@@ -112,15 +95,13 @@ class Agreement(Protocol):
         """This node cannot restore at all: tell the others now."""
 
 
-def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
+def prepare_resume(remote: str, local_folder: str, step: int | None = None, *, wanted: Wanted = WHOLE,
                    endpoint_url: str | None = None, storage_options: dict | None = None,
-                   progress: ByteProgress | None = None, ranks: list[int] | None = None,
-                   world_size: int | None = None, agree: Agreement | None = None,
-                   planner: NodePlanner | None = None, notice: Callable[[str], None] | None = None,
-                   ) -> RestoreResult | None:
+                   progress: ByteProgress | None = None, agree: Agreement | None = None,
+                   notice: Callable[[str], None] | None = None) -> RestoreResult | None:
     """Restore ``step`` (default: the newest complete checkpoint, falling back past corrupt ones)
-    of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``ranks``,
-    ``world_size``, ``agree``, ``planner``: see :func:`restore` (one node's share; one verdict for all).
+    of ``remote`` into ``local_folder/step-N`` and hide newer uncommitted local steps. ``wanted``,
+    ``agree``: see :func:`restore_checkpoint` (one node's share; one verdict for all).
     A store that throttles is waited out, each of its operations up to SLURM_TITAN_STORE_RETRY_S
     seconds (:mod:`.storage.backoff`), the waits said to ``notice`` (at most a line every 30 s).
 
@@ -134,8 +115,8 @@ def prepare_resume(remote: str, local_folder: str, step: int | None = None, *,
     infos = None if step is not None else list_checkpoints(store)
     if infos is None or newest_complete(infos) is not None:
         result = restore_checkpoint(store, local_folder, step=step, progress=progress,
-                                    notify=lambda msg: log.warning("%s", msg), ranks=ranks, world_size=world_size,
-                                    agree=agree, infos=infos, planner=planner)
+                                    notify=lambda msg: log.warning("%s", msg), wanted=wanted, agree=agree,
+                                    infos=infos)
         log.info("checkpoint step %d %s %s", result.step, "already in" if result.reused else "restored to",
                  result.path)
     hide_uncommitted(local_folder, newer_than=result.step if result else None)
@@ -163,9 +144,8 @@ def hide_uncommitted(local_folder: str, newer_than: int | None) -> list[str]:
 
 
 def restore_checkpoint(store: Store, dest: str, step: int | None = None, progress: ByteProgress | None = None,
-                       notify: Callable[[str], None] | None = None, *, ranks: Ranks | None = None,
-                       world_size: int | None = None, agree: Agreement | None = None,
-                       infos: list[CheckpointInfo] | None = None, planner: NodePlanner | None = None) -> RestoreResult:
+                       notify: Callable[[str], None] | None = None, *, wanted: Wanted = WHOLE,
+                       agree: Agreement | None = None, infos: list[CheckpointInfo] | None = None) -> RestoreResult:
     """Download a complete checkpoint into ``<dest>/step-N/``, verifying every checksum.
 
     ``step=None``: the newest complete checkpoint; if it is corrupt, the previous complete
@@ -174,16 +154,15 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
     every file is verified, together with its commit record (so ``dest`` is itself a
     location that ``list``/``verify`` understand).
 
-    ``ranks`` (or a function of the saving world size giving them), with ``world_size`` (the world
-    size that will load it; None: the saving one): fetch only what these ranks' DCP load reads
-    (:mod:`.share`) when the record has a read map of that world size. On another world size,
-    ``planner`` (the loading ranks) says what they read of each candidate, from its ``.metadata``
-    (fetched first); without one, or a record without a read map, the whole checkpoint is fetched.
-    ``agree``: each candidate is published only once every node accepts it (:mod:`.agree`); a
-    rejection anywhere is a fallback everywhere. ``infos``: the location's listing when the caller
-    has one (:func:`.catalog.list_checkpoints`; None: list it).
+    ``wanted``: the whole checkpoint, or what some ranks' DCP load reads (:class:`.fetch_plan.Wanted`):
+    on the saving world size from the record's read map; on another, its planner says what they read
+    of each candidate, from its ``.metadata`` (fetched first); without one, or a record without a read
+    map, the whole checkpoint is fetched. ``agree``: each candidate is published only once every node
+    accepts it (:mod:`.agree`); a rejection anywhere is a fallback everywhere. ``infos``: the location's
+    listing when the caller has one (:func:`.catalog.list_checkpoints`; None: list it).
     """
     infos = list_checkpoints(store) if infos is None else infos
+    dest = os.path.abspath(dest)
     by_step = {i.step: i for i in infos}
     if step is not None:
         info = by_step.get(step)
@@ -200,11 +179,10 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
     skipped: list[tuple[int, str]] = []
     for n, s in enumerate(candidates):
         fetched: _Fetched | None = None
-        saved_by = by_step[s].world_size
-        plan_round = (_PlanRound(agree, s) if agree is not None and planner is not None and world_size is not None
-                      and saved_by is not None and saved_by != world_size else None)
+        plan_round = (_PlanRound(agree, s) if agree is not None and wanted.planner is not None
+                      and wanted.resharded_to(by_step[s].world_size) is not None else None)
         try:
-            fetched = _fetch(store, s, dest, progress, ranks, world_size, planner, plan_round)
+            fetched = _fetch(store, _plan(store, s, dest, wanted, plan_round), dest, progress)
             why = ""
         except (CorruptCheckpoint, ManifestError) as e:
             why = str(e)
@@ -237,83 +215,6 @@ def restore_checkpoint(store: Store, dest: str, step: int | None = None, progres
             notify(msg)
     raise StorageError(f"{store.location}: every complete checkpoint is corrupt: "
                        + "; ".join(f"step {s}: {why}" for s, why in skipped))
-
-
-def _describe_bad(store: Store, step: int, bad: list[tuple[str, str]]) -> str:
-    head = ", ".join(f"{p}: {why}" for p, why in bad[:5])
-    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    return f"{store.url(layout.step_dir(step))}: {len(bad)} bad file(s): {head}{more}"
-
-
-def _inside(base: str, rel: str) -> str:
-    path = os.path.normpath(os.path.join(base, rel))
-    if os.path.commonpath([base, path]) != base:
-        raise StorageError(f"refusing to write {rel!r} outside {base}")
-    return path
-
-
-def _read_share(folder: str, m: Manifest) -> Share | None:
-    path = os.path.join(folder, layout.META_DIR, SHARE_FILE)
-    try:
-        with open(path, "rb") as f:
-            share = Share.from_json(f.read(), path)
-    except FileNotFoundError:
-        return None
-    share = share if share.files else share.with_files(m)
-    return share if share.world_size is not None else dataclasses.replace(share, world_size=m.world_size)
-
-
-def _local_copy_ok(folder: str, m: Manifest, share: Share | None) -> bool:
-    """Whether ``folder`` holds an intact copy of at least ``share`` (None: the whole checkpoint)."""
-    try:
-        with open(os.path.join(folder, layout.COMMIT_RECORD), "rb") as record:
-            raw = record.read()
-        # the record as fetched (restores since format 2), or one re-written by an older restore: parsed
-        local = m if raw == m.raw else Manifest.from_json(raw, step=m.step)
-        held = _read_share(folder, m)
-    except (OSError, StorageError):
-        return False
-    if {(f.path, f.size, f.checksum) for f in local.files} != {(f.path, f.size, f.checksum) for f in m.files}:
-        return False
-    if share is not None and held is not None and held.world_size != share.world_size:
-        return False  # the share of other ranks' loads: fetched anew
-    for f in m.files:
-        whole = share is None or f.path in share.whole
-        wanted = [] if share is None or whole else share.pieces(f)
-        if not whole and not wanted:
-            continue  # not part of the share
-        p = _inside(folder, f.path)
-        try:
-            if os.path.getsize(p) != f.size:
-                return False
-            if whole:
-                ok = (held is None or f.path in held.whole) and hash_file(p, m.algorithm) == (f.size, f.checksum)
-            else:
-                ok = (held is None or f.path in held.whole or set(wanted) <= set(held.pieces(f))) and _pieces_ok(
-                    p, wanted, m.algorithm)
-        except OSError:
-            return False
-        if not ok:
-            return False
-    return True
-
-
-def _pieces_ok(path: str, pieces: list[tuple[int, int, str]], algorithm: str) -> bool:
-    with open(path, "rb", buffering=0) as fin:
-        return all(hash_bytes(os.pread(fin.fileno(), n, off), algorithm) == c for off, n, c in pieces)
-
-
-def _bad_blocks(path: str, f: FileEntry, algorithm: str) -> str:
-    """Which byte ranges of a downloaded file that failed its checksum are bad (from its block
-    checksums; only the whole file's in records without them)."""
-    if not f.block_size:
-        return "checksum mismatch"
-    with open(path, "rb", buffering=0) as fin:
-        bad = [b for b in range(len(f.blocks))
-               if hash_bytes(os.pread(fin.fileno(), f.block_span(b)[1], f.block_span(b)[0]), algorithm) != f.blocks[b]]
-    if not bad:
-        return "checksum mismatch (though every block matches its own: the record disagrees with itself)"
-    return describe_ranges(f, [f.block_span(b) for b in bad])
 
 
 def _clean_leftovers(dest: str) -> None:
@@ -371,15 +272,32 @@ class _Fetched:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _wanted_share(store: Store, m: Manifest, dest: str, ranks: Ranks | None, world_size: int | None,
-                  planner: NodePlanner | None, plan_round: _PlanRound | None) -> Share | None:
+def _plan(store: Store, step: int, dest: str, wanted: Wanted, plan_round: _PlanRound | None) -> FetchPlan:
+    """The fetch of candidate ``step`` into ``dest`` of what this node wants."""
+    m = read_manifest(store, step)
+    share = _wanted_share(store, m, dest, wanted, plan_round)
+    final = os.path.join(dest, layout.step_dir(step))
+    held = read_share(final, m) if share is not None and os.path.isdir(final) else None
+    if (share is not None and held is not None and held.world_size == share.world_size
+            and not set(share.ranks) <= set(held.ranks)):
+        # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
+        # ranks may be loading from it: the new copy holds both shares (a share of another world size
+        # is of no rank that loads now)
+        share = share.joined(held, m)
+    return FetchPlan.of(m, share)
+
+
+def _wanted_share(store: Store, m: Manifest, dest: str, wanted: Wanted,
+                  plan_round: _PlanRound | None) -> Share | None:
     where = store.url(layout.commit_path(m.step))
-    if world_size is not None and world_size != m.world_size:
-        if planner is not None:
-            return _planned_share(store, m, dest, world_size, planner, plan_round)
+    world_size = wanted.resharded_to(m.world_size)
+    if world_size is not None:
+        if wanted.planner is not None:
+            return _planned_share(store, m, dest, world_size, wanted.planner, plan_round)
         log.info("checkpoint step %d was saved by %d ranks, loaded by %d: fetching all of it", m.step,
                  m.world_size, world_size)
         return None
+    ranks = wanted.ranks
     if ranks is None:
         return None
     if callable(ranks):
@@ -399,22 +317,14 @@ def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planne
     """The share of the node's ranks of another world size than the save's: its ``.metadata`` is fetched
     (verified) into a folder torchtitan does not pick up, every node says so (``plan_round``), and the ranks
     work out what their load reads of it."""
-    bad = check_listing(store, m)
-    if bad:
-        raise CorruptCheckpoint(_describe_bad(store, m.step, bad), bad)
-    meta = next((f for f in m.files if f.path == layout.DCP_METADATA), None)
-    if meta is None:
+    check_present(store, m)
+    if not any(f.path == layout.DCP_METADATA for f in m.files):
         raise ManifestError(f"{store.url(layout.commit_path(m.step))}: no {layout.DCP_METADATA} in the record")
     folder = os.path.join(dest, f".planning-{m.step}-{os.getpid()}")  # no "step-N" in it, as for .restoring-
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     try:
-        local = os.path.join(folder, meta.path)
-        [(size, digest)] = store.download_many([(f"{layout.step_dir(m.step)}/{meta.path}", local, meta.size)],
-                                               None, m.algorithm)
-        why = _download_problem(local, meta, size, digest, m.algorithm)
-        if why:
-            raise CorruptCheckpoint(_describe_bad(store, m.step, [(meta.path, why)]), [(meta.path, why)])
+        download(store, FetchPlan.of(m, Share([], [layout.DCP_METADATA])), folder, None)  # the .metadata alone
         other = plan_round.vote("") if plan_round is not None else ""
         if other:
             raise CorruptCheckpoint(other, [])
@@ -427,36 +337,17 @@ def _planned_share(store: Store, m: Manifest, dest: str, world_size: int, planne
     return reads_share(m, reads, world_size, store.url(layout.commit_path(m.step)))
 
 
-def _download_problem(path: str, f: FileEntry, size: int, digest: str, algorithm: str) -> str:
-    """Why a downloaded file (``size`` bytes read, checksum ``digest``) is bad; "" when it is not."""
-    if size != f.size:
-        return f"truncated: read {size} bytes, expected {f.size}"
-    return _bad_blocks(path, f, algorithm) if digest != f.checksum else ""
-
-
-def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ranks: Ranks | None,
-           world_size: int | None, planner: NodePlanner | None, plan_round: _PlanRound | None) -> _Fetched:
-    m = read_manifest(store, step)
-    dest = os.path.abspath(dest)
-    share = _wanted_share(store, m, dest, ranks, world_size, planner, plan_round)
+def _fetch(store: Store, plan: FetchPlan, dest: str, progress: ByteProgress | None) -> _Fetched:
+    """Execute ``plan`` into ``dest``: a copy of it under a temporary name, or the intact one already there."""
+    m, step, share, need = plan.manifest, plan.step, plan.share, plan.nbytes
     final = os.path.join(dest, layout.step_dir(step))
-    held = _read_share(final, m) if share is not None and os.path.isdir(final) else None
-    if (share is not None and held is not None and held.world_size == share.world_size
-            and not set(share.ranks) <= set(held.ranks)):
-        # a folder shared by several nodes (checkpoint.local on a shared filesystem): another node's
-        # ranks may be loading from it: the new copy holds both shares (a share of another world size
-        # is of no rank that loads now)
-        share = share.joined(held, m)
-    need = m.total_bytes if share is None else share.nbytes(m)
-    if os.path.isdir(final) and _local_copy_ok(final, m, share):
+    if os.path.isdir(final) and intact(final, plan):
         log.info("checkpoint step %d is already intact in %s", step, final)
         if progress:
             progress(need, need)
         return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, reused=True,
-                                      share=_read_share(final, m)), None)
-    bad = check_listing(store, m)
-    if bad:
-        raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
+                                      share=read_share(final, m)), None)
+    check_present(store, m)
     os.makedirs(dest, exist_ok=True)
     _clean_leftovers(dest)
     free = shutil.disk_usage(dest).free
@@ -468,25 +359,7 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        counter = ByteCounter(need, progress)
-        whole = [f for f in m.files if share is None or f.path in share.whole]
-        items: list[tuple[str, str, int | None]] = [
-            (f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size) for f in whole]
-        results = store.download_many(items, counter.add, m.algorithm)
-        bad = [(f.path, why) for f, (size, digest) in zip(whole, results)
-               if (why := _download_problem(_inside(tmp, f.path), f, size, digest, m.algorithm))]
-        gathered: dict[tuple[str, int, int], bytes] = {}
-        if share is not None:
-            gathered = _gathered_spans(store, m, share)
-            partial = [f for f in m.files if f.path not in share.whole and share.pieces(f)]
-            parts = [(f"{layout.step_dir(step)}/{f.path}", _inside(tmp, f.path), f.size,
-                      [p for p in share.pieces(f) if (f.path, p[0], p[1]) not in gathered]) for f in partial]
-            for f, failed in zip(partial, store.download_pieces(parts, m.algorithm, counter.add)):
-                if failed:
-                    bad.append((f.path, describe_ranges(f, failed)))
-            _write_spans(tmp, gathered, counter.add)
-        if bad:
-            raise CorruptCheckpoint(_describe_bad(store, step, bad), bad)
+        gathered = download(store, plan, tmp, ByteCounter(need, progress).add)
         meta = os.path.join(tmp, layout.META_DIR)
         os.makedirs(meta, exist_ok=True)
         with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as out:
@@ -503,44 +376,6 @@ def _fetch(store: Store, step: int, dest: str, progress: ByteProgress | None, ra
                                              f"file(s) in one GET" if gathered else ""))
     log.info("checkpoint step %d: fetched %d of %d bytes%s", step, need, m.total_bytes, parts_txt)
     return _Fetched(RestoreResult(step, final, m.total_bytes, m.world_size, fetched=need, share=share), tmp)
-
-
-def _gathered_spans(store: Store, m: Manifest, share: Share) -> dict[tuple[str, int, int], bytes]:
-    """The spans of ``share`` (path, offset, length) that the record's gathered object holds, with their bytes,
-    from one GET of it; none when the record has no such object or the share no spans. An object missing or
-    damaged is said in one line, and its spans are fetched from their files instead."""
-    wanted = {(path, off, n) for path, spans in share.spans.items() for off, n in spans}
-    if m.gathered is None or not wanted:
-        return {}
-    rel = layout.spans_path(m.step, m.gathered.name)
-    try:
-        blob = store.cat(rel)
-    except FileNotFoundError:
-        blob = b""
-    if len(blob) != m.gathered.size or hash_bytes(blob, m.algorithm) != m.gathered.checksum:
-        log.warning("checkpoint step %d: %s is missing or damaged: its small items are fetched from their files",
-                    m.step, store.url(rel))
-        return {}
-    out, at = {}, 0
-    for path, off, n, _ in gathered_layout(m.files):
-        if (path, off, n) in wanted:
-            out[(path, off, n)] = blob[at:at + n]
-        at += n
-    return out
-
-
-def _write_spans(folder: str, spans: dict[tuple[str, int, int], bytes], progress: Callable[[int], None]) -> None:
-    """Write gathered spans at their offsets into the (sparse) files under ``folder`` that hold them."""
-    for (path, off, _), data in sorted(spans.items()):
-        try:
-            fd = os.open(_inside(folder, path), os.O_WRONLY)
-            try:
-                os.pwrite(fd, data, off)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise StorageError(f"cannot write {_inside(folder, path)}: {e.strerror}") from None
-        progress(len(data))
 
 
 def _ranks_text(ranks: list[int]) -> str:

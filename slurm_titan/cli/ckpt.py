@@ -12,11 +12,14 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, ClassVar, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from slurm_titan import table
 from slurm_titan.cli.base import SubCommand, add_subcommands, run_chosen
 from slurm_titan.errors import ExitCode, StorageError
+
+if TYPE_CHECKING:
+    from slurm_titan.ckpt import Wanted
 
 
 def _add_location(parser: argparse.ArgumentParser) -> None:
@@ -153,26 +156,26 @@ def _read_maps(store: Any, m: Any) -> list | None:
         return None
 
 
-def _restore_ranks(args: argparse.Namespace) -> Any:
-    """The ranks of ``--ranks`` or ``--node K --nodes N`` (None: the whole checkpoint)."""
-    from slurm_titan.ckpt import node_ranks
+def _wanted(args: argparse.Namespace) -> Wanted:
+    """What ``ckpt restore`` fetches: the share of ``--ranks`` or ``--node K --nodes N``, or the whole checkpoint."""
+    from slurm_titan.ckpt import Wanted, node_ranks
 
     if args.ranks is not None and (args.node is not None or args.nodes is not None):
         raise StorageError("ckpt restore: give --ranks or --node/--nodes, not both")
     if args.ranks is not None:
         try:
-            return sorted({int(r) for r in args.ranks.split(",")})
+            return Wanted(sorted({int(r) for r in args.ranks.split(",")}))
         except ValueError:
             raise StorageError(f"ckpt restore: --ranks {args.ranks!r}: expected ranks like 0,1,2") from None
     if (args.node is None) != (args.nodes is None):
         raise StorageError("ckpt restore: --node K needs --nodes N (and --nodes N needs --node K)")
     if args.node is None:
-        return None
+        return Wanted()
     try:
         node_ranks(args.node, args.nodes, args.nodes)  # K in [0, N): refused before contacting the store
     except ValueError as e:
         raise StorageError(f"ckpt restore: {e}") from None
-    return lambda world_size: node_ranks(args.node, args.nodes, world_size)
+    return Wanted(lambda world_size: node_ranks(args.node, args.nodes, world_size))
 
 
 class Restore(SubCommand):
@@ -192,7 +195,7 @@ class Restore(SubCommand):
     def run(self, args: argparse.Namespace) -> int:
         from slurm_titan.ckpt import restore_checkpoint
 
-        ranks = _restore_ranks(args)
+        wanted = _wanted(args)
         store = _open(args)
         bar = ProgressBar("restore", enabled=not args.quiet)
 
@@ -203,7 +206,7 @@ class Restore(SubCommand):
             bar.start = time.monotonic()
 
         try:
-            result = restore_checkpoint(store, args.to, step=args.step, progress=bar, notify=notify, ranks=ranks)
+            result = restore_checkpoint(store, args.to, step=args.step, progress=bar, notify=notify, wanted=wanted)
         finally:
             bar.close()
         how = "already intact in" if result.reused else "restored to"

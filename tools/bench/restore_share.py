@@ -79,7 +79,7 @@ def save(world: int, local: Path, remote: str, mib: int, env: dict) -> None:
 
 
 def bench(world: int, args, work: Path, remote: str, results: dict) -> None:
-    from slurm_titan.ckpt import node_ranks, open_store, read_manifest, restore_checkpoint
+    from slurm_titan.ckpt import Wanted, node_ranks, open_store, read_manifest, restore_checkpoint
 
     t = time.perf_counter()
     save(world, work / f"save-{world}", remote, args.mib_per_rank, dict(os.environ))
@@ -99,8 +99,8 @@ def bench(world: int, args, work: Path, remote: str, results: dict) -> None:
                     dest = work / f"n{k}-{kind}"
                     shutil.rmtree(dest, ignore_errors=True)
                     t = time.perf_counter()
-                    res = restore_checkpoint(store, str(dest), step=1000, ranks=ranks if kind == "share" else None,
-                                             world_size=world)
+                    res = restore_checkpoint(store, str(dest), step=1000,
+                                             wanted=Wanted(ranks if kind == "share" else None, world))
                     times[kind].append(time.perf_counter() - t)
                     if kind == "share":
                         fetched, share = res.fetched, res.share

@@ -47,14 +47,15 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     remote = plan.remote_for(job_id)
     if not remote:
         return RestoreVerdict()
-    from slurm_titan.ckpt import NodeAgreement, prepare_resume
+    from slurm_titan.ckpt import NodeAgreement, Wanted, prepare_resume
 
     Path(local).mkdir(parents=True, exist_ok=True)
     agree = NodeAgreement(verdicts, node, nodes) if verdicts is not None and nodes > 1 else None
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
-        restored = prepare_resume(remote, local, endpoint_url=plan.endpoint_url, ranks=ranks, world_size=world_size,
-                                  agree=agree, planner=planner, notice=lambda line: say(f"checkpoint restore: {line}"))
+        restored = prepare_resume(remote, local, wanted=Wanted(ranks, world_size, planner),
+                                  endpoint_url=plan.endpoint_url, agree=agree,
+                                  notice=lambda line: say(f"checkpoint restore: {line}"))
     if restored is None:
         say(f"no complete checkpoint in {remote}: training starts at step 1")
         return RestoreVerdict()

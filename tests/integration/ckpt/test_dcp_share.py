@@ -21,6 +21,7 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.fetch_plan import Wanted
 from slurm_titan.ckpt.parts import all_reads, rank_reads
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share, node_ranks, node_share, reads_share
@@ -110,7 +111,7 @@ def test_each_node_fetches_its_share_and_loads_what_the_whole_checkpoint_holds(s
         ranks = node_ranks(k, nodes, world)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="slurm_titan.ckpt.restore"):
-            res = restore_checkpoint(store, str(tmp / f"n{nodes}-node{k}"), ranks=ranks, world_size=world)
+            res = restore_checkpoint(store, str(tmp / f"n{nodes}-node{k}"), wanted=Wanted(ranks, world))
         node_dirs[k] = Path(res.path)
         line = next(r.getMessage() for r in caplog.records if "fetched" in r.getMessage())
         got = int(re.search(r"fetched (\d+) of (\d+) bytes", line).group(1))
@@ -145,7 +146,7 @@ def test_a_rank_whose_load_reads_outside_its_nodes_share_is_refused(saved):
     node's ranks): the check before dcp.load refuses, instead of loading holes as zeros."""
     world, tmp, remote, _ = saved
     store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
-    res = restore_checkpoint(store, str(tmp / "wrong"), ranks=[0], world_size=world)
+    res = restore_checkpoint(store, str(tmp / "wrong"), wanted=Wanted([0], world))
     # every rank loads from rank 0's share: ranks 1.. find their own shards missing
     port = _free_port()
     env = dict(repo_pythonpath(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),

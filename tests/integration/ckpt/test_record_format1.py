@@ -11,6 +11,7 @@ import pytest
 
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest
+from slurm_titan.ckpt.fetch_plan import Wanted
 from slurm_titan.ckpt.manifest import FORMAT_1
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.share import SHARE_FILE, Share
@@ -52,13 +53,13 @@ def test_a_format1_record_lists_shows_and_verifies(location, capsys):
 
 def test_a_format1_record_restores_a_nodes_share(location, tmp_path):
     remote, files = location
-    res = restore_checkpoint(open_store(remote), str(tmp_path / "node1"), ranks=[1], world_size=2)
+    res = restore_checkpoint(open_store(remote), str(tmp_path / "node1"), wanted=Wanted([1], 2))
     assert res.share.whole == [".metadata", "__1_0.distcp"] and res.share.spans == {"__0_0.distcp": [ITEM]}
     assert res.fetched == len(files[".metadata"]) + len(files["__1_0.distcp"]) + ITEM[1]
     folder = tmp_path / "node1" / "step-10"
     assert (folder / layout.COMMIT_RECORD).read_bytes() == RECORD.read_bytes()  # as fetched, not re-written
     share = Share.from_json((folder / layout.META_DIR / SHARE_FILE).read_bytes(), "t")
     assert share.covers("__0_0.distcp", *ITEM) and not share.covers("__0_0.distcp", 0, 10)
-    assert restore_checkpoint(open_store(remote), str(tmp_path / "node1"), ranks=[1], world_size=2).reused
+    assert restore_checkpoint(open_store(remote), str(tmp_path / "node1"), wanted=Wanted([1], 2)).reused
     whole = restore_checkpoint(open_store(remote), str(tmp_path / "all"))
     assert all((Path(whole.path) / p).read_bytes() == d for p, d in files.items())

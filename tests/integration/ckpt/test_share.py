@@ -15,6 +15,7 @@ from slurm_titan.ckpt.agree import NodeAgreement
 from slurm_titan.ckpt.catalog import read_manifest, verify
 from slurm_titan.ckpt.checksum import BlockHasher, hash_bytes
 from slurm_titan.ckpt.commit import gather_spans
+from slurm_titan.ckpt.fetch_plan import Wanted
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError
 from slurm_titan.ckpt.parts import all_reads, part_bytes
 from slurm_titan.ckpt.restore import restore_checkpoint
@@ -103,7 +104,7 @@ def test_upload_records_block_checksums_and_the_read_map(location, tmp_path, mon
 def test_each_node_fetches_only_its_share_verified(location, tmp_path, monkeypatch):
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
     store = open_store(location)
-    res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([1], 2))
     assert res.share.whole == [".metadata", "__1_0.distcp"] and res.share.blocks == {"__0_0.distcp": [3]}
     assert res.fetched == len(files[".metadata"]) + len(files["__1_0.distcp"]) + BLOCK
     folder = tmp_path / "node1" / "step-10"
@@ -113,9 +114,9 @@ def test_each_node_fetches_only_its_share_verified(location, tmp_path, monkeypat
     assert partial[:3 * BLOCK] == bytes(3 * BLOCK)
     assert (folder / "__1_0.distcp").read_bytes() == files["__1_0.distcp"]
     assert json.loads((folder / layout.META_DIR / "share.json").read_bytes())["ranks"] == [1]
-    again = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+    again = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([1], 2))
     assert again.reused and again.share == res.share
-    other_size = restore_checkpoint(store, str(tmp_path / "resharded"), ranks=[0], world_size=4)  # another world size
+    other_size = restore_checkpoint(store, str(tmp_path / "resharded"), wanted=Wanted([0], 4))  # another world size
     assert other_size.share is None and other_size.fetched == read_manifest(store, 10).total_bytes
 
 
@@ -130,7 +131,7 @@ def test_old_record_without_block_checksums_restores_whole(tmp_path, monkeypatch
             f.pop("block_size"), f.pop("blocks")
 
     _edit_record(store, 10, old)
-    res = restore_checkpoint(store, str(tmp_path / "node0"), ranks=[0], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node0"), wanted=Wanted([0], 2))
     assert res.share is None and res.fetched == sum(map(len, files.values()))
     assert all((tmp_path / "node0" / "step-10" / p).read_bytes() == d for p, d in files.items())
     entry = read_manifest(store, 10).files[0]
@@ -158,7 +159,7 @@ def test_bad_record_is_refused_in_one_line_and_the_restore_falls_back(tmp_path, 
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
     edit(store)
-    res = restore_checkpoint(store, str(tmp_path / "node0"), ranks=[0, 1], world_size=2)  # reads both parts
+    res = restore_checkpoint(store, str(tmp_path / "node0"), wanted=Wanted([0, 1], 2))  # reads both parts
     assert res.step == 10 and len(res.skipped) == 1
     assert "\n" not in res.skipped[0][1]
     import re
@@ -194,7 +195,7 @@ def test_a_bad_range_on_one_node_makes_every_node_fall_back(location, tmp_path, 
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
     _corrupt(store, "step-11/__0_0.distcp", BLOCK + 5)  # block 1: node 1 reads only block 3 of this file
-    results = _restore_on_nodes(tmp_path, [location] * 2, lambda k: {"ranks": node_ranks(k, 2, 2), "world_size": 2})
+    results = _restore_on_nodes(tmp_path, [location] * 2, lambda k: {"wanted": Wanted(node_ranks(k, 2, 2), 2)})
     assert results[0].step == results[1].step == 10
     for k in range(2):
         why = results[k].skipped[0][1]
@@ -218,7 +219,7 @@ def test_a_node_that_cannot_restore_at_all_tells_the_others_at_once(tmp_path, mo
     (tmp_path / "dest").write_text("a file where the destination folder goes")  # the disk side fails
     agree = NodeAgreement(tmp_path / "v", 0, 2, timeout_s=30)
     with pytest.raises(OSError):
-        restore_checkpoint(open_store(location), str(tmp_path / "dest"), ranks=[0], world_size=2, agree=agree)
+        restore_checkpoint(open_store(location), str(tmp_path / "dest"), wanted=Wanted([0], 2), agree=agree)
     verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())
     assert verdict["fatal"] and not verdict["ok"]
     with pytest.raises(StorageError, match="node 0 could not restore checkpoint step 12"):
@@ -280,11 +281,11 @@ def test_a_folder_shared_by_two_nodes_ends_up_with_both_shares(tmp_path, monkeyp
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10], world=4, monkeypatch=monkeypatch)[10]
     store = open_store(location)
-    first = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4)
-    second = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4)
+    first = restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([0, 1], 4))
+    second = restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([2, 3], 4))
     assert first.share.ranks == [0, 1] and second.share.ranks == [0, 1, 2, 3]
     assert all((tmp_path / "shared" / "step-10" / p).read_bytes() == d for p, d in files.items())
-    assert restore_checkpoint(store, str(tmp_path / "shared"), ranks=[1], world_size=4).reused
+    assert restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([1], 4)).reused
 
 
 def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, monkeypatch):
@@ -293,7 +294,7 @@ def test_small_items_other_ranks_read_are_fetched_exactly(location, tmp_path, mo
     entry = next(f for f in read_manifest(store, 10).files if f.path == "__0_0.distcp")
     data = files[10]["__0_0.distcp"]
     assert entry.spans == ((*ITEM, hash_bytes(data[ITEM[0]:sum(ITEM)], "xxh3_128")),)
-    res = restore_checkpoint(store, str(tmp_path / "node1"), step=10, ranks=[1], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), step=10, wanted=Wanted([1], 2))
     assert res.share.blocks == {} and res.share.spans == {"__0_0.distcp": [ITEM]}
     assert res.fetched == len(files[10][".metadata"]) + len(files[10]["__1_0.distcp"]) + ITEM[1]
     partial = (tmp_path / "node1" / "step-10" / "__0_0.distcp").read_bytes()
@@ -309,13 +310,13 @@ def test_the_committer_gathers_the_small_items_and_a_node_fetches_them_in_one_ge
     assert store.cat(gathered) == files[11]["__0_0.distcp"][ITEM[0]:sum(ITEM)]  # every file's spans, in order
     _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)  # the item in its file: the gathered copy serves
     with caplog.at_level("INFO", logger="slurm_titan.ckpt.restore"):
-        res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[1], world_size=2)
+        res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([1], 2))
     assert res.step == 11 and "1 small item(s) of 1 file(s) in one GET" in caplog.text
     partial = (tmp_path / "node1" / "step-11" / "__0_0.distcp").read_bytes()
     assert partial[ITEM[0]:sum(ITEM)] == files[11]["__0_0.distcp"][ITEM[0]:sum(ITEM)]
     assert [p for p, _ in verify(store, 11).bad] == ["__0_0.distcp"]  # the file itself is still found bad
     _corrupt(store, gathered, 3)  # both copies bad: the step is refused, the restore falls back
-    res = restore_checkpoint(store, str(tmp_path / "node1b"), ranks=[1], world_size=2)
+    res = restore_checkpoint(store, str(tmp_path / "node1b"), wanted=Wanted([1], 2))
     assert res.step == 10 and f"__0_0.distcp: bytes {ITEM[0]}-{sum(ITEM)} fail their checksum" in res.skipped[0][1]
     assert "gathered small items damaged" in dict(verify(store, 11).bad)[gathered.split("/", 1)[1]]
 
@@ -354,7 +355,7 @@ def test_another_world_size_fetches_what_the_new_ranks_plan_against_each_candida
     store = open_store(location)
     _corrupt(store, "step-11/__1_0.distcp", BLOCK + 5)  # in a block the new ranks read: a fallback
     planner = _Planner()
-    res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([2, 3], 4, planner))
     assert res.step == 10 and "__1_0.distcp: bytes 8192-16384 (block 1) fail their checksum" in res.skipped[0][1]
     assert planner.seen == [files[11][".metadata"], files[10][".metadata"]]  # planned again, against step 10
     assert (res.share.ranks, res.share.world_size) == ([2, 3], 4)
@@ -375,7 +376,7 @@ def test_a_corrupt_metadata_is_refused_before_any_rank_plans_against_it(tmp_path
     store = open_store(location)
     _corrupt(store, "step-11/.metadata", 3)
     planner = _Planner()
-    res = restore_checkpoint(store, str(tmp_path / "node1"), ranks=[2, 3], world_size=4, planner=planner)
+    res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([2, 3], 4, planner))
     assert res.step == 10 and ".metadata: bytes 0-" in res.skipped[0][1] and "fail their checksum" in res.skipped[0][1]
     assert planner.seen == [files[10][".metadata"]]
 
@@ -391,7 +392,7 @@ def test_when_one_node_cannot_verify_the_metadata_no_node_plans_against_it(tmp_p
     _corrupt(bad, "step-11/.metadata", 3)
     planners = {0: _Planner(), 1: _Planner()}
     results = _restore_on_nodes(tmp_path, [good, bad.location],
-                                lambda k: {"ranks": [2 * k, 2 * k + 1], "world_size": 4, "planner": planners[k]})
+                                lambda k: {"wanted": Wanted([2 * k, 2 * k + 1], 4, planners[k])})
     assert results[0].step == results[1].step == 10
     assert planners[0].seen == planners[1].seen == [files[10][".metadata"]]  # step 11: no node's ranks planned
     assert "node 1:" in results[0].skipped[0][1] and ".metadata" in results[0].skipped[0][1]
@@ -400,8 +401,7 @@ def test_when_one_node_cannot_verify_the_metadata_no_node_plans_against_it(tmp_p
 def test_ranks_that_cannot_tell_what_they_read_get_the_whole_checkpoint(tmp_path, monkeypatch):
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
-    res = restore_checkpoint(open_store(location), str(tmp_path / "n"), ranks=[2, 3], world_size=4,
-                             planner=_Planner(None))
+    res = restore_checkpoint(open_store(location), str(tmp_path / "n"), wanted=Wanted([2, 3], 4, _Planner(None)))
     assert res.share is None and res.fetched == sum(map(len, files.values()))
 
 
@@ -411,16 +411,16 @@ def test_a_share_of_another_world_size_is_replaced_and_one_of_the_same_joined(tm
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10], monkeypatch=monkeypatch)[10]
     store = open_store(location)
-    old = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[1], world_size=2)
+    old = restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([1], 2))
     assert old.share.whole == [".metadata", "__1_0.distcp"]  # holds all the new ranks 2, 3 read, of world size 2
-    second = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner())
+    second = restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([2, 3], 4, _Planner()))
     assert not second.reused and (second.share.ranks, second.share.world_size) == ([2, 3], 4)
     assert second.share.blocks == {"__1_0.distcp": [0, 1, 2]}
     first = {0: [("__0_0.distcp", 0, SIZE)], 1: [("__0_0.distcp", 0, 10)]}
-    both = restore_checkpoint(store, str(tmp_path / "shared"), ranks=[0, 1], world_size=4, planner=_Planner(first))
+    both = restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([0, 1], 4, _Planner(first)))
     assert (both.share.ranks, both.share.world_size) == ([0, 1, 2, 3], 4)
     assert both.share.whole == [".metadata", "__0_0.distcp"] and both.share.blocks == {"__1_0.distcp": [0, 1, 2]}
     folder = tmp_path / "shared" / "step-10"
     assert (folder / "__0_0.distcp").read_bytes() == files["__0_0.distcp"]
     assert (folder / "__1_0.distcp").read_bytes()[:3 * BLOCK] == files["__1_0.distcp"][:3 * BLOCK]
-    assert restore_checkpoint(store, str(tmp_path / "shared"), ranks=[2, 3], world_size=4, planner=_Planner()).reused
+    assert restore_checkpoint(store, str(tmp_path / "shared"), wanted=Wanted([2, 3], 4, _Planner())).reused

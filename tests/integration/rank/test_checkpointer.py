@@ -20,6 +20,7 @@ from torchtitan.config import Configurable
 from torchtitan.config.override import OverrideConfig, apply_overrides
 
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
+from slurm_titan.ckpt.fetch_plan import Wanted
 from slurm_titan.ckpt.parts import all_reads
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.storage import open_store
@@ -100,7 +101,7 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path / "dump" / "ckpt")) == ["step-6", "step-7"]
 
     # the committed checkpoint restores and loads back into a fresh model with DCP
-    restored = restore_checkpoint(store, str(tmp_path / "restored"), ranks=[0], world_size=1)
+    restored = restore_checkpoint(store, str(tmp_path / "restored"), wanted=Wanted([0], 1))
     assert restored.share is not None and not restored.share.blocks
     fresh = torch.nn.Linear(16, 16)
     with torch.no_grad():
