@@ -4,7 +4,7 @@ the CPUs they were using (measured over 3 s: tools.local_cluster.faults.Throttle
 would slow them. Nothing fails; the batch shell's judge must name the node from the ranks' own working time.
 
 Both runs are the preemption tests' 60-step run (tests.support.references.SIXTY_STEPS: one uninterrupted
-reference for all; the straggler settings change no loss). With a spare the node is named near step 19 and
+reference for all; the straggler settings change no loss). With a spare the node is named within a few chunks and
 swapped (the ranks save the current step and stop, the next attempt runs on the spare, no failure counted): the
 ~40 steps left at the slowed pace gain more than twice the swap's measured restart on an idle machine. The run
 COMPLETED with every loss equal to the reference's, and after the swap every node works as fast as the others
@@ -28,8 +28,11 @@ from tools.local_cluster.faults import ThrottleAtStep
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 THROTTLE_AT = 8
-JUDGE = ["--set", "straggler.window_steps=10", "--set", "straggler.warmup_steps=3"]
-NAMED_WITHIN = 30  # steps after the throttle: three windows (a noisy chunk above the threshold restarts one)
+# Two of the judge's chunks (~3 steps each): on a machine the other xdist worker loads, a 60 % quota of what the
+# node used alone does not bind in every chunk, and a chunk above the threshold restarts the window (a run whose
+# throttled node scored 0.70, 0.52, 0.96, 0.81, 0.85, 0.77, 0.55, 0.94, ... was never named in 10 steps)
+JUDGE = ["--set", "straggler.window_steps=6", "--set", "straggler.warmup_steps=3"]
+NAMED_WITHIN = 30  # steps after the throttle (how soon in seconds: tools/bench/straggler.py)
 
 
 @pytest.fixture
