@@ -4,7 +4,7 @@
       action: swap          # swap | alert | off; default: swap when slurm.spare_nodes > 0, else alert
       threshold: 0.8        # a node is slow below this score (its working time per step: the median of
                             # the other nodes' over its own)
-      window_steps: null    # for this many steps in a row; null: the steps that fill WINDOW_S (60 s) of
+      window_steps: null    # over its last this many steps; null: the steps that fill WINDOW_S (60 s) of
                             # the attempt's first judged steps (at least MIN_WINDOW_STEPS)
       warmup_steps: 5       # each attempt's first steps are not judged
 

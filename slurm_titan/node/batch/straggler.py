@@ -4,13 +4,16 @@ Each node's timing (records.node_timing) sums its ranks' steps and the CPU time 
 not waiting for peers: records.schedstat). Between two readings every node finished some steps; its working
 time per step over that chunk, set against the median of the other nodes', is its score (1: typical; 0.6:
 it works 1/0.6 as long for the same step, and in synchronous training every rank waits for it). A node whose
-score stays below `threshold` for `window` steps in a row is named slow, once per attempt. Not judged: each
+score over its last `window` steps is below `threshold` is named slow, once per attempt: the window is the
+fewest latest chunks that span it, their times summed (so that one noisy chunk weighs what its steps weigh and
+a node steadily 1.3x slow, whose chunks straddle 0.8, is named), and its first and last chunks must be below the
+threshold too (a dip shorter than the window, or one that is over, is forgiven). Not judged: each
 attempt's first `warmup_steps` (start-up, the restore, compilation, the data loader's first batches); saves
 and restores are other phases, outside the sums. A slowdown every node shares (the file system, the
 network) moves every score alike and names none. On an accelerator each node's chip probe (rank.device_probe:
 the same matmul at every step, timed on the device) is a second signal, scored and windowed the same way on
 its device time per probe: the host's time cannot see a slow chip, for which the host only waits. A node is
-named by whichever signal stays below first; a line's score is the lower of the two.
+named by whichever signal falls below first; a line's score (one chunk's) is the lower of the two.
 
 Swapping pays when what the slow node costs over the time left, (1 - score) x the time left, exceeds the
 swap's measured cost: this run's restart (an earlier restart's end to its next first step, else this
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from slurm_titan.node.straggler_config import MIN_WINDOW_STEPS, WINDOW_S
@@ -51,8 +55,9 @@ class Judge:
         self.window, self.window_s = window_steps, window_s
         self._base: dict[int, NodeTiming] = {}  # each node's reading at the last judgment
         self._first_step: int | None = None
-        # signal -> node -> (since step, the others' time, its own time) while it scores below the threshold
-        self._below: dict[str, dict[int, tuple[int, float, float]]] = {}
+        # signal -> node -> its latest chunks, the fewest that span the window: (first step, the others' time,
+        # its own time), the times summed over the chunk's steps
+        self._chunks: dict[str, dict[int, deque[Chunk]]] = {}
         self.named: set[int] = set()
 
     def offer(self, timings: dict[int, NodeTiming], now: float) -> tuple[ScoreLine | None, Candidate | None]:
@@ -81,18 +86,19 @@ class Judge:
         if self.window is None:
             self.window = max(MIN_WINDOW_STEPS, math.ceil(self.window_s / wall)) if wall > 0 else MIN_WINDOW_STEPS
         line_scores: dict[int, float] = {}
+        due = []
         for signal, per_step in signals.items():
-            below = self._below.setdefault(signal, {})
             for n, (score, reference) in _against_the_others(per_step).items():
                 line_scores[n] = min(score, line_scores.get(n, score))
-                if score < self.threshold:
-                    since, others, own = below.get(n, (chunk_start, 0.0, 0.0))
-                    below[n] = (since, others + reference * steps[n], own + per_step[n] * steps[n])
-                else:
-                    below.pop(n, None)
+                chunks = self._chunks.setdefault(signal, {}).setdefault(n, deque())
+                chunks.append(Chunk(chunk_start, reference * steps[n], per_step[n] * steps[n]))
+                while len(chunks) > 1 and step - chunks[1].since >= self.window:
+                    chunks.popleft()
+                window_score = _score(sum(c.others_s for c in chunks), sum(c.own_s for c in chunks))
+                if (n not in self.named and step - chunks[0].since >= self.window
+                        and max(score, chunks[0].score, window_score) < self.threshold):
+                    due.append((window_score, n, chunks[0].since, signal))
         line = ScoreLine(self.attempt, now, step, {self.hosts[n]: score for n, score in line_scores.items()})
-        due = [(others / own if own > 0 else 1.0, n, since, signal) for signal, below in self._below.items()
-               for n, (since, others, own) in below.items() if n not in self.named and step - since >= self.window]
         if not due:
             return line, None
         score, node, since, signal = min(due)
@@ -101,13 +107,31 @@ class Judge:
                                step_wall_s=wall, signal=signal)
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """One node's times between two judgments: the others' (their median per step x its steps) and its own."""
+
+    since: int  # the chunk's first step
+    others_s: float
+    own_s: float
+
+    @property
+    def score(self) -> float:
+        return _score(self.others_s, self.own_s)
+
+
+def _score(reference: float, own: float) -> float:
+    """The others' time over a node's own; 1.0 for a node that spent no time."""
+    return reference / own if own > 0 else 1.0
+
+
 def _against_the_others(per_step: dict[int, float]) -> dict[int, tuple[float, float]]:
     """Each node's (score, reference): the median of the other nodes' time per step (the reference) over its
-    own; 1.0 for a node that spent no time."""
+    own."""
     against = {}
     for n, own in per_step.items():
         reference = statistics.median(per_step[m] for m in per_step if m != n)
-        against[n] = (reference / own if own > 0 else 1.0, reference)
+        against[n] = (_score(reference, own), reference)
     return against
 
 
