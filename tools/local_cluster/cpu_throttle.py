@@ -48,6 +48,26 @@ def cpus_when_running(pids: list[int], seconds: float) -> float:
     return sum(shares)
 
 
+class ShareMeter:
+    """`cpus_when_running` without the sleep: what processes got while they wanted to run, from one reading of
+    theirs to the next."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, int]] = {}
+
+    def read(self, pids: list[int]) -> float | None:
+        """The CPUs `pids` got since their last reading, summed; None when none of them wanted to run since."""
+        shares = []
+        for pid in pids:
+            ran, waited = now = _schedstat_ns(pid)
+            if (before := self._last.get(pid)) is not None:
+                wanted = (ran - before[0]) + (waited - before[1])
+                if wanted > 0:
+                    shares.append((ran - before[0]) / wanted)
+            self._last[pid] = now
+        return sum(shares) if shares else None
+
+
 def root() -> Path | None:
     """The cpu controller's root this machine has, None when neither is writable here."""
     for path, marker in ((V1, "cpu.cfs_quota_us"), (V2, "cgroup.controllers")):

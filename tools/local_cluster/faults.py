@@ -10,12 +10,13 @@ import contextlib
 import os
 import re
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.local_cluster.cpu_throttle import CpuThrottle, cpus_when_running
+from tools.local_cluster.cpu_throttle import CpuThrottle, ShareMeter, cpus_when_running
 
 
 def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
@@ -109,14 +110,17 @@ def _size(path: Path) -> int:
 class ThrottleAtStep:
     """Slow a node down as a throttled chip would: once its rank `rank`'s log shows step `step`, every training
     process of `job_id` on `host` goes into one cgroup capped at `fraction` of the CPUs they were using
-    (measured over `measure_s`: tools/local_cluster/cpu_throttle.py; needs root). The node's processes of later
-    attempts join it too. `throttled_at` is when the quota took hold, `pids` the processes it holds; the cgroup is
-    removed on exit. Use as a context manager."""
+    (measured over `measure_s`: tools/local_cluster/cpu_throttle.py; needs root), then every `steer_s` at
+    `fraction` of what another node's processes got while they ran (the median node): on a machine shared with
+    other work (other test workers) what a process gets comes and goes with that work, and a quota fixed once
+    binds only while the work is light. The node's processes of later attempts join it too. `throttled_at` is
+    when the quota took hold, `pids` the processes it holds; the cgroup is removed on exit. Use as a context
+    manager."""
 
     def __init__(self, job_dir: Path, job_id: str, host: str, rank: int, step: int, fraction: float = 0.6,
-                 measure_s: float = 3.0, poll_s: float = 0.2) -> None:
+                 measure_s: float = 3.0, poll_s: float = 0.2, steer_s: float = 2.0) -> None:
         self.job_dir, self.job_id, self.host, self.rank, self.step = job_dir, job_id, host, rank, step
-        self.fraction, self.measure_s, self.poll_s = fraction, measure_s, poll_s
+        self.fraction, self.measure_s, self.poll_s, self.steer_s = fraction, measure_s, poll_s, steer_s
         self.throttled_at: float | None = None
         self.cpus: float | None = None
         self.pids: set[int] = set()
@@ -148,8 +152,17 @@ class ThrottleAtStep:
                     self._throttle = CpuThrottle(f"slurm-titan-slow-{self.job_id}", self.fraction * self.cpus)
                     self._throttle.__enter__()
                     self.throttled_at = time.time()
+        meter, steered = ShareMeter(), time.monotonic()
         while not self._stop.wait(self.poll_s):  # this node's processes of later attempts too
-            for pid in set(self._node_ranks()) - self.pids:
+            hosts: dict[str, list[int]] = {}
+            for pid, env in rank_processes(self.job_id).items():
+                hosts.setdefault(env.get("SLURMD_NODENAME", ""), []).append(pid)
+            for pid in set(hosts.pop(self.host, [])) - self.pids:
                 with contextlib.suppress(OSError):
                     self._throttle.add(pid)  # type: ignore[union-attr]
                     self.pids.add(pid)
+            if time.monotonic() - steered >= self.steer_s:
+                steered = time.monotonic()
+                others = [got for pids in hosts.values() if (got := meter.read(pids)) is not None]
+                if others:
+                    self._throttle.set_cpus(self.fraction * statistics.median(others))  # type: ignore[union-attr]
