@@ -1,8 +1,9 @@
 """A slow node on the real local Slurm cluster: the training processes of the node of rank 1 are put, at step
 THROTTLE_AT, into one cgroup v1 cpu group (`/sys/fs/cgroup/cpu/slurm-titan-slow-<job>`) whose quota is 60 % of
-the CPUs they were using (measured over 3 s), then steered every 2 s to 60 % of what the other node's rank gets
-while it runs (tools.local_cluster.faults.ThrottleAtStep: the other test workers' load comes and goes), as a
-throttled chip would slow them. Nothing fails; the batch shell's judge must name the node from the ranks' own working time.
+the CPUs they were using (measured over 3 s), then steered every 2 s to 60 % of what the other node's rank
+gets while it runs (tools.local_cluster.faults.ThrottleAtStep: the other test workers' load comes and goes),
+as a throttled chip would slow them. Nothing fails; the batch shell's judge must name the node from the ranks'
+own working time.
 
 Both runs are the preemption tests' 60-step run (tests.support.references.SIXTY_STEPS: one uninterrupted
 reference for all; the straggler settings change no loss). With a spare the node is named within a few chunks and
