@@ -30,9 +30,9 @@ from tools.local_cluster.faults import ThrottleAtStep
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 THROTTLE_AT = 8
-# Two of the judge's chunks (~3 steps each): on a machine the other xdist workers load, a 60 % quota of what the
-# node used alone does not bind in every chunk (one run's throttled node scored 0.70, 0.52, 0.96, 0.81, 0.85, 0.77,
-# 0.55, 0.94, ...); the window's summed score names it all the same, as soon as its first and last chunks are below
+# Two of the judge's chunks (~3 steps each): on a machine the other xdist workers load, the quota does not bind in
+# every chunk (one run's throttled node scored 0.70, 0.52, 0.96, 0.81, 0.85, 0.77, 0.55, 0.94, ...); the window's
+# summed score names it all the same, as soon as its first and last chunks are below
 JUDGE = ["--set", "straggler.window_steps=6", "--set", "straggler.warmup_steps=3"]
 NAMED_WITHIN = 30  # steps after the throttle (how soon in seconds: tools/bench/straggler.py)
 

@@ -40,12 +40,16 @@ def cpus_when_running(pids: list[int], seconds: float) -> float:
     on a CPU or waiting for one, summed (1.0: one process that always runs when it wants to)."""
     before = [_schedstat_ns(pid) for pid in pids]
     time.sleep(seconds)
-    shares = []
-    for pid, (ran0, waited0) in zip(pids, before):
-        ran, waited = _schedstat_ns(pid)
-        wanted = (ran - ran0) + (waited - waited0)
-        shares.append((ran - ran0) / wanted if wanted > 0 else 1.0)
-    return sum(shares)
+    shares = (_share(then, _schedstat_ns(pid)) for pid, then in zip(pids, before))
+    return sum(1.0 if share is None else share for share in shares)
+
+
+def _share(before: tuple[int, int], now: tuple[int, int]) -> float | None:
+    """Time on a CPU over time on a CPU or waiting for one, between two schedstat readings; None when the process
+    did not want to run in between."""
+    ran = now[0] - before[0]
+    wanted = ran + now[1] - before[1]
+    return ran / wanted if wanted > 0 else None
 
 
 class ShareMeter:
@@ -59,11 +63,9 @@ class ShareMeter:
         """The CPUs `pids` got since their last reading, summed; None when none of them wanted to run since."""
         shares = []
         for pid in pids:
-            ran, waited = now = _schedstat_ns(pid)
-            if (before := self._last.get(pid)) is not None:
-                wanted = (ran - before[0]) + (waited - before[1])
-                if wanted > 0:
-                    shares.append((ran - before[0]) / wanted)
+            now = _schedstat_ns(pid)
+            if (before := self._last.get(pid)) is not None and (share := _share(before, now)) is not None:
+                shares.append(share)
             self._last[pid] = now
         return sum(shares) if shares else None
 
