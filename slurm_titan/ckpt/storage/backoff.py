@@ -5,7 +5,9 @@ a small object, a range of a restore; the uploader's loop over a rank's files):
 
 - **full jitter**: the wait after the n-th failure is uniform in [0, min(cap, first * 2**(n-1))], so that
   ranks and threads that failed together do not come back together;
-- **Retry-After**: a wait is never shorter than what the store asked for;
+- **Retry-After**: a wait is never shorter than what the store asked for, and is spread over as long again
+  beyond it (or over the jitter's bound, if longer): callers refused together do not all come back at the same
+  Retry-After, in waves (measured in the scale harness: tools/bench/scale_sim/store.py);
 - **a deadline, not only a count**: a throttled answer (the store is up and asks for fewer requests:
   503 SlowDown, 429) is retried until ``total`` seconds have passed since the first try
   (SLURM_TITAN_STORE_RETRY_S, default 1800); any other transient failure (unreachable, reset, timed
@@ -126,9 +128,11 @@ class Backoff:
         return cls(total=total)
 
     def delay(self, failures: int, error: BaseException, rng: random.Random) -> float:
-        """The wait after the ``failures``-th failure, ``error``: full jitter, at least its Retry-After."""
+        """The wait after the ``failures``-th failure, ``error``: full jitter; with a Retry-After, that plus full
+        jitter over as long again (or the bound, if longer)."""
         bound = min(self.cap, self.first * 2.0 ** min(failures - 1, 64))
-        return max(rng.uniform(0.0, bound), retry_after(error) or 0.0)
+        asked = retry_after(error) or 0.0
+        return asked + rng.uniform(0.0, max(bound, asked)) if asked else rng.uniform(0.0, bound)
 
     def run(self, fn: Callable[[int], T], *, on_wait: Callable[[Wait], None] | None = None,
             retryable: Callable[[BaseException], bool] = is_transient, clock: Clock = SYSTEM_CLOCK,

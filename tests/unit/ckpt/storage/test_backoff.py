@@ -58,6 +58,16 @@ def test_a_retry_after_is_honoured():
     assert clock.sleeps[0] >= 5.0 and clock.sleeps[1] >= 7.0
 
 
+def test_callers_refused_together_come_back_spread_over_a_retry_after_beyond_it():
+    """Not all at the Retry-After: a store that refused many callers at once would see them again in one wave."""
+    rng = random.Random(1)
+    for failures, low, high in ((1, 1.0, 2.0), (9, 1.0, 11.0)):  # the jitter's bound 0.2, then 10 s
+        waits = [Backoff(first=0.2, cap=10.0).delay(failures, slow_down(1.0), rng) for _ in range(2000)]
+        assert all(low <= w <= high for w in waits)
+        assert min(waits) < low + 0.05 * (high - low) and max(waits) > high - 0.05 * (high - low)
+        assert 0.45 < sum(w < (low + high) / 2 for w in waits) / len(waits) < 0.55
+
+
 def test_full_jitter_spreads_the_waits_over_the_whole_interval():
     policy = Backoff(first=0.2, cap=10.0)
     rng = random.Random(1)
