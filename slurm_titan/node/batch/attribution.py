@@ -4,7 +4,11 @@ Every node supervisor reports its ranks' exit codes and the first failure it saw
 (`attempts/<A>/node-<N>.json`), or the hang its watchdog saw. A node without a report that does not
 answer (Slurm calls it down, or a probe step cannot run on it) was lost, and comes first: its peers'
 ranks fail or hang because it vanished. Else the attempt's failure is the earliest crash: the rank
-that died first, not the peers that died after it in a collective. A crash seen before any node's
+that died first, not the peers that died after it in a collective. Which came first is not left to the
+nodes' clocks alone (one node's clock seconds off would decide): a crash whose rank log shows only a peer's or
+the network's symptom (failure_kinds.NETWORK: a connection reset or closed by the peer, HCCL's heartbeat lost)
+comes after every crash that shows something else (`symptom_nodes`); the time orders crashes alike in that. A
+crash seen before any node's
 watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
 rank that stopped making progress first is blamed (node.culprit.culprit_key: a rank that does not run
 at all, then one that does not wait in a collective, then the one least far in steps and phases, then the
@@ -102,9 +106,19 @@ def silent_nodes(reports: dict[int, dict], hosts: list[str]) -> list[str]:
     return [host for node, host in enumerate(hosts) if node not in reports]
 
 
-def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) -> NodeFailure | None:
+def symptom_nodes(reports: dict[int, dict], job_dir: Path) -> set[int]:
+    """The nodes whose first crashed rank's log shows a peer's or the network's symptom (failure_kinds.NETWORK):
+    they died because another rank did, not first (one rank log's tail read a crashed node)."""
+    return {node for node, report in reports.items() if (failure := report.get("first_failure"))
+            and failure_kinds.classify_log(run_folder.rank_log(job_dir, int(failure["rank"]))).kind
+            == failure_kinds.NETWORK}
+
+
+def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str],
+                  symptoms: set[int] | frozenset[int] = frozenset()) -> NodeFailure | None:
     """A node of the attempt that was lost (`lost`: silent and not answering), else the earliest rank
-    failure any node saw (a crash before any hang was seen, else the stuck rank's hang)."""
+    failure any node saw (a crash before any hang was seen, else the stuck rank's hang); a crash of one of the
+    `symptoms` nodes (:func:`symptom_nodes`) after those of every other node, whatever their clocks say."""
     if gone := [host for host in silent_nodes(reports, hosts) if host in lost]:
         return NodeFailure(gone[0], LOST)
     hangs = [(node, report["hang"]) for node, report in reports.items() if report.get("hang")]
@@ -117,7 +131,7 @@ def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str]) ->
         return NodeFailure(reports[node].get("host") or hosts[node], HUNG, int(hang["rank"]),
                            step=int(hang["step"]), phase=str(hang["phase"]))
     if seen:
-        _, node, failure = min(seen, key=lambda item: item[0])
+        _, node, failure = min(seen, key=lambda item: (item[1] in symptoms, item[0]))
         return NodeFailure(reports[node].get("host") or hosts[node], CRASHED, int(failure["rank"]),
                            int(failure["exit_code"]))
     return None

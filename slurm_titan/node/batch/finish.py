@@ -182,7 +182,7 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
     lost = {host for host in silent if host in unhealthy}
     lost |= probe_failures([host for host in silent if host not in unhealthy])
     unhealthy |= lost
-    failure = attribution.first_failure(reports, attempt.hosts, lost)
+    failure = attribution.first_failure(reports, attempt.hosts, lost, attribution.symptom_nodes(reports, job_dir))
     if failure is None:
         return None, []
     failure = attribution.classified(failure, job_dir, attempt.hosts)

@@ -3,6 +3,7 @@ in the batch shell (with stand-ins for srun and scontrol; the real ones run in t
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -30,6 +31,23 @@ def test_the_rank_that_died_first_is_blamed_not_its_peers(tmp_path: Path) -> Non
     failure = attribution.first_failure(attribution.read_reports(tmp_path, 0, 2), ["n1", "n2"], set())
     assert failure == attribution.NodeFailure("n2", attribution.CRASHED, 1, -9)
     assert failure.describe() == "crashed on n2 rank 1 with SIGKILL"
+
+
+@pytest.mark.parametrize("skew", [-5.0, 0.0, 5.0])
+def test_a_crash_that_shows_a_peers_symptom_comes_after_the_one_that_does_not_whatever_the_clocks(
+        tmp_path: Path, skew: float) -> None:
+    """n2's rank was killed (its log shows nothing); n1's rank died on the closed connection. With n1's clock 5 s
+    behind, its crash looks earlier by the wall clocks; by the logs it is the consequence."""
+    node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 100.3 + skew})
+    node_report(tmp_path, 0, 1, "n2", 137, {"rank": 1, "exit_code": -9, "time": 100.1})
+    logs = run_folder.rank_logs_folder(tmp_path)
+    logs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DATA / "failure_logs/gloo_closed_by_peer.log", run_folder.rank_log(tmp_path, 0))
+    run_folder.rank_log(tmp_path, 1).write_text("[titan] step: 12 loss: 7.1\n")
+    reports = attribution.read_reports(tmp_path, 0, 2)
+    assert attribution.symptom_nodes(reports, tmp_path) == {0}
+    failure = attribution.first_failure(reports, ["n1", "n2"], set(), attribution.symptom_nodes(reports, tmp_path))
+    assert failure == attribution.NodeFailure("n2", attribution.CRASHED, 1, -9)
 
 
 def test_a_silent_node_that_does_not_answer_was_lost_and_comes_first(tmp_path: Path) -> None:
