@@ -103,6 +103,10 @@ class TransferConfig:
     """Uploads record a checksum per block of this many bytes (a multiple of 4 KiB) besides the
     whole file's, so that a restore can fetch and verify any byte range on its own
     (SLURM_TITAN_CKPT_BLOCK_KB)."""
+    expect_continue_min: int = 1 << 20
+    """S3 (the fast path): a body of at least this many bytes is sent only once the store answers
+    ``Expect: 100-continue``, so that a refused PUT costs no body bytes (botocore's threshold: smaller
+    bodies are not worth the wait for the interim answer)."""
     direct_io: bool = True
     """S3 restores write large files with O_DIRECT where the file system allows it (about half
     the client CPU per GiB, measured); False writes them through the page cache."""

@@ -9,8 +9,8 @@ the checksums in the commit record, verified on every restore).
 
 - upload: the caller's thread reads each file part by part into a pool of ``concurrency``
   buffers, hashing in order, while workers PUT the parts (multipart above one part). A body of
-  1 MiB or more is sent only once the store answers ``Expect: 100-continue``, so that a refused
-  PUT (503 SlowDown) costs no body bytes.
+  1 MiB or more (``TransferConfig.expect_continue_min``) is sent only once the store answers
+  ``Expect: 100-continue``, so that a refused PUT (503 SlowDown) costs no body bytes.
 - download: a large file being written to disk is split into ranges fetched in parallel into
   page-aligned buffers, written past the page cache and hashed in file order as they land
   (:mod:`.ranged`); a small file, or one only being hashed (verify), is streamed whole and
@@ -62,8 +62,6 @@ from slurm_titan.errors import StorageError
 T = TypeVar("T")
 
 _BUF = 256 << 10
-_EXPECT_MIN = 1 << 20
-"""PUT bodies at least this large wait for the store's ``100 Continue`` (botocore's threshold too)."""
 _CONTINUE_WAIT_S = 1.0
 """How long a PUT waits for ``100 Continue`` before it sends its body anyway (RFC 9110 10.1.1)."""
 _RANGED_MIN = 16 << 20
@@ -141,7 +139,7 @@ class _Http:
         conn = self.conn(url)
         target = url.path + (f"?{url.query}" if url.query else "")
         try:
-            if body is not None and len(body) >= _EXPECT_MIN:
+            if body is not None and len(body) >= self.store.transfer.expect_continue_min:
                 resp = self._put_after_continue(conn, method, target, rel, headers or {}, body)
             else:
                 conn.request(method, target, body=body, headers=headers or {})
