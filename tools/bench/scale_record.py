@@ -32,27 +32,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tools.bench.llama3_70b import BLOCK, RANKS_PER_NODE, MiB, file_name, params, rank_files, reads
+from tools.bench.scale_sim.goals import fit
+
 REPO = Path(__file__).resolve().parents[2]
-MiB = 1 << 20
-BLOCK = 16 * MiB
-RANKS_PER_NODE = 8
-REPLICATED = 725
 STEP = 1000
 GOALS = {"record_mib": 32.0, "commit_cpu_s": 30.0, "commit_rss_mib": 1024.0, "other_gets": 16.0}
-
-
-def params() -> list[int]:
-    """Element counts of llama3 70B's 723 parameters."""
-    dim, kv, ffn, vocab = 8192, 1024, 28672, 128256
-    layer = [dim * dim, kv * dim, kv * dim, dim * dim, ffn * dim, dim * ffn, ffn * dim, dim, dim]
-    return [vocab * dim] + layer * 80 + [dim, vocab * dim]
 
 
 # ------------------------------------------------------------------------------ one child process
@@ -61,24 +52,6 @@ def _code() -> dict:
     import importlib.util
 
     return {"parts": importlib.util.find_spec("slurm_titan.ckpt.parts") is not None}
-
-
-def _files(n: int, scale: int) -> tuple[list[list[tuple[int, int, bool]]], list[int]]:
-    """Per rank, its file's items (offset, length, replicated), replicated ones first, then sharded ones
-    largest first (as DCP lays them out); and each file's size. ``scale``: sizes divided by it."""
-    sharded = sorted((max(1, -(-4 * p // (n * scale))) for p in params() for _ in range(3)), reverse=True)
-    out, sizes = [], []
-    for r in range(n):
-        items, off = [], 0
-        for _ in range(r, REPLICATED, n):
-            items.append((off, 8, True))
-            off += 8
-        for length in sharded:
-            items.append((off, length, False))
-            off += length
-        out.append(items)
-        sizes.append(off)
-    return out, sizes
 
 
 def _hex(*key: int) -> str:
@@ -93,11 +66,10 @@ def prepare(location: str, n: int, scale: int, spans: str) -> dict:
 
     store = open_store(location, create=True)
     block = BLOCK // scale
-    items, sizes = _files(n, scale)
-    heads = {r: sum(8 for _ in range(r, REPLICATED, n)) for r in range(n)}
+    items, sizes = rank_files(n, scale)
     local = not location.startswith("s3://")
     for r in range(n):
-        path = f"__{r}_0.distcp"
+        path = file_name(r)
         if local:
             full = store.full(f"{layout.step_dir(STEP)}/{path}")
             os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -109,8 +81,7 @@ def prepare(location: str, n: int, scale: int, spans: str) -> dict:
                   if length < block and (rep or spans == "all")]  # the files hold zeros: their real checksums
         entry = FileEntry(path, sizes[r], _hex(r), block, tuple(_hex(r, b, 1) for b in range(-(-sizes[r] // block))),
                           tuple(chosen))
-        reads = [(path, 0, sizes[r])] + [(f"__{k}_0.distcp", 0, heads[k]) for k in range(n) if k != r and heads[k]]
-        write_receipt(store, Receipt(STEP, r, n, "bench", [entry], "xxh3_128", reads=reads))
+        write_receipt(store, Receipt(STEP, r, n, "bench", [entry], "xxh3_128", reads=reads(n, r, items, sizes)))
     return {}
 
 
@@ -181,9 +152,10 @@ def node(location: str, n: int) -> dict:
 
 # ------------------------------------------------------------------------------ the parent
 def _child(code: str, op: str, *args: object, env: dict | None = None) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", op, *map(str, args)]
-    full_env = dict(os.environ, **(env or {}), PYTHONPATH=code)
-    out = subprocess.run(cmd, env=full_env, check=True, capture_output=True, text=True)
+    """Run ``op`` in a fresh process whose slurm_titan is ``code``'s (this checkout's tools)."""
+    cmd = [sys.executable, "-m", "tools.bench.scale_record", "--child", code, op, *map(str, args)]
+    out = subprocess.run(cmd, env=dict(os.environ, **(env or {})), cwd=REPO, check=True, capture_output=True,
+                         text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -192,14 +164,6 @@ def measure(code: str, location: str, n: int, scale: int, spans: str, env: dict 
     row = {"ranks": n, **_child(code, "commit", location, n, env=env), **_child(code, "node", location, n, env=env)}
     row["record_mib"] = (row["index_bytes"] + row["part_bytes"]) / MiB
     return row
-
-
-def fit(rows: list[dict], key: str, at: int) -> float:
-    """A power law through the largest three points (least squares in log-log), at ``at`` ranks."""
-    pts = [(math.log(r["ranks"]), math.log(max(r[key], 1e-6))) for r in rows[-3:]]
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / max(sum((x - mx) ** 2 for x, _ in pts), 1e-12)
-    return math.exp(my + b * (math.log(at) - mx))
 
 
 COLUMNS = [("ranks", "ranks", 6, "{}"), ("record_mib", "record MiB", 10, "{:.2f}"),
@@ -243,9 +207,10 @@ def report(rows: list[dict], label: str) -> bool:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        op, args = sys.argv[2], sys.argv[3:]
-        fn = {"prepare": lambda: prepare(args[0], int(args[1]), int(args[2]), args[3]),
-              "commit": lambda: commit(args[0], int(args[1])), "node": lambda: node(args[0], int(args[1]))}[op]
+        sys.path.insert(0, sys.argv[2])  # before any slurm_titan import: the code under test
+        op, rest = sys.argv[3], sys.argv[4:]
+        fn = {"prepare": lambda: prepare(rest[0], int(rest[1]), int(rest[2]), rest[3]),
+              "commit": lambda: commit(rest[0], int(rest[1])), "node": lambda: node(rest[0], int(rest[1]))}[op]
         print(json.dumps(fn()))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

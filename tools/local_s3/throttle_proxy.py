@@ -169,20 +169,42 @@ def parse_upstream(url: str) -> tuple[str, int]:
     return host, parts.port or 80
 
 
+@dataclass(frozen=True)
+class Request:
+    """One answered request, as :class:`Counters` keeps it when asked to (an in-process proxy's harness reads them)."""
+
+    at: float
+    """``time.monotonic()`` when it was answered (one clock for every process of the machine)."""
+    method: str
+    path: str
+    """With its query."""
+    status: int
+    bytes_in: int
+
+
 class Counters:
-    """Requests, throttled answers and body bytes per method. Thread-safe."""
+    """Requests, throttled answers and body bytes per method, and with ``keep`` every request. Thread-safe."""
 
     FIELDS = ("requests", "throttled", "bytes_in", "bytes_out")
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.lock = threading.Lock()
         self.by_method: dict[str, dict[str, int]] = {}
+        self.keep = keep
+        self.requests: list[Request] = []
 
     def add(self, method: str, **counts: int) -> None:
         with self.lock:
             row = self.by_method.setdefault(method, dict.fromkeys(self.FIELDS, 0))
             for k, v in counts.items():
                 row[k] += v
+
+    def answered(self, method: str, path: str, status: int, bytes_in: int, bytes_out: int = 0) -> None:
+        """Count one answered request (and keep it)."""
+        self.add(method, requests=1, throttled=int(status == 503), bytes_in=bytes_in, bytes_out=bytes_out)
+        if self.keep:
+            with self.lock:
+                self.requests.append(Request(time.monotonic(), method, path, status, bytes_in))
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self.lock:
@@ -191,6 +213,7 @@ class Counters:
     def reset(self) -> None:
         with self.lock:
             self.by_method.clear()
+            self.requests.clear()
 
 
 class Throttle:
@@ -229,9 +252,9 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle) -> None:
+    def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle, keep_requests: bool = False) -> None:
         super().__init__(("127.0.0.1", port), Handler)
-        self.upstream, self.throttle, self.counters = upstream, throttle, Counters()
+        self.upstream, self.throttle, self.counters = upstream, throttle, Counters(keep_requests)
 
     @property
     def endpoint(self) -> str:
@@ -266,8 +289,7 @@ class Handler(BaseHTTPRequestHandler):
         if throttled is None:
             throttled = self.server.throttle.decide(self.command, self.path)
         if throttled:
-            self.server.counters.add(self.command, bytes_in=self._drop_body())
-            self._slow_down(body_sent=True)
+            self._slow_down(body_sent=True, bytes_in=self._drop_body())
             return
         self._delay()
         self._forward()
@@ -279,10 +301,10 @@ class Handler(BaseHTTPRequestHandler):
         if latency:
             time.sleep(latency)
 
-    def _slow_down(self, body_sent: bool) -> None:
+    def _slow_down(self, body_sent: bool, bytes_in: int = 0) -> None:
         """S3's 503 SlowDown; without the body read (``body_sent`` False) the connection cannot carry on."""
         self._delay()
-        self.server.counters.add(self.command, requests=1, throttled=1)
+        self.server.counters.answered(self.command, self.path, 503, bytes_in)
         body = b"" if self.command == "HEAD" else _SLOW_DOWN % (self.path.split("?", 1)[0].encode(),
                                                                 b"%016X" % random.getrandbits(64))
         self.send_response_only(503, "Slow Down")
@@ -344,14 +366,14 @@ class Handler(BaseHTTPRequestHandler):
             resp = up.getresponse()
         except (OSError, http.client.HTTPException) as e:
             up.close()
-            self.server.counters.add(self.command, requests=1, bytes_in=sent)
+            self.server.counters.answered(self.command, self.path, 502, sent)
             self._bad_gateway(e)
             return
         try:
             received = self._relay(resp)
         finally:
             up.close()
-            self.server.counters.add(self.command, requests=1, bytes_in=sent, bytes_out=received)
+            self.server.counters.answered(self.command, self.path, resp.status, sent, received)
 
     def _relay(self, resp: http.client.HTTPResponse) -> int:
         """The upstream's answer to the client: its headers, then its body (chunked again when it had no length)."""

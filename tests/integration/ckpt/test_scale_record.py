@@ -14,6 +14,7 @@ from slurm_titan.ckpt.parts import all_reads, rank_reads
 from slurm_titan.ckpt.share import node_share
 from slurm_titan.ckpt.storage import open_store
 from tools.bench import scale_record as bench
+from tools.bench.llama3_70b import BLOCK, RANKS_PER_NODE, REPLICATED, rank_files
 
 N = 16
 
@@ -26,18 +27,18 @@ def test_the_record_of_16_ranks_of_a_70b_model(location):
     m = read_manifest(store, bench.STEP)
     index = store.cat(layout.commit_path(bench.STEP))
     assert row["index_bytes"] == len(index) < INDEX_MAX_BYTES and b" " not in index
-    items, sizes = bench._files(N, scale)
-    blocks = sum(-(-s // (bench.BLOCK // scale)) for s in sizes)
+    items, sizes = rank_files(N, scale)
+    blocks = sum(-(-s // (BLOCK // scale)) for s in sizes)
     assert sum(len(f.blocks) for f in m.files) == blocks and len(index) < 40 * blocks + 400 * N
     # the items other ranks read have their own checksums, and only they: not the 2,169 shards of each rank
-    assert sum(len(f.spans) for f in m.files) == bench.REPLICATED
+    assert sum(len(f.spans) for f in m.files) == REPLICATED
     assert not any(json.loads(store.cat(layout.receipt_path(bench.STEP, r))).get("reads") for r in range(N))
     reads = all_reads(store, m)
     heads = {r: sum(n for o, n, rep in items[r] if rep) for r in range(N)}
     for r in range(N):
         assert reads[r][0] == ("__0_0.distcp", 0, heads[0] if r else sizes[0])
         assert (f"__{r}_0.distcp", 0, sizes[r]) in reads[r] and len(reads[r]) == N
-    ranks = list(range(bench.RANKS_PER_NODE))
+    ranks = list(range(RANKS_PER_NODE))
     share = node_share(m, rank_reads(store, m, ranks), "t")
     assert share.whole == sorted(f"__{r}_0.distcp" for r in ranks)
     assert share.spans == {f"__{k}_0.distcp": [(o, n) for o, n, rep in items[k] if rep] for k in range(8, N)}
