@@ -1,0 +1,271 @@
+"""The job folder part of the scale harness: the project's own folder code at M = ranks / 8 simulated nodes, on a
+file system that counts metadata operations and delays each by 20 ms, caches off (:mod:`tools.local_fs.slow_fs`).
+
+    .venv/bin/python -m tools.bench.scale_sim.folder 64 128 256 512     # a row per rank count, then the goals
+    .venv/bin/python -m tools.bench.scale_sim --parts folder
+
+The job folder is ``<mount>/runs/sim/1``, each node with a mount of its own (a client: its kernel's locks are its
+own), the batch shell with node 0's; a node is a thread of one of up to ``PROCESSES`` worker processes (they wait on
+the file system, not on the CPU). Throughout, the batch shell's step watcher (``step_watch.watch``, heartbeat thread
+and all, in a process of its own) watches the attempt's reports, as it does while the step runs; its stand-in for
+srun (a ``sleep``) is ended after the rounds. Two rounds, each counted apart (the watcher's operations included):
+
+- ``agree``: every node's :class:`~slurm_titan.ckpt.agree.NodeAgreement` on one restore candidate (the supervisor's
+  restore round), all at once but the last node, ``LATE_S`` late;
+- ``report``: a hang that every node's watchdog sees within ``SPREAD_S``. Each node, as the supervisor's ``_hung`` and
+  ``__call__`` do: its report written twice (``NodeSupervisor._report``: the first view, then the one with the
+  stacks), ``Watchdog.wait_for_peers``, the batch shell's heartbeat checked
+  (``batch_host.requeue_if_batch_shell_gone``), its final report. Not simulated: the stack dumps (they need the
+  ranks' processes).
+
+scontrol and srun shims on every process's PATH name node 0 the batch host and answer every probe.
+
+Figures (ops: the file system's metadata operations): ``<round>_ops``, ``_s`` (the round's time), ``_ops_per_s``,
+``_peak_ops_per_s`` (its busiest second), ``_lookup``, ``_list`` and ``_open`` (ops by what they were: getattr and
+access; opendir, readdir and releasedir; open, create and release); ``agree_ok`` (nodes that agreed); the longest
+``report_write_max_s`` (a node's two reports), ``report_peer_wait_max_s`` (``report_peer_timeouts``: waits that ran
+out) and ``report_beat_check_max_s``; ``report_requeued`` (nodes that found the batch shell gone);
+``report_read_s``: one read of all the reports after the round (the watcher's every pass does it, and ``finish``);
+``heartbeat_gap_max_s``: the longest time between two touches of the heartbeat over both rounds, as the file system
+saw them; ``folder_ops`` and ``folder_ops_per_s``: both rounds' ops, the busier round's rate; ``load_avg``: the
+machine's 1-minute load average at the end (the times are this machine's: far above its core count, they stretch).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
+from typing import Any
+
+from slurm_titan.ckpt import NodeAgreement
+from slurm_titan.errors import ExitCode
+from slurm_titan.node.batch import attribution, step_watch
+from slurm_titan.node.budgets import Budgets, WatchdogSpec
+from slurm_titan.node.supervisor import batch_host
+from slurm_titan.node.supervisor.supervisor import NodeSupervisor
+from slurm_titan.node.supervisor.watchdog import PEER_WAIT_S, Hang, Watchdog
+from slurm_titan.records import run_folder
+from tools.bench.scale_sim.goals import Goal, judge
+from tools.local_fs.slow_fs import SlowFs
+
+RANKS_PER_NODE = 8
+DELAY_S = 0.020
+PROCESSES = 8
+START_S = 0.2
+"""From a round's start to its nodes' first step (the task's way to the worker processes, which are ready)."""
+LATE_S = 2.0
+SPREAD_S = 1.0
+AGREE_TIMEOUT_S = 600.0
+ATTEMPT, JOB_ID, STEP = 0, "1", 100
+KINDS = {"lookup": ("getattr", "access"), "list": ("opendir", "readdir", "releasedir"),
+         "open": ("open", "create", "release")}
+SHIMS = {
+    "scontrol": '[ "$1 $2" = "show job" ] && echo "JobId=$4 JobState=RUNNING BatchHost=n0 NodeList=n0" && exit 0\n'
+                "exit 1\n",
+    "srun": 'echo "srun: launching StepId=1.1"\n'
+            'for arg; do case $arg in --nodelist=*) for host in $(echo "${arg#*=}" | tr , " "); do\n'
+            '    echo "slurm-titan-probe $host"; done;; esac; done\n',
+}
+
+GOALS = (
+    Goal("shared file system: metadata ops of both rounds, growth exponent in nodes", "folder_ops", 1.2,
+         kind="growth", x="nodes"),
+    Goal("shared file system: metadata ops/s growth exponent in nodes", "folder_ops_per_s", 1.2, kind="growth",
+         x="nodes"),
+    Goal("shared file system: metadata ops/s at 512 nodes", "folder_ops_per_s", 10_000, at=4096),
+    Goal("batch shell heartbeat: longest gap between touches with 20 ms lookups (s)", "heartbeat_gap_max_s", 2.0,
+         kind="every"),
+)
+
+Result = dict[str, Any]
+
+
+def _sleep_until(when: float) -> None:
+    time.sleep(max(0.0, when - time.time()))
+
+
+def _on_path(shims: str) -> None:
+    os.environ["PATH"] = f"{shims}{os.pathsep}{os.environ['PATH']}"
+
+
+def _ready(shims: str, started: Barrier) -> None:
+    """A worker process's start: the shims on its PATH, then it waits for the others (and the harness)."""
+    _on_path(shims)
+    started.wait()
+
+
+def _run_group(task: Callable[..., Result], group: list[int], args: tuple[Any, ...]) -> list[Result]:
+    """``task(node, *args)`` for each node of ``group``, a thread each (in one worker process)."""
+    with ThreadPoolExecutor(len(group)) as threads:
+        return list(threads.map(lambda node: task(node, *args), group))
+
+
+def _agree_node(node: int, nodes: int, job_dirs: list[Path], start_at: float) -> Result:
+    agree = NodeAgreement(run_folder.restore_verdicts(job_dirs[node], ATTEMPT), node, nodes,
+                          timeout_s=AGREE_TIMEOUT_S)
+    _sleep_until(start_at + (LATE_S if node == nodes - 1 else 0.0))
+    return {"ok": agree(STEP, "") == "", "end": time.time()}
+
+
+def _report_node(node: int, nodes: int, job_dirs: list[Path], start_at: float) -> Result:
+    job_dir, ranks = job_dirs[node], list(range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE))
+    watchdog = Watchdog(Budgets.from_spec(WatchdogSpec(), 600), ranks, job_dir, ATTEMPT, learns=False,
+                        say=lambda text: None, nodes=nodes)
+    report = run_folder.node_report(job_dir, ATTEMPT, node)
+    try:
+        _sleep_until(start_at + SPREAD_S * node / nodes)
+        times = [time.time()]  # the hang seen, reported, peers waited for, batch shell checked
+        hang = Hang(ranks[0], STEP, "step", times[0] - 60, times[0], 45.0, "S", False, True)
+        for _view in ("first", "with stacks"):
+            NodeSupervisor._report(report, ExitCode.HANG, {}, None, hang)
+        times.append(time.time())
+        watchdog.wait_for_peers()
+        times.append(time.time())
+        lost = batch_host.requeue_if_batch_shell_gone(job_dir, ATTEMPT, JOB_ID, times[0], f"n{node}")
+        times.append(time.time())
+        NodeSupervisor._report(report, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang)
+    finally:
+        watchdog.close()
+    write_s, peer_wait_s, beat_check_s = (b - a for a, b in zip(times, times[1:]))
+    return {"write_s": write_s, "peer_wait_s": peer_wait_s, "beat_check_s": beat_check_s,
+            "requeued": lost is not None}
+
+
+def _end_when(done: Event, srun: subprocess.Popen[bytes]) -> None:
+    done.wait()
+    srun.kill()
+
+
+def _batch_shell(job_dir: Path, nodes: int, shims: str, done: Event) -> None:
+    """The batch shell's step watcher over the attempt, until ``done``: then its srun stand-in ends."""
+    _on_path(shims)
+    srun = subprocess.Popen(["sleep", "3600"])
+    threading.Thread(target=_end_when, args=(done, srun), daemon=True).start()
+    step_watch.watch(job_dir, ATTEMPT, [f"n{node}" for node in range(nodes)], srun.pid)
+    srun.wait()
+
+
+@contextmanager
+def _workers(nodes: int, shims: Path) -> Iterator[Callable[..., list[Result]]]:
+    """``run(task, *args)``: ``task(node, *args)`` on every node, the nodes spread as threads over worker
+    processes, started (and ready) before it is given."""
+    context = multiprocessing.get_context("spawn")
+    count = min(nodes, PROCESSES)
+    groups = [list(range(first, nodes, count)) for first in range(count)]
+    started = context.Barrier(count + 1)
+    with context.Pool(count, initializer=_ready, initargs=(str(shims), started)) as pool:
+        started.wait()
+
+        def run(task: Callable[..., Result], *args: Any) -> list[Result]:
+            return [result for group in pool.starmap(_run_group, [(task, g, args) for g in groups]) for result in group]
+
+        yield run
+
+
+def _counted(before: dict[str, Any], after: dict[str, Any], prefix: str, seconds: float) -> dict[str, float]:
+    """The metadata operations between two snapshots of the file system's stats, as figures of one round."""
+    ops = {kind: n - before["metadata"].get(kind, 0) for kind, n in after["metadata"].items()}
+    total = sum(ops.values())
+    per_second = [n - before["per_second"].get(second, 0) for second, n in after["per_second"].items()]
+    return {f"{prefix}_ops": float(total), f"{prefix}_s": seconds, f"{prefix}_ops_per_s": total / seconds,
+            f"{prefix}_peak_ops_per_s": float(max(per_second, default=0))} | {
+        f"{prefix}_{name}": float(sum(ops.get(kind, 0) for kind in kinds)) for name, kinds in KINDS.items()}
+
+
+def _agree_round(fs: SlowFs, run: Callable[..., list[Result]], job_dirs: list[Path]) -> dict[str, float]:
+    before, start_at = fs.stats(), time.time() + START_S
+    results = run(_agree_node, len(job_dirs), job_dirs, start_at)
+    end = max(r["end"] for r in results)
+    return _counted(before, fs.stats(), "agree", end - start_at) | {"agree_ok": float(sum(r["ok"] for r in results))}
+
+
+def _report_round(fs: SlowFs, run: Callable[..., list[Result]], job_dirs: list[Path]) -> dict[str, float]:
+    before, start_at = fs.stats(), time.time() + START_S
+    results = run(_report_node, len(job_dirs), job_dirs, start_at)
+    return _counted(before, fs.stats(), "report", time.time() - start_at) | {
+        "report_write_max_s": max(r["write_s"] for r in results),
+        "report_peer_wait_max_s": max(r["peer_wait_s"] for r in results),
+        "report_peer_timeouts": float(sum(r["peer_wait_s"] >= PEER_WAIT_S for r in results)),
+        "report_beat_check_max_s": max(r["beat_check_s"] for r in results),
+        "report_requeued": float(sum(r["requeued"] for r in results))}
+
+
+@contextmanager
+def _watching(fs: SlowFs, job_dir: Path, nodes: int, shims: Path) -> Iterator[str]:
+    """The batch shell's step watcher over the attempt (in a process of its own), from its first heartbeat on;
+    gives the heartbeat's path as the file system's stats name it."""
+    context = multiprocessing.get_context("spawn")
+    done = context.Event()
+    shell = context.Process(target=_batch_shell, args=(job_dir, nodes, str(shims), done))
+    shell.start()
+    beat = run_folder.batch_shell_beat(job_dir, ATTEMPT).relative_to(fs.mountpoints[0])
+    try:
+        while not (fs.backing / beat).exists():  # seen beside the mounts: not counted
+            if not shell.is_alive():
+                raise RuntimeError(f"the batch shell's step watcher ended with code {shell.exitcode}")
+            time.sleep(0.05)
+        yield f"/{beat}"
+    finally:
+        done.set()
+        shell.join()
+
+
+def _heartbeat(touches: list[float]) -> dict[str, float]:
+    return {"heartbeat_touches": float(len(touches)),
+            "heartbeat_gap_max_s": max((b - a for a, b in zip(touches, touches[1:])), default=float("inf"))}
+
+
+def _read_all(job_dir: Path, nodes: int) -> dict[str, float]:
+    """One read of every node's report, as each pass of the watcher and ``finish`` make it."""
+    start = time.monotonic()
+    attribution.read_reports(job_dir, ATTEMPT, nodes)
+    return {"report_read_s": time.monotonic() - start}
+
+
+def _write_shims(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for name, body in SHIMS.items():
+        (folder / name).write_text("#!/bin/sh\n" + body)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S) -> dict[str, float]:
+    """One row: both rounds at ``ranks`` simulated ranks, on a fresh slow file system under ``workdir`` whose
+    metadata operations take ``delay_s`` each."""
+    nodes = max(ranks // RANKS_PER_NODE, 1)
+    root = workdir / f"folder-{ranks}"
+    shutil.rmtree(root, ignore_errors=True)
+    shims = _write_shims(root / "bin")
+    mounts = [root / "mnt" / str(node) for node in range(nodes)]
+    with SlowFs(root / "backing", mounts, delay_s) as fs, _workers(nodes, shims) as run:
+        job_dirs = [mount / "runs" / "sim" / JOB_ID for mount in fs.mountpoints]
+        run_folder.attempt_folder(job_dirs[0], ATTEMPT).mkdir(parents=True)
+        with _watching(fs, job_dirs[0], nodes, shims) as beat:
+            row = {"ranks": float(ranks), "nodes": float(nodes)} | _agree_round(fs, run, job_dirs)
+            row |= _report_round(fs, run, job_dirs) | _heartbeat(fs.stats()["touches"].get(beat, []))
+        row |= _read_all(job_dirs[0], nodes)
+    return row | {"folder_ops": row["agree_ops"] + row["report_ops"],
+                  "folder_ops_per_s": max(row["agree_ops_per_s"], row["report_ops_per_s"]),
+                  "load_avg": os.getloadavg()[0]}
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory(prefix="scale-sim-folder-") as tmp:
+        rows = [measure(int(n), Path(tmp)) for n in sys.argv[1:] or (64, 128, 256, 512)]
+    for row in rows:
+        print(json.dumps({key: round(value, 3) for key, value in row.items()}))
+    for goal in GOALS:
+        print(judge(rows, goal).line())
