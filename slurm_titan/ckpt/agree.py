@@ -1,10 +1,13 @@
 """One verdict on a checkpoint for all nodes of a job, through the job folder (shared filesystem).
 
 Each node restores its share of a candidate checkpoint, verifies it, and only then, before
-publishing it under ``step-N``, writes what it found to ``<folder>/step-N/node-K.json`` (whole,
-then renamed into place, as the preflight exchange does: slurm_titan/doctor/exchange.py) and
-waits for every node's. If any node rejects the candidate (a bad range: file and bytes named),
-every node falls back to the previous complete checkpoint; a node that does not report within
+publishing it under ``step-N``, says what it found in ``<folder>/step-N/`` and waits for every node's
+verdict. An acceptance is a name, ``node-K.ok``; a rejection is ``node-K.json`` with its reason (whole, then
+renamed into place, as the preflight exchange does: slurm_titan/doctor/exchange.py). So one listing a poll
+decides (through a descriptor of the folder opened once a round: no path lookups), and only rejections are
+read: on a shared file system, reading every node's verdict on every node cost M^2 reads of ~13 metadata
+operations each (tools/bench/scale_sim/folder.py). If any node rejects the candidate (a bad range: file and
+bytes named), every node falls back to the previous complete checkpoint; a node that does not report within
 the timeout (it died) ends the restore on every node, so that no rank loads a checkpoint one
 node rejected or never checked. The timeout allows for a node whose store throttles: it may wait
 out the store for up to SLURM_TITAN_STORE_RETRY_S more (:mod:`.storage.backoff`).
@@ -31,6 +34,8 @@ DEFAULT_TIMEOUT_S = 900.0
 waiting out a throttling store (:class:`.storage.Backoff`'s total)."""
 POLL_S = 0.2
 MAX_POLL_S = 2.0
+ACCEPTED, REJECTED = ".ok", ".json"
+"""A node's verdict: its name says an acceptance; a rejection holds its reason."""
 STAGES = ("plan", "step")
 """The rounds of a candidate, in their order: ``plan`` (resharding restores only), then ``step``, the verdict."""
 
@@ -50,11 +55,15 @@ class NodeAgreement:
         self.poll_s = poll_s
 
     def _say(self, step: int, verdict: dict, stage: str) -> Path:
+        """This node's verdict: ``node-K.ok`` when it accepts, else ``node-K.json`` with the reason."""
         d = self.folder / f"{stage}-{int(step)}"
         d.mkdir(parents=True, exist_ok=True)
+        if verdict.get("ok"):
+            (d / f"node-{self.node}{ACCEPTED}").touch()
+            return d
         tmp = d / f".node-{self.node}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(dict(verdict, node=self.node)), encoding="utf-8")
-        os.replace(tmp, d / f"node-{self.node}.json")
+        os.replace(tmp, d / f"node-{self.node}{REJECTED}")
         return d
 
     def abort(self, step: int, why: str) -> None:
@@ -66,26 +75,35 @@ class NodeAgreement:
     def __call__(self, step: int, why: str, stage: str = "step") -> str:
         """Why some node rejects ``step`` in round ``stage`` ("node K: ..."), or "" when every node accepts it."""
         d = self._say(step, {"ok": not why, "why": why}, stage)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return self._wait(step, d, fd)
+        finally:
+            os.close(fd)
+
+    def _wait(self, step: int, d: Path, fd: int) -> str:
         deadline = time.monotonic() + self.timeout_s
-        verdicts: dict[int, dict] = {}
+        rejected: dict[int, dict] = {}
         poll_s = self.poll_s
         while True:
-            for k in run_folder.node_files(d) - verdicts.keys():  # one listing a poll, then only the new verdicts
+            names = os.listdir(fd)  # one listing a poll; acceptances are names, only rejections are read
+            accepted = run_folder.node_numbers(names, ACCEPTED)
+            for k in run_folder.node_numbers(names, REJECTED) - rejected.keys():
                 try:
-                    verdicts[k] = json.loads((d / f"node-{k}.json").read_text(encoding="utf-8"))
+                    rejected[k] = json.loads((d / f"node-{k}{REJECTED}").read_text(encoding="utf-8"))
                 except (FileNotFoundError, ValueError):
                     pass
-            fatal = sorted(k for k, v in verdicts.items() if v.get("fatal"))
+            fatal = sorted(k for k, v in rejected.items() if v.get("fatal"))
             if fatal:
                 raise StorageError(f"node {fatal[0]} could not restore checkpoint step {step}: "
-                                   f"{verdicts[fatal[0]].get('why')}; the restore ends on every node")
-            bad = sorted(k for k, v in verdicts.items() if not v.get("ok"))
-            if bad:  # one rejection is enough: no need to wait for the rest
-                return f"node {bad[0]}: {verdicts[bad[0]].get('why') or 'rejected'}"
-            if len(verdicts) == self.nodes:
+                                   f"{rejected[fatal[0]].get('why')}; the restore ends on every node")
+            if rejected:  # one rejection is enough: no need to wait for the rest
+                k = min(rejected)
+                return f"node {k}: {rejected[k].get('why') or 'rejected'}"
+            if len(accepted) == self.nodes:
                 return ""
             if time.monotonic() > deadline:
-                missing = [k for k in range(self.nodes) if k not in verdicts]
+                missing = [k for k in range(self.nodes) if k not in accepted]
                 raise StorageError(f"{d}: node(s) {missing} gave no verdict on checkpoint step {step} within "
                                    f"{self.timeout_s:.0f} s (died or cut off): no rank loads it; the restore "
                                    f"ends on every node")

@@ -21,9 +21,14 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
         stop-node-<N>                        node.supervisor: the stop signal node N got, for ranks not yet listening
         batch-shell-alive                    node.batch.step_watch: touched every second while the batch shell lives
                                              (node.supervisor.batch_host: the other nodes' supervisors read its mtime)
+        batch-host-probe[-<K>]               node.supervisor.batch_host: made exclusively by the one supervisor that
+                                             checks a batch host without heartbeat, which writes its outcome in it
+                                             (-<K>: the K-th take-over, after a claimant that died)
+        lost-nodes.json                      node.batch.step_watch: the nodes its probe found lost, before it ended
+                                             the step (node.batch.finish blames them without probing again)
         trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it)
         restore/                             node.supervisor.restore: the nodes' agreement on each checkpoint candidate
-                                             (ckpt.agree: step-<S>/node-<N>.json)
+                                             (ckpt.agree: step-<S>/node-<N>.ok, or .json with a rejection)
         stacks/rank-<R>.txt                  node.supervisor.stacks: each rank's Python stacks, dumped on a hang
         timing/node-<N>.json                 node.supervisor.timing: node N's ranks' steps, working and wall time
                                              (records.node_timing), replaced every few seconds
@@ -138,14 +143,18 @@ def node_report(job_dir: Path, attempt: int, node: int) -> Path:
 
 
 def node_files(folder: Path) -> set[int]:
-    """The N of the `node-N.json` files in `folder` (node reports, restore verdicts): one listing, however many
-    nodes (a lookup per node and per poll, on a shared file system, grows with the square of the node count)."""
+    """The N of the `node-N.json` files in `folder` (node reports): one listing, however many nodes (a lookup per
+    node and per poll, on a shared file system, grows with the square of the node count)."""
     try:
-        names = os.listdir(folder)
+        return node_numbers(os.listdir(folder), ".json")
     except OSError:
         return set()
-    return {int(name[5:-5]) for name in names if name.startswith("node-") and name.endswith(".json")
-            and name[5:-5].isdigit()}
+
+
+def node_numbers(names: list[str], suffix: str) -> set[int]:
+    """The N of the names `node-N<suffix>` among `names`."""
+    return {int(name[5:-len(suffix)]) for name in names if name.startswith("node-") and name.endswith(suffix)
+            and name[5:-len(suffix)].isdigit()}
 
 
 def reported_nodes(job_dir: Path, attempt: int) -> set[int]:
@@ -159,6 +168,15 @@ def stop_file(job_dir: Path, attempt: int, node: int) -> Path:
 
 def batch_shell_beat(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "batch-shell-alive"
+
+
+def batch_host_probe(job_dir: Path, attempt: int, claim: int = 0) -> Path:
+    """The claim of the batch host's check (`claim`: the take-overs before it)."""
+    return attempt_folder(job_dir, attempt) / ("batch-host-probe" + (f"-{claim}" if claim else ""))
+
+
+def lost_nodes(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / "lost-nodes.json"
 
 
 def trained_step_file(job_dir: Path, attempt: int) -> Path:

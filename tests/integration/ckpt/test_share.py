@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -204,6 +205,13 @@ def test_a_bad_range_on_one_node_makes_every_node_fall_back(location, tmp_path, 
     assert "node 0:" in results[1].skipped[0][1]
 
 
+def test_an_acceptance_is_a_name_so_that_one_listing_decides(tmp_path):
+    agrees = [NodeAgreement(tmp_path / "v", k, 3, timeout_s=30, poll_s=0.01) for k in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(lambda agree: agree(7, ""), agrees)) == ["", "", ""]
+    assert sorted(os.listdir(tmp_path / "v" / "step-7")) == ["node-0.ok", "node-1.ok", "node-2.ok"]  # none to read
+
+
 def test_a_node_that_gives_no_verdict_ends_the_restore_everywhere(tmp_path):
     agree = NodeAgreement(tmp_path / "verdicts", 0, 2, timeout_s=0.5, poll_s=0.05)
     with pytest.raises(StorageError, match=r"node\(s\) \[1\] gave no verdict on checkpoint step 5"):
@@ -220,7 +228,7 @@ def test_a_node_that_cannot_restore_at_all_tells_the_others_at_once(tmp_path, mo
     agree = NodeAgreement(tmp_path / "v", 0, 2, timeout_s=30)
     with pytest.raises(OSError):
         restore_checkpoint(open_store(location), str(tmp_path / "dest"), wanted=Wanted([0], 2), agree=agree)
-    verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())
+    verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())  # a rejection holds its reason
     assert verdict["fatal"] and not verdict["ok"]
     with pytest.raises(StorageError, match="node 0 could not restore checkpoint step 12"):
         NodeAgreement(tmp_path / "v", 1, 2, timeout_s=30)(12, "")
