@@ -173,14 +173,17 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
 
 def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
           env: dict[str, str]) -> tuple[attribution.NodeFailure | None, list[str]]:
-    """The failure of `attempt` and its node (a lost node found by probing the silent ones), with the kind
-    its log shows; that node is left out when it should be, and the cluster's node ledger records it."""
+    """The failure of `attempt` and its node (a lost node: one the step watcher's probe found lost, else found by
+    probing the silent ones), with the kind its log shows; that node is left out when it should be, and the
+    cluster's node ledger records it. After the watcher's probe no silent node is probed again: each was silent
+    at its probe, and those it did not find lost answered it."""
     allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
     unhealthy = _unhealthy(allocated)
     reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))
     silent = attribution.silent_nodes(reports, attempt.hosts)
     lost = {host for host in silent if host in unhealthy}
-    lost |= probe_failures([host for host in silent if host not in unhealthy])
+    found = step_watch.found_lost(job_dir, attempt.number)
+    lost |= probe_failures([host for host in silent if host not in unhealthy]) if found is None else found
     unhealthy |= lost
     failure = attribution.first_failure(reports, attempt.hosts, lost, attribution.symptom_nodes(reports, job_dir))
     if failure is None:

@@ -4,8 +4,9 @@ srun waits for every task of its step, and a node that died answers nothing: sru
 slurmctld marks the node down (SlurmdTimeout, 300 s by default; "srun: error: Node failure on n2").
 The surviving nodes' supervisors report within seconds (their ranks fail on the lost peer), so once
 some node has reported and others stay silent for `grace_s`, the silent ones are probed
-(`node.srun_probe.probe_failures`); if one does not answer, srun is killed and the batch shell goes on to
-`finish`, which finds the same silent, unanswering node and blames it. Beside that it judges the nodes' speed
+(`node.srun_probe.probe_failures`); if one does not answer, it is recorded in the attempt's folder
+(:func:`record_lost`), srun is killed and the batch shell goes on to `finish`, which blames that node without
+probing again (:func:`found_lost`: one probe round per failure). Beside that it judges the nodes' speed
 (node.batch.slow_watch): a slow node to swap gets srun Slurm's warning signal (USR2, which srun passes on to
 every node's supervisor): the ranks save the current step and stop, and `finish` restarts without the node.
 While it watches, it touches the
@@ -18,6 +19,7 @@ batch shell's children); `finish` watches the steps it starts itself with :func:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -58,6 +60,19 @@ def beat(job_dir: Path, attempt: int) -> None:
         path.touch()
 
 
+def record_lost(job_dir: Path, attempt: int, hosts: list[str]) -> None:
+    """The nodes of `attempt` that the watcher's probe found lost (written before it ends the step)."""
+    run_folder.lost_nodes(job_dir, attempt).write_text(json.dumps(hosts))
+
+
+def found_lost(job_dir: Path, attempt: int) -> set[str] | None:
+    """The nodes the watcher found lost in `attempt` (:func:`record_lost`), None when it found none."""
+    try:
+        return set(json.loads(run_folder.lost_nodes(job_dir, attempt).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 class _Beating:
     """Touches the attempt's batch-shell heartbeat every `period_s` from a thread of its own, so that the beat never
     waits on the watcher's reads of the job folder (slow on a busy shared file system)."""
@@ -84,7 +99,8 @@ class _Beating:
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
           poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures,
           slow: SlowNodeWatch | None = None) -> list[str]:
-    """Watch until srun ends; kill it when silent nodes of the attempt do not answer. Returns those nodes.
+    """Watch until srun ends; kill it when silent nodes of the attempt do not answer (recorded first:
+    :func:`record_lost`). Returns those nodes.
 
     Silent nodes that answered a probe are probed again only after twice the wait (up to REPROBE_MAX_S): one
     probe round per failure, not one every `grace_s` while the reports trickle in. With `slow`, a node it
@@ -107,6 +123,7 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
                 if lost := sorted(probe(silent)):
                     print(f"slurm-titan: {','.join(lost)} of attempt {attempt} does not answer: ending its srun step "
                           "instead of waiting for Slurm to mark the node down", file=sys.stderr, flush=True)
+                    record_lost(job_dir, attempt, lost)
                     os.kill(srun_pid, signal.SIGKILL)
                     return lost
                 waiting_since, wait_s = time.monotonic(), min(2 * wait_s, REPROBE_MAX_S)

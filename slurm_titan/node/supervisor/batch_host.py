@@ -8,14 +8,18 @@ supervisors of the other nodes are the last of the job to run, and they see it t
 
 - their ranks failed (a lost peer breaks the collectives within seconds, before Slurm notices): the
   batch shell's watcher touches a heartbeat file every second while the step runs (`node.batch.step_watch.beat`); a
-  supervisor whose ranks failed waits for one touch newer than the failure (`BEAT_STALE_S` at most).
-  None came: it probes the batch host with a one-task step, and when that does not answer, it
-  requeues the job itself;
+  supervisor whose ranks failed waits for one touch newer than the failure (`BEAT_STALE_S` at most), and asks
+  slurmctld nothing while the shell beats. None came: one supervisor claims the check (it makes the attempt's
+  `batch-host-probe` exclusively), asks Slurm for the batch host, probes it with a one-task step and, when it does
+  not answer, requeues the job; it writes what it found in its claim, which the others wait for (a claim without
+  an outcome after `CLAIM_STALE_S` was left by a claimant that died: the next one takes over). One query, one
+  probe and one requeue per loss, however many nodes survive;
 - Slurm ended their step (SIGTERM): each asks whether the batch host is still in the job's node list,
   and if not requeues the job.
 
 The first supervisor that requeues wins (the others' requeue is refused); Slurm gives the requeued job
-healthy nodes, since the lost one is still allocated (completing) until it is marked down.
+healthy nodes, since the lost one is still allocated (completing) until it is marked down. A Slurm query that
+gets no answer is said in the node log and asked again (`QUERY_TRIES`).
 """
 
 from __future__ import annotations
@@ -27,18 +31,27 @@ from pathlib import Path
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node.srun_probe import probe_failures
-from slurm_titan.records.run_folder import batch_shell_beat
+from slurm_titan.node.node_log import say
+from slurm_titan.node.srun_probe import PROBE_TIMEOUT_S, STEP_CREATION_S, probe_failures
+from slurm_titan.records import run_folder
 
 BEAT_STALE_S = 10.0  # the watcher touches every second; ten missed beats on a loaded node mean gone
 POLL_S = 0.5
+QUERY_TRIES = 3
+CLAIM_STALE_S = STEP_CREATION_S + PROBE_TIMEOUT_S + (QUERY_TRIES + 1) * slurm.TIMEOUT_S
+"""The longest a claimant's check may take (its queries, its probe, its requeue): a claim without an outcome
+after that, as a waiting supervisor's own clock counts, was left by a claimant that died."""
 
 
-def _job_fields(job_id: str) -> dict[str, str]:
-    try:
-        return slurm.parse_key_values(slurm.run(["scontrol", "show", "job", "-o", job_id], check=False).stdout)
-    except ClusterError:
-        return {}
+def _job_fields(job_id: str, tries: int = QUERY_TRIES) -> dict[str, str]:
+    """The job's fields from `scontrol show job`; a query that fails (a busy slurmctld does not answer within
+    slurm.TIMEOUT_S) is said and asked again, `tries` times at most ({} after the last)."""
+    for tried in range(1, tries + 1):
+        try:
+            return slurm.parse_key_values(slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout)
+        except ClusterError as error:
+            say(f"{error}" + ("; asking again" if tried < tries else f"; giving up after {tries} tries"))
+    return {}
 
 
 def lost_batch_host(job_id: str) -> str | None:
@@ -69,24 +82,73 @@ def requeue_orphaned(job_id: str) -> str | None:
 
 def requeue_if_batch_shell_gone(job_dir: Path, attempt: int, job_id: str, failed_at: float, this_host: str,
                                 stale_s: float = BEAT_STALE_S) -> str | None:
-    """After this node's ranks failed at `failed_at`: wait for the batch shell's heartbeat; if none comes
-    and the batch host does not answer a probe, requeue the job. Returns the lost batch host when this call
-    requeued the job, else None (the batch shell lives and decides, or this is the batch host)."""
-    fields = _job_fields(job_id)
-    host = fields.get("BatchHost")
-    if not host or host == this_host or fields.get("JobState") != "RUNNING":
+    """After this node's ranks failed at `failed_at`: wait for the batch shell's heartbeat; if none comes, check
+    the batch host (:func:`_check`), or wait for the supervisor that claimed that check. Returns the lost batch
+    host when this call requeued the job, else None (the batch shell lives and decides, this is the batch host,
+    or another supervisor checked)."""
+    if _beat_after(run_folder.batch_shell_beat(job_dir, attempt), failed_at, failed_at + stale_s):
         return None
-    path = batch_shell_beat(job_dir, attempt)
-    deadline = failed_at + stale_s
+    claim = 0
+    while (fd := _claim(run_folder.batch_host_probe(job_dir, attempt, claim))) is None:
+        if _outcome_written(run_folder.batch_host_probe(job_dir, attempt, claim)):
+            return None
+        claim += 1
+    with os.fdopen(fd, "w") as outcome:
+        host, found = _check(job_id, this_host)
+        say(f"no heartbeat from the batch shell since the ranks failed: {found}")
+        outcome.write(found)
+    return host
+
+
+def _beat_after(path: Path, failed_at: float, deadline: float) -> bool:
+    """Whether the batch shell touches its heartbeat after `failed_at`, waited for until `deadline`."""
     while True:
         try:
             if os.stat(path).st_mtime > failed_at:
-                return None
+                return True
         except FileNotFoundError:
             pass
         if time.time() >= deadline:
-            break
+            return False
         time.sleep(POLL_S)
-    if not probe_failures([host]):
+
+
+def _claim(path: Path) -> int | None:
+    """This supervisor's claim of the batch host's check: `path` made exclusively (its descriptor), or None when
+    another supervisor made it first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
         return None
-    return host if _requeue(job_id) else None
+
+
+def _outcome_written(path: Path) -> bool:
+    """Wait for the claimant's outcome in its claim `path`: True once written, False when none came within
+    CLAIM_STALE_S (the claimant died: the caller takes over)."""
+    deadline = time.monotonic() + CLAIM_STALE_S
+    while time.monotonic() < deadline:
+        try:
+            if os.stat(path).st_size:
+                return True
+        except FileNotFoundError:
+            return False
+        time.sleep(POLL_S)
+    return False
+
+
+def _check(job_id: str, this_host: str) -> tuple[str | None, str]:
+    """The claimant's check of the batch host: the lost batch host it requeued the job for (else None), and what
+    it found."""
+    fields = _job_fields(job_id)
+    host, state = fields.get("BatchHost"), fields.get("JobState")
+    if not host or state != "RUNNING":
+        return None, f"job {job_id} is {state or 'unknown to scontrol'}: nothing to requeue"
+    if host == this_host:
+        return None, f"this node is the batch host {host}: nothing to requeue"
+    if not probe_failures([host]):
+        return None, f"the batch host {host} answers: nothing to requeue"
+    if not _requeue(job_id):
+        return None, f"the batch host {host} does not answer; scontrol requeue {job_id} did not succeed " \
+                     "(requeued already?)"
+    return host, f"the batch host {host} does not answer: requeued job {job_id}"

@@ -17,7 +17,7 @@ from slurm_titan.doctor.facts import NodeFacts
 from slurm_titan.doctor.npu_smi import parse_npu_smi_info
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch import allocation, attribution, finish, step_watch
-from slurm_titan.node.batch.outcome import RESTART, STOP
+from slurm_titan.node.batch.outcome import RESTART, STOP, Outcome
 from slurm_titan.node.supervisor import rendezvous
 from slurm_titan.records import history, ledger, run_folder
 from tests.support.batch_specs import SPEC, write_batch_spec
@@ -236,7 +236,8 @@ def test_a_peer_memory_fault_leaves_the_named_peer_out_not_the_node_that_saw_it(
     assert (recorded.node, recorded.kind, recorded.excluded) == ("n2", "hardware", True)
 
 
-def test_the_step_of_a_lost_node_is_ended_not_waited_for(tmp_path: Path) -> None:
+def test_the_step_of_a_lost_node_is_ended_not_waited_for_and_blamed_without_a_second_probe(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     srun = subprocess.Popen(["sleep", "60"])  # stands for an srun waiting on a dead node
     node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 1.0})
     probed: list[list[str]] = []
@@ -247,6 +248,11 @@ def test_the_step_of_a_lost_node_is_ended_not_waited_for(tmp_path: Path) -> None
 
     assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=0.2, poll_s=0.05, probe=probe) == ["n2"]
     assert srun.wait(timeout=10) == -9 and probed == [["n2"]]
+    monkeypatch.setattr(finish, "probe_failures", probe)
+    monkeypatch.setattr(finish, "_unhealthy", lambda hosts: set())  # Slurm has not marked n2 down yet
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TITAN_HOME": str(tmp_path / "home"), "SLURM_CLUSTER_NAME": "c"}
+    failure, _ = finish.blame(tmp_path, "42", finish.Attempt(0, ["n1", "n2"]), Outcome("failed", RESTART), env)
+    assert failure is not None and failure.describe() == "node n2 lost" and probed == [["n2"]]  # the watcher's round
 
 
 def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from slurm_titan.errors import ClusterError
 from slurm_titan.node.batch import step_watch
 from slurm_titan.node.supervisor import batch_host
+from slurm_titan.records import run_folder
 
 
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> dict:
     """Slurm's answers as recorded from `scontrol show job -o` on the bundled cluster, and what was asked."""
-    asked: dict = {"probed": [], "requeued": 0, "answers": True}
-    monkeypatch.setattr(batch_host, "_job_fields", lambda job_id: {"BatchHost": "n1", "JobState": "RUNNING",
-                                                                   "NodeList": "n[1-2]"})
+    asked: dict = {"queried": 0, "probed": [], "requeued": 0, "answers": True}
+
+    def job_fields(job_id: str) -> dict[str, str]:
+        asked["queried"] += 1
+        return {"BatchHost": "n1", "JobState": "RUNNING", "NodeList": "n[1-2]"}
+
+    monkeypatch.setattr(batch_host, "_job_fields", job_fields)
     monkeypatch.setattr(batch_host, "probe_failures",
                         lambda hosts: asked["probed"].extend(hosts) or (set() if asked["answers"] else set(hosts)))
     monkeypatch.setattr(batch_host, "_requeue", lambda job_id: asked.__setitem__("requeued", asked["requeued"] + 1)
@@ -32,6 +39,7 @@ def test_a_beat_after_the_failure_leaves_the_decision_to_the_batch_shell(tmp_pat
     beating.start()
     assert batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", failed_at, "n2", stale_s=5) is None
     beating.join()
+    assert cluster["queried"] == 0  # the heartbeat first: a node loss costs slurmctld nothing while the shell beats
     assert cluster["probed"] == [] and cluster["requeued"] == 0
 
 
@@ -47,6 +55,48 @@ def test_no_beat_but_the_host_answers_requeues_nothing(tmp_path: Path, cluster: 
     assert cluster["probed"] == ["n1"] and cluster["requeued"] == 0
 
 
-def test_the_batch_host_itself_never_waits(tmp_path: Path, cluster: dict) -> None:
-    assert batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", time.time(), "n1", stale_s=5) is None
+def test_the_batch_host_itself_never_probes_itself(tmp_path: Path, cluster: dict) -> None:
+    assert batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", time.time(), "n1", stale_s=0.1) is None
     assert cluster["probed"] == []
+
+
+def test_one_supervisor_checks_a_silent_batch_host_the_others_wait_for_its_outcome(tmp_path: Path,
+                                                                                   cluster: dict) -> None:
+    cluster["answers"] = False
+    hosts = [f"n{node}" for node in range(2, 10)]
+    with ThreadPoolExecutor(len(hosts)) as pool:
+        found = list(pool.map(lambda host: batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", time.time(),
+                                                                                   host, stale_s=0.1), hosts))
+    assert [host for host in found if host] == ["n1"] and found.count(None) == 7  # one requeued the job for n1
+    assert (cluster["queried"], cluster["probed"], cluster["requeued"]) == (1, ["n1"], 1)
+    assert "n1" in run_folder.batch_host_probe(tmp_path, 0).read_text()  # the claimant's outcome
+
+
+def test_a_claim_without_an_outcome_is_waited_for_then_taken_over(tmp_path: Path, cluster: dict,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    claim = run_folder.batch_host_probe(tmp_path, 0)
+    claim.parent.mkdir(parents=True)
+    claim.touch()  # another supervisor checks the batch host
+    threading.Timer(0.2, claim.write_text, ("batch host n1 answers",)).start()
+    assert batch_host.requeue_if_batch_shell_gone(tmp_path, 0, "7", time.time(), "n2", stale_s=0) is None
+    assert cluster["queried"] == 0 and cluster["probed"] == []  # its outcome stands for this node too
+    monkeypatch.setattr(batch_host, "CLAIM_STALE_S", 0.2)
+    claim = run_folder.batch_host_probe(tmp_path, 1)
+    claim.parent.mkdir(parents=True)
+    claim.touch()  # a claimant that died before its outcome
+    assert batch_host.requeue_if_batch_shell_gone(tmp_path, 1, "7", time.time(), "n2", stale_s=0) is None
+    assert cluster["probed"] == ["n1"] and "answers" in run_folder.batch_host_probe(tmp_path, 1, 1).read_text()
+
+
+def test_a_slurm_query_without_an_answer_is_said_and_asked_again(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    answers = iter([ClusterError("scontrol show job -o 7 did not answer within 30 s: is slurmctld up?")])
+
+    def run(argv: list[str], check: bool = True) -> object:
+        if error := next(answers, None):
+            raise error
+        return type("Done", (), {"stdout": "JobId=7 JobState=RUNNING NodeList=n2 BatchHost=n1"})()
+
+    monkeypatch.setattr(batch_host.slurm, "run", run)
+    assert batch_host.lost_batch_host("7") == "n1"
+    assert "did not answer within 30 s" in capsys.readouterr().out  # a line of the node log
