@@ -25,7 +25,7 @@ import dataclasses
 import json
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,9 +101,10 @@ def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
     return reports
 
 
-def silent_nodes(reports: dict[int, dict], hosts: list[str]) -> list[str]:
-    """The attempt's nodes that wrote no report (lost, or killed hard by srun after another node failed)."""
-    return [host for node, host in enumerate(hosts) if node not in reports]
+def silent_nodes(reported: Collection[int], hosts: list[str]) -> list[str]:
+    """The attempt's nodes that wrote no report (lost, or killed hard by srun after another node failed):
+    `reported`, the nodes that did (the reports by node, or only their numbers)."""
+    return [host for node, host in enumerate(hosts) if node not in reported]
 
 
 def symptom_nodes(reports: dict[int, dict], job_dir: Path) -> set[int]:

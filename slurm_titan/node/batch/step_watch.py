@@ -113,9 +113,9 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
             if slow and not swapping and slow.poll():
                 swapping = True
                 os.kill(srun_pid, signal.SIGUSR2)
-            reports = attribution.read_reports(job_dir, attempt, len(hosts))
-            silent = attribution.silent_nodes(reports, hosts)
-            if not reports or not silent:
+            reported = run_folder.reported_nodes(job_dir, attempt)  # one listing a pass: no report is read
+            silent = attribution.silent_nodes(reported, hosts)
+            if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s
             elif waiting_since is None:
                 waiting_since = time.monotonic()

@@ -40,6 +40,8 @@ from slurm_titan.records.rank_progress import Progress
 
 PEER_WAIT_S = 15.0
 """How long a node that saw a hang waits, before killing its ranks, for every other node's report."""
+PEER_POLL_MAX_S = 1.0
+"""The longest pause between two looks for those reports."""
 
 
 @dataclass(frozen=True)
@@ -162,10 +164,12 @@ class Watchdog:
         """Wait until every node of the attempt has reported (its own hang, or how it ended), at most
         `timeout_s`. The first node to see a hang must not end its ranks at once: its exit makes srun
         SIGCONT and SIGTERM the other nodes' tasks, which wakes a stopped rank before its own node's
-        watchdog could see it stopped (the strongest sign of the stuck rank)."""
+        watchdog could see it stopped (the strongest sign of the stuck rank). One listing a poll, the polls
+        growing from `poll_s` to 1 s (every node waits at once: on a shared file system, M nodes' polls)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(run_folder.reported_nodes(self.job_dir, self.attempt)) < self.nodes:
             time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, PEER_POLL_MAX_S)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
