@@ -28,6 +28,7 @@ from pathlib import Path
 from slurm_titan.ckpt.storage import Backoff
 from slurm_titan.errors import StorageError
 from slurm_titan.records import run_folder
+from slurm_titan.records.whole_file import replace_text
 
 DEFAULT_TIMEOUT_S = 900.0
 """How long a node waits for the others' verdicts, on top of the time each operation of a restore may spend
@@ -61,9 +62,7 @@ class NodeAgreement:
         if verdict.get("ok"):
             (d / f"node-{self.node}{ACCEPTED}").touch()
             return d
-        tmp = d / f".node-{self.node}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(dict(verdict, node=self.node)), encoding="utf-8")
-        os.replace(tmp, d / f"node-{self.node}{REJECTED}")
+        replace_text(d / f"node-{self.node}{REJECTED}", json.dumps(dict(verdict, node=self.node)))
         return d
 
     def abort(self, step: int, why: str) -> None:

@@ -12,12 +12,12 @@ nvidia-resiliency-ext keeps its section timeouts in `ft_state.json`).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_titan.records.rank_progress import Phase, Progress
 from slurm_titan.records.run_folder import calibration_file
+from slurm_titan.records.whole_file import replace_text
 
 WATCHDOG_MARGIN_S = 60
 """How much sooner than torch's process-group timeout every watchdog budget must end: the time to notice
@@ -112,7 +112,4 @@ def read_calibration(job_dir: Path) -> Calibration:
 
 def write_calibration(job_dir: Path, calibration: Calibration) -> None:
     """Replace the run's calibration at once (tmp + rename: a reader sees the old or the new)."""
-    path = calibration_file(job_dir)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(calibration)) + "\n")
-    tmp.replace(path)
+    replace_text(calibration_file(job_dir), json.dumps(asdict(calibration)) + "\n")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_titan.records.run_folder import history_file, trained_step_file
+from slurm_titan.records.whole_file import replace_text
 
 
 @dataclass
@@ -54,11 +55,7 @@ def append_event(job_dir: Path, event: str, attempt: int, **fields: Any) -> None
 
 def write_trained_step(job_dir: Path, attempt: int, step: int) -> None:
     """Replace the attempt's trained step at once (tmp + rename: a reader sees the old or the new)."""
-    path = trained_step_file(job_dir, attempt)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(step))
-    tmp.replace(path)
+    replace_text(trained_step_file(job_dir, attempt), str(step))
 
 
 def read_trained_step(job_dir: Path, attempt: int) -> int | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_titan import envvars
 from slurm_titan.errors import SlurmTitanError
+from slurm_titan.records.whole_file import replace_text
 
 
 def home() -> Path:
@@ -36,10 +37,7 @@ class JobRecord:
 
 def save(record: JobRecord) -> Path:
     path = home() / "jobs" / f"{record.job_id}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    replace_text(path, json.dumps(asdict(record), indent=1) + "\n")
     return path
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from slurm_titan.records import run_folder
 from slurm_titan.records.rank_progress import Progress
+from slurm_titan.records.whole_file import replace_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,11 +45,7 @@ class NodeTiming:
 
 def write(job_dir: Path, attempt: int, timing: NodeTiming) -> None:
     """Replace the node's file at once (tmp + rename: a reader sees the old or the new)."""
-    path = run_folder.node_timing(job_dir, attempt, timing.node)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(timing)))
-    tmp.replace(path)
+    replace_text(run_folder.node_timing(job_dir, attempt, timing.node), json.dumps(asdict(timing)))
 
 
 def read_all(job_dir: Path, attempt: int) -> dict[int, NodeTiming]:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_titan.records import run_folder
+from slurm_titan.records.whole_file import replace_text
 
 SWAP, ALERT, OFF = "swap", "alert", "off"
 HOST, DEVICE = "host", "device"  # what named the node: its ranks' wanted CPU time, or its chips' probe
@@ -51,10 +52,7 @@ class ScoreLine:
 
 
 def write_verdict(job_dir: Path, attempt: int, slow: SlowNode) -> None:
-    path = run_folder.slow_node(job_dir, attempt)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(slow), indent=1))
-    tmp.replace(path)
+    replace_text(run_folder.slow_node(job_dir, attempt), json.dumps(asdict(slow), indent=1))
 
 
 def read_verdict(job_dir: Path, attempt: int) -> SlowNode | None:

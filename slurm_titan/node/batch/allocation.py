@@ -27,6 +27,7 @@ from slurm_titan.errors import ClusterError
 from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.records import run_folder
+from slurm_titan.records.whole_file import replace_text
 
 _UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "REBOOT")
 
@@ -59,10 +60,7 @@ def read_excluded(job_dir: Path) -> dict[str, str]:
 def exclude(job_dir: Path, host: str, why: str) -> dict[str, str]:
     """Add `host` to the run's excluded nodes (written whole, atomically); returns them all."""
     excluded = read_excluded(job_dir) | {host: why}
-    path = run_folder.excluded_nodes_file(job_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(excluded, indent=1, sort_keys=True))
-    tmp.replace(path)
+    replace_text(run_folder.excluded_nodes_file(job_dir), json.dumps(excluded, indent=1, sort_keys=True))
     return excluded
 
 

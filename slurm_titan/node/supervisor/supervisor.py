@@ -41,6 +41,7 @@ from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
+from slurm_titan.records.whole_file import replace_text
 from slurm_titan.signals import ignore_signals, take_stop_signals
 
 STOP_GRACE_S = 15.0
@@ -351,12 +352,9 @@ class NodeSupervisor:
         """Write the node's report for the batch script's decision: the node's first failing rank, its exit
         code and when it was seen, or its hang (rank, step, phase, since, time), for the attribution.
         Replaced at once (tmp + rename): a reader sees the old report or the new one."""
-        report.parent.mkdir(parents=True, exist_ok=True)
-        tmp = report.with_name(f".{report.name}.tmp")
-        tmp.write_text(json.dumps({"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-                                   "exit_code": code, "ranks": {str(r): c for r, c in rank_codes.items()},
-                                   "first_failure": failed_first, "hang": hang and hang.as_dict()}))
-        tmp.replace(report)
+        replace_text(report, json.dumps({"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                                         "exit_code": code, "ranks": {str(r): c for r, c in rank_codes.items()},
+                                         "first_failure": failed_first, "hang": hang and hang.as_dict()}))
 
     @classmethod
     def _finish(cls, report: Path, code: int, rank_codes: dict[int, int],
