@@ -13,7 +13,8 @@ Each mount point is a client (a node: the kernel serializes the changes to a fol
 kernel does), all served by one server process: one set of counters and delays. libfuse3's multithreaded loop
 (through mfusepy; up to ``--threads`` requests at once per mount) serves requests in parallel: each delay holds one
 thread only, so concurrent clients overlap as on a real server. The kernel's entry, attribute and negative caches
-are off (timeouts 0): every path walk looks each name up again, every stat reaches the server.
+are off (timeouts 0): every path walk looks each name up again, every stat reaches the server; ``--cache S`` keeps
+names and attributes S seconds (as an NFS client's caches do; missing names are never cached).
 
 Metadata operations, each delayed: getattr (libfuse's path API serves the kernel's lookups and getattrs alike; it
 also follows a create, mkdir or setattr with one), access, opendir, readdir, releasedir, open, create, release,
@@ -119,14 +120,15 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
 
     use_ns = True
 
-    def __init__(self, backing: Path, counts: Counts) -> None:
-        self.root, self.counts = str(backing), counts
+    def __init__(self, backing: Path, counts: Counts, cache_s: float = 0.0) -> None:
+        self.root, self.counts, self.cache_s = str(backing), counts, cache_s
 
     def _full(self, path: str) -> str:
         return self.root + path
 
     def init_with_config(self, conn_info: Any, config_3: Any) -> None:
-        config_3.entry_timeout = config_3.attr_timeout = config_3.negative_timeout = 0.0
+        config_3.entry_timeout = config_3.attr_timeout = self.cache_s
+        config_3.negative_timeout = 0.0  # a name that was missing is looked up again (NFS's lookupcache=positive)
 
     @metadata
     def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
@@ -246,13 +248,14 @@ def _mount(operations: SlowPassthrough, mountpoint: Path, threads: int) -> None:
     mfusepy.FUSE(operations, str(mountpoint), foreground=True, fsname="slow_fs", max_threads=threads)
 
 
-def serve(backing: Path, mountpoints: list[Path], delay_s: float, stats: Path, threads: int = THREADS) -> None:
+def serve(backing: Path, mountpoints: list[Path], delay_s: float, stats: Path, threads: int = THREADS,
+          cache_s: float = 0.0) -> None:
     """Mount ``backing`` at each of ``mountpoints`` (a libfuse session each, one server's counters and delays),
     serve until every one is unmounted, then write the stats."""
     counts = Counts(delay_s)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # before libfuse starts its threads
     threading.Thread(target=_write_on_request, args=(counts, stats), name="stats", daemon=True).start()
-    sessions = [threading.Thread(target=_mount, args=(SlowPassthrough(backing, counts), mountpoint, threads),
+    sessions = [threading.Thread(target=_mount, args=(SlowPassthrough(backing, counts, cache_s), mountpoint, threads),
                                  name=f"fuse {mountpoint}") for mountpoint in mountpoints]
     try:
         for session in sessions:
@@ -275,7 +278,7 @@ class SlowFs:
     them."""
 
     def __init__(self, backing: Path, mountpoints: list[Path], delay_s: float = DELAY_S, stats: Path | None = None,
-                 threads: int = THREADS) -> None:
+                 threads: int = THREADS, cache_s: float = 0.0) -> None:
         self.backing = backing.resolve()
         self.mountpoints = [mountpoint.resolve() for mountpoint in mountpoints]
         first = self.mountpoints[0]
@@ -283,7 +286,7 @@ class SlowFs:
         self.log = self.stats_file.with_suffix(".log")
         self.argv = [sys.executable, "-m", "tools.local_fs.slow_fs", str(self.backing),
                      *map(str, self.mountpoints), "--delay", str(delay_s), "--stats", str(self.stats_file),
-                     "--threads", str(threads)]
+                     "--threads", str(threads), "--cache", str(cache_s)]
         self.child: subprocess.Popen[bytes] | None = None
         self.final: dict[str, Any] | None = None
 
@@ -349,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=DELAY_S, help="seconds each metadata operation waits")
     parser.add_argument("--stats", type=Path, required=True, help="the JSON stats file (SIGUSR1, unmount)")
     parser.add_argument("--threads", type=int, default=THREADS, help="requests served at once, at most")
+    parser.add_argument("--cache", type=float, default=0.0,
+                        help="seconds a client keeps a name's lookup and attributes (default 0: caches off)")
     args = parser.parse_args(argv)
-    serve(args.backing.resolve(), args.mountpoints, args.delay, args.stats, args.threads)
+    serve(args.backing.resolve(), args.mountpoints, args.delay, args.stats, args.threads, args.cache)
     return 0
 
 

@@ -2,6 +2,7 @@
 file system that counts metadata operations and delays each by 20 ms, caches off (:mod:`tools.local_fs.slow_fs`).
 
     .venv/bin/python -m tools.bench.scale_sim.folder 64 128 256 512     # a row per rank count, then the goals
+    .venv/bin/python -m tools.bench.scale_sim.folder --cache 1 64 512   # clients keep names, attributes 1 s
     .venv/bin/python -m tools.bench.scale_sim --parts folder
 
 The job folder is ``<mount>/runs/sim/1``, each node with a mount of its own (a client: its kernel's locks are its
@@ -242,15 +243,15 @@ def _write_shims(folder: Path) -> Path:
     return folder
 
 
-def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S) -> dict[str, float]:
+def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S, cache_s: float = 0.0) -> dict[str, float]:
     """One row: both rounds at ``ranks`` simulated ranks, on a fresh slow file system under ``workdir`` whose
-    metadata operations take ``delay_s`` each."""
+    metadata operations take ``delay_s`` each, its clients keeping names and attributes ``cache_s`` seconds."""
     nodes = max(ranks // RANKS_PER_NODE, 1)
     root = workdir / f"folder-{ranks}"
     shutil.rmtree(root, ignore_errors=True)
     shims = _write_shims(root / "bin")
     mounts = [root / "mnt" / str(node) for node in range(nodes)]
-    with SlowFs(root / "backing", mounts, delay_s) as fs, _workers(nodes, shims) as run:
+    with SlowFs(root / "backing", mounts, delay_s, cache_s=cache_s) as fs, _workers(nodes, shims) as run:
         job_dirs = [mount / "runs" / "sim" / JOB_ID for mount in fs.mountpoints]
         run_folder.attempt_folder(job_dirs[0], ATTEMPT).mkdir(parents=True)
         with _watching(fs, job_dirs[0], nodes, shims) as beat:
@@ -263,8 +264,10 @@ def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S) -> dict[str, fl
 
 
 if __name__ == "__main__":
+    cache = float(sys.argv[2]) if sys.argv[1:2] == ["--cache"] else 0.0  # seconds, as an NFS client's caches
+    ranks = sys.argv[3:] if sys.argv[1:2] == ["--cache"] else sys.argv[1:]
     with tempfile.TemporaryDirectory(prefix="scale-sim-folder-") as tmp:
-        rows = [measure(int(n), Path(tmp)) for n in sys.argv[1:] or (64, 128, 256, 512)]
+        rows = [measure(int(n), Path(tmp), cache_s=cache) for n in ranks or (64, 128, 256, 512)]
     for row in rows:
         print(json.dumps({key: round(value, 3) for key, value in row.items()}))
     for goal in GOALS:
