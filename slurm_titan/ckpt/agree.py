@@ -55,27 +55,38 @@ class NodeAgreement:
         self.timeout_s = DEFAULT_TIMEOUT_S + Backoff.from_env().total if timeout_s is None else timeout_s
         self.poll_s = poll_s
 
-    def _say(self, step: int, verdict: dict, stage: str) -> Path:
-        """This node's verdict: ``node-K.ok`` when it accepts, else ``node-K.json`` with the reason."""
+    def _open(self, step: int, stage: str) -> tuple[Path, int]:
+        """The round's folder (made when missing) and a descriptor of it: one path walk for the whole round."""
         d = self.folder / f"{stage}-{int(step)}"
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            return d, os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            d.mkdir(parents=True, exist_ok=True)
+            return d, os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+
+    def _say(self, d: Path, fd: int, verdict: dict) -> None:
+        """This node's verdict: ``node-K.ok`` when it accepts (its name alone, made through the folder's
+        descriptor), else ``node-K.json`` with the reason."""
         if verdict.get("ok"):
-            (d / f"node-{self.node}{ACCEPTED}").touch()
-            return d
-        replace_text(d / f"node-{self.node}{REJECTED}", json.dumps(dict(verdict, node=self.node)))
-        return d
+            os.close(os.open(f"node-{self.node}{ACCEPTED}", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        else:
+            replace_text(d / f"node-{self.node}{REJECTED}", json.dumps(dict(verdict, node=self.node)))
 
     def abort(self, step: int, why: str) -> None:
         """This node cannot restore at all (the store is unreachable, the disk is full): every node
         waiting on ``step``, in either round, stops at once instead of at the timeout."""
         for stage in STAGES:
-            self._say(step, {"ok": False, "fatal": True, "why": why}, stage)
+            d, fd = self._open(step, stage)
+            try:
+                self._say(d, fd, {"ok": False, "fatal": True, "why": why})
+            finally:
+                os.close(fd)
 
     def __call__(self, step: int, why: str, stage: str = "step") -> str:
         """Why some node rejects ``step`` in round ``stage`` ("node K: ..."), or "" when every node accepts it."""
-        d = self._say(step, {"ok": not why, "why": why}, stage)
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        d, fd = self._open(step, stage)
         try:
+            self._say(d, fd, {"ok": not why, "why": why})
             return self._wait(step, d, fd)
         finally:
             os.close(fd)

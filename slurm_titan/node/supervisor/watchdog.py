@@ -22,6 +22,7 @@ attribution does not blame.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -167,9 +168,16 @@ class Watchdog:
         watchdog could see it stopped (the strongest sign of the stuck rank). One listing a poll, the polls
         growing from `poll_s` to 1 s (every node waits at once: on a shared file system, M nodes' polls)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and len(run_folder.reported_nodes(self.job_dir, self.attempt)) < self.nodes:
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, PEER_POLL_MAX_S)
+        attempt_folder = run_folder.attempt_folder(self.job_dir, self.attempt)
+        attempt_folder.mkdir(parents=True, exist_ok=True)
+        folder = os.open(attempt_folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:  # listed through the folder's descriptor: no walk of the whole path at each poll
+            while time.monotonic() < deadline and len(run_folder.node_numbers(os.listdir(folder), ".json")) < \
+                    self.nodes:
+                time.sleep(poll_s)
+                poll_s = min(poll_s * 1.5, PEER_POLL_MAX_S)
+        finally:
+            os.close(folder)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
