@@ -236,8 +236,8 @@ def _prepare_files(root: Path, ranks: int) -> None:
 
 
 def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict[str, float]:
-    """One row: the figures of every phase at ``ranks`` simulated ranks (8 a node); the save is throttled for
-    ``throttled_s`` seconds."""
+    """One row: the figures of every phase at ``ranks`` simulated ranks (8 a node) in ``workdir`` (emptied first);
+    the save is throttled for ``throttled_s`` seconds."""
     nodes = ranks // RANKS_PER_NODE
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
