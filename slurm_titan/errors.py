@@ -44,6 +44,13 @@ class ClusterError(SlurmTitanError):
     exit_code = ExitCode.CLUSTER
 
 
+class RunError(SlurmTitanError):
+    """A run or its checkpoint location does not allow what was asked: an unknown run or job to resume, a
+    location that holds checkpoints for a fresh start, a writer lease held by another job or corrupt."""
+
+    exit_code = ExitCode.CONFIG
+
+
 class StorageError(SlurmTitanError):
     """Checkpoint storage is unreachable, refused access, or holds something corrupt."""
 

@@ -20,6 +20,7 @@ The package, top to bottom:
 - :mod:`.commit`     THE COMMIT PROTOCOL: receipts -> sizes -> commit record -> catalog entry;
                      the delete order
 - :mod:`.retention`  which checkpoints to keep, and pruning
+- :mod:`.lease`      one writer per location: the writer lease, create-only generations
 - :mod:`.priority`   the upload threads' CPU priority and CPUs
 - :mod:`.upload`     per-rank background upload + rank 0's committer thread; the Uploader Protocol
 - :mod:`.upload_process`  a rank's CheckpointSync in a child process (outside training's GIL): the
@@ -48,6 +49,12 @@ from slurm_titan.ckpt.catalog import (
 from slurm_titan.ckpt.commit import delete_checkpoint, is_committed
 from slurm_titan.ckpt.fetch import CorruptCheckpoint
 from slurm_titan.ckpt.fetch_plan import NodePlanner, Wanted
+from slurm_titan.ckpt.lease import RENEW_S as LEASE_RENEW_S
+from slurm_titan.ckpt.lease import Holder, Lease, LeaseLost, LeaseRefused
+from slurm_titan.ckpt.lease import read as read_lease
+from slurm_titan.ckpt.lease import renew as renew_lease
+from slurm_titan.ckpt.lease import take as take_lease
+from slurm_titan.ckpt.lease import verdict as lease_verdict
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Range, Receipt
 from slurm_titan.ckpt.parts import all_reads
 from slurm_titan.ckpt.restore import RestoreResult, prepare_resume, restore_checkpoint
@@ -58,11 +65,16 @@ from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.ckpt.upload_process import UploaderProcess, UploadSettings
 
 __all__ = [
+    "LEASE_RENEW_S",
     "SHARE_FILE",
     "CheckpointInfo",
     "CheckpointSync",
     "CorruptCheckpoint",
     "FileEntry",
+    "Holder",
+    "Lease",
+    "LeaseLost",
+    "LeaseRefused",
     "Manifest",
     "NodeAgreement",
     "NodePlanner",
@@ -82,6 +94,7 @@ __all__ = [
     "delete_checkpoint",
     "is_committed",
     "is_data",
+    "lease_verdict",
     "list_checkpoints",
     "merged",
     "newest_complete",
@@ -90,7 +103,10 @@ __all__ = [
     "plan_retention",
     "prepare_resume",
     "prune",
+    "read_lease",
     "read_manifest",
+    "renew_lease",
     "restore_checkpoint",
+    "take_lease",
     "verify",
 ]

@@ -6,6 +6,7 @@
     <root>/step-<N>/.slurm-titan/spans.<T>.bin           the small items other ranks read, gathered at commit
     <root>/step-<N>/.slurm-titan/commit.json             the commit record's index, written last, create-only
     <root>/.slurm-titan/catalog/step-<N>.w<W>.f<F>.b<B>  catalog entry written right after the commit
+    <root>/.slurm-titan/lease/g-<G>.json                generation G of the location's writer lease (:mod:`.lease`)
 
 The catalog entry's name carries the checkpoint's world size, file count and byte count, so
 that listing a location takes a constant number of LIST requests (one of the root, one of
@@ -21,6 +22,8 @@ META_DIR = ".slurm-titan"
 
 CATALOG_DIR = f"{META_DIR}/catalog"
 
+LEASE_DIR = f"{META_DIR}/lease"
+
 COMMIT_RECORD = f"{META_DIR}/commit.json"
 """The commit record's path inside a step folder (remote, or a restored local copy)."""
 
@@ -28,6 +31,7 @@ DCP_METADATA = ".metadata"
 """DCP's metadata file inside a step folder (what a load plans from)."""
 
 _STEP_DIR_RE = re.compile(r"^step-(\d+)$")
+_LEASE_RE = re.compile(r"^g-(\d+)\.json$")
 _CATALOG_RE = re.compile(r"^step-(\d+)\.w(\d+)\.f(\d+)\.b(\d+)$")
 _RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
 _RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
@@ -88,6 +92,17 @@ def is_spans_name(name: object) -> bool:
 
 def parse_receipt_name(name: str) -> int | None:
     m = _RECEIPT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def lease_path(generation: int) -> str:
+    """Generation ``generation`` of the writer lease (zero-padded: names sort as numbers)."""
+    return f"{LEASE_DIR}/g-{int(generation):010d}.json"
+
+
+def parse_lease_name(name: str) -> int | None:
+    """The generation of a lease object's base name (:func:`lease_path`), or None."""
+    m = _LEASE_RE.match(name)
     return int(m.group(1)) if m else None
 
 
