@@ -26,6 +26,7 @@ from slurm_titan.node.budgets import WATCHDOG_MARGIN_S, WatchdogSpec
 from slurm_titan.node.notify_config import NotifySpec, check_notify
 from slurm_titan.node.spec import CheckpointSpec
 from slurm_titan.node.straggler_config import StragglerSpec, check_straggler
+from slurm_titan.records.run_registry import name_problem
 from slurm_titan.slurm import time_limit_minutes
 
 DeviceKind = Literal["npu", "cpu", "cuda"]
@@ -170,10 +171,12 @@ class DoctorSpec:
 
 @dataclass
 class JobConfig:
-    """A whole job: name, where its run folders go, and the sections above."""
+    """A whole job: name, where its run folders go, the run it belongs to (launch.run_binding: `--run`), and the
+    sections above."""
 
     name: str
     runs_dir: str = "runs"
+    run: str | None = None
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     torchtitan: TorchtitanSpec = field(default_factory=TorchtitanSpec)
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
@@ -280,6 +283,8 @@ def _validate(config: JobConfig) -> None:
     where = config.source
     if not _NAME.match(config.name):
         raise ConfigError(where, "name", f"{config.name!r} must be letters, digits, '.', '_' or '-'")
+    if config.run is not None and (problem := name_problem(config.run)):
+        raise ConfigError(where, "run", problem)
     slurm = config.slurm
     if slurm.nodes < 1:
         raise ConfigError(where, "slurm.nodes", f"must be >= 1, got {slurm.nodes}")

@@ -26,7 +26,7 @@ from slurm_titan.launch import npu_env
 from slurm_titan.launch.config import CheckpointSpec, JobConfig, TorchtitanSpec
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
-from slurm_titan.node.batch_spec import BatchSpec, RetryPolicy
+from slurm_titan.node.batch_spec import BatchSpec, LeasePlan, RetryPolicy
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.notify_config import submit_warnings
 from slurm_titan.node.spec import CheckpointPlan, NodeSpec
@@ -277,14 +277,35 @@ def shrink_node_counts(config: JobConfig) -> list[int]:
     return [n for n in usable if n >= floor]
 
 
-def _batch_spec(config: JobConfig) -> BatchSpec:
-    """What the batch shell's processes read of the config (node.batch_spec)."""
+def _lease_plan(config: JobConfig, take_over: bool) -> LeasePlan | None:
+    """The writer lease the batch shell takes: of a remote location that jobs share (a run's, or one without
+    `{job_id}`); a location of one job's own has no other writer to keep out."""
+    ckpt = config.checkpoint
+    remote = run_folder.planned(ckpt.remote, config.name) if ckpt.enable and ckpt.remote else None
+    if remote is None or JOB_ID in remote:
+        return None
+    return LeasePlan(remote=remote, endpoint_url=ckpt.endpoint_url, take_over=take_over)
+
+
+def _batch_spec(config: JobConfig, take_over: bool = False) -> BatchSpec:
+    """What the batch shell's processes read of the config (node.batch_spec); `take_over`: see :func:`plan_job`."""
     policy = config.preemption
     return BatchSpec(nodes=config.slurm.nodes, shrink_to=tuple(shrink_node_counts(config)),
                      retry=RetryPolicy(max_requeues=policy.max_requeues, max_failures=policy.max_failures,
                                        max_failures_without_progress=policy.max_failures_without_progress),
                      signal_seconds=policy.signal_seconds, titan_module=config.torchtitan.module,
-                     titan_config=config.torchtitan.config, straggler=_straggler_plan(config))
+                     titan_config=config.torchtitan.config, straggler=_straggler_plan(config),
+                     lease=_lease_plan(config, take_over))
+
+
+def _lease_lines(batch: BatchSpec, python: str) -> str:
+    """The set-up's lines that take the writer lease and keep it while the batch shell lives (node.batch.lease);
+    none without a lease."""
+    if batch.lease is None:
+        return ""
+    lease = f'{shlex.quote(python)} -m slurm_titan.node.batch.lease --job-dir "$slurm_titan_job_dir"'
+    return ("# the writer lease of the checkpoint location, before any rank writes; renewed while this shell lives\n"
+            f"{lease} || exit $?\n{lease} --renew-while $$ &\n")
 
 
 def _lines(template: str, **values: str) -> list[str]:
@@ -339,8 +360,9 @@ def _warn_notify(config: JobConfig) -> None:
         print(f"slurm-titan: WARNING: {line}", file=sys.stderr)
 
 
-def plan_job(config: JobConfig) -> JobPlan:
-    """Check what can be checked before submitting and build the plan. Raises ConfigError."""
+def plan_job(config: JobConfig, take_over: bool = False) -> JobPlan:
+    """Check what can be checked before submitting and build the plan. Raises ConfigError. `take_over`: the job
+    may take its location's writer lease from a job that Slurm does not say runs (`submit --take-over`)."""
     _check_torchtitan(config)
     env = config.environment
     python = env.python or sys.executable
@@ -355,10 +377,11 @@ def plan_job(config: JobConfig) -> JobPlan:
     _warn_notify(config)
     if line := npu_env.inherited_warning(os.environ, unset):
         print(f"slurm-titan: WARNING: {config.source}: {line}", file=sys.stderr)
-    batch = _batch_spec(config)
+    batch = _batch_spec(config, take_over)
     setup = _lines("node_setup.sh.tmpl", job_dir=_shell_word(job_dir), batch_spec=batch.to_json(),
                    batch_spec_file=_shell_word(str(run_folder.batch_spec_file(Path(job_dir)))),
                    workdir=shlex.quote(workdir), setup_lines="\n".join(env.setup),
+                   lease_lines=_lease_lines(batch, python),
                    env_exports=_exports(node_env, unset), python=shlex.quote(python), hold_var=HOLD_SIGNALS_VAR,
                    stop_signals=",".join(signum.name.removeprefix("SIG") for signum in STOP_SIGNALS))
     teardown = _lines("node_teardown.sh.tmpl", python=shlex.quote(python))

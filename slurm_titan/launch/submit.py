@@ -10,7 +10,9 @@ from submitit.core.utils import FailedJobError
 
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
+from slurm_titan.launch import run_binding
 from slurm_titan.launch.plan import JobPlan
+from slurm_titan.launch.run_binding import RunBinding
 from slurm_titan.node.supervisor.supervisor import NodeSupervisor
 from slurm_titan.records import jobs, ledger
 
@@ -47,9 +49,13 @@ def prepare_assets(plan: JobPlan) -> None:
         ensure_assets(Path(plan.config.torchtitan.debug_assets))
 
 
-def submit(plan: JobPlan) -> jobs.JobRecord:
-    """Check the cluster, submit, record the job; returns its record."""
+def submit(plan: JobPlan, binding: RunBinding | None = None) -> jobs.JobRecord:
+    """Check the cluster, the run and its location (launch.run_binding), submit, record the job and its run;
+    returns its record."""
+    binding = binding or RunBinding()
     plan = preflight(plan)
+    if line := run_binding.check(binding, take_over=plan.batch.lease is not None and plan.batch.lease.take_over):
+        print(f"slurm-titan: {line}", file=sys.stderr)
     prepare_assets(plan)
     executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.launcher)
     executor.update_parameters(**plan.parameters)
@@ -59,6 +65,9 @@ def submit(plan: JobPlan) -> jobs.JobRecord:
         lines = [line for line in str(error).splitlines() if "error" in line.lower()] or str(error).splitlines()
         raise ClusterError(f"sbatch refused the job: {lines[0].strip()}") from None
     job_dir, _ = plan.node.resolve(job.job_id)
-    record = jobs.new_record(job.job_id, plan.config.name, job_dir, plan.config.source, plan.config.slurm.nodes)
+    remote = plan.node.checkpoint.remote_for(job.job_id) if plan.node.checkpoint else None
+    record = jobs.new_record(job.job_id, plan.config.name, job_dir, plan.config.source, plan.config.slurm.nodes,
+                             binding.name, remote)
     jobs.save(record)
+    run_binding.record(binding, job.job_id)
     return record

@@ -34,6 +34,16 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeasePlan:
+    """The checkpoint location whose writer lease the batch shell takes and renews (node.batch.lease): `remote` as
+    planned (`{job_id}` filled in by the batch shell), and `take_over` (`submit --take-over`)."""
+
+    remote: str
+    endpoint_url: str | None = None
+    take_over: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class BatchSpec:
     """Everything the batch shell's processes need of the job config."""
 
@@ -44,10 +54,15 @@ class BatchSpec:
     titan_module: str  # torchtitan.module and torchtitan.config, checked before any node starts
     titan_config: str
     straggler: StragglerPlan  # the slow-node judge of the step watcher (node.batch.slow_watch)
+    lease: LeasePlan | None = None  # the writer lease of the remote checkpoint location (none without one)
 
     def to_json(self) -> str:
-        """The file's text: `format`, then the fields in order, one per line (the dry run shows it)."""
-        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1)
+        """The file's text: `format`, then the fields in order, one per line (the dry run shows it); no `lease`
+        without one."""
+        fields_ = asdict(self)
+        if self.lease is None:
+            del fields_["lease"]
+        return json.dumps({"format": FORMAT, **fields_}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> BatchSpec:
@@ -59,6 +74,7 @@ class BatchSpec:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
         retry, shrink_to, straggler = (_field(data, "retry", dict), _field(data, "shrink_to", list),
                                        _field(data, "straggler", dict))
+        lease = _optional(data, "lease", dict) if "lease" in data else None
         return cls(
             nodes=_field(data, "nodes", int),
             shrink_to=tuple(_typed(f"shrink_to[{i}]", count, int) for i, count in enumerate(shrink_to)),
@@ -71,6 +87,9 @@ class BatchSpec:
                                     window_steps=_optional(straggler, "window_steps", int, "straggler."),
                                     warmup_steps=_field(straggler, "warmup_steps", int, "straggler."),
                                     total_steps=_optional(straggler, "total_steps", int, "straggler.")),
+            lease=None if lease is None else LeasePlan(remote=_field(lease, "remote", str, "lease."),
+                                                       endpoint_url=_optional(lease, "endpoint_url", str, "lease."),
+                                                       take_over=_field(lease, "take_over", bool, "lease.")),
         )
 
     @classmethod

@@ -1,7 +1,8 @@
 """Where the login node remembers submitted jobs: one JSON file per job id.
 
 `$SLURM_TITAN_HOME/jobs/<id>.json` (default `~/.slurm-titan`) maps a job id to its folder,
-config and name, so `status`, `logs` and `cancel` take just the id.
+config and name, so `status`, `logs` and `cancel` take just the id; and to its run and checkpoint
+location (records.run_registry), None in records written before runs had names.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class JobRecord:
     config: str
     nodes: int
     submitted: float
+    run: str | None = None
+    remote: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -57,5 +60,14 @@ def recent(limit: int = 20) -> list[JobRecord]:
     return [JobRecord(**json.loads(p.read_text(encoding="utf-8"))) for p in paths]
 
 
-def new_record(job_id: str, name: str, job_dir: Path, config: str, nodes: int) -> JobRecord:
-    return JobRecord(job_id, name, str(job_dir), config, nodes, time.time())
+def find(job_id: str) -> JobRecord | None:
+    """The record of `job_id`, None when there is none."""
+    try:
+        return load(job_id)
+    except SlurmTitanError:
+        return None
+
+
+def new_record(job_id: str, name: str, job_dir: Path, config: str, nodes: int, run: str | None = None,
+               remote: str | None = None) -> JobRecord:
+    return JobRecord(job_id, name, str(job_dir), config, nodes, time.time(), run, remote)

@@ -54,6 +54,9 @@ SLURM_JOB_ID = "%j"
 """Slurm's and submitit's own placeholder for the job id (in names submitit makes)."""
 NAME = "{name}"
 """Where a configured path or URL takes the job's name (filled in when the job is planned: :func:`planned`)."""
+RUN = "{run}"
+"""Where a configured checkpoint location takes the run's name (launch.run_binding; a run's location has its name
+in place of :data:`JOB_ID` too)."""
 
 
 def planned(text: str, name: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.node.batch import allocation, titan_check
-from slurm_titan.node.batch_spec import BatchSpec, BatchSpecError, load_or_exit
+from slurm_titan.node.batch_spec import BatchSpec, BatchSpecError, LeasePlan, load_or_exit
 from slurm_titan.records import run_folder
 from tests.support.batch_specs import SPEC, write_batch_spec
 
@@ -17,6 +17,9 @@ def test_a_spec_reads_back_equal(tmp_path: Path) -> None:
     assert BatchSpec.load(tmp_path) == spec
     assert BatchSpec.from_json(replace(SPEC, shrink_to=()).to_json()) == SPEC
     assert json.loads(spec.to_json())["format"] == 1
+    assert "lease" not in json.loads(spec.to_json())  # the scripts of jobs without one stay as they were
+    leased = replace(SPEC, lease=LeasePlan(remote="s3://b/runs/x/exp-1", take_over=True))
+    assert BatchSpec.from_json(leased.to_json()) == leased
 
 
 @pytest.mark.parametrize(("text", "problem"), [
