@@ -7,8 +7,6 @@ nothing; `str(plan)` is the exact sbatch script plus the command each node runs,
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import shlex
@@ -24,6 +22,7 @@ from slurm_titan.data.token_names import TOKEN_SHARDS_DATASET
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch import npu_env
 from slurm_titan.launch.config import CheckpointSpec, JobConfig, TorchtitanSpec
+from slurm_titan.launch.config_digest import config_digest
 from slurm_titan.launch.preflight import preflight_expectations
 from slurm_titan.launch.templating import export_lines, render
 from slurm_titan.node.batch_spec import BatchSpec, LeasePlan, RetryPolicy
@@ -216,12 +215,6 @@ def default_overrides(config: JobConfig) -> list[str]:
 
 def _checkpoint_local(config: JobConfig) -> str:
     return config.checkpoint.planned_local(config.name)
-
-
-def config_digest(config: JobConfig) -> str:
-    """A digest of what the model and data depend on (the torchtitan section), kept in commit records."""
-    text = json.dumps(dataclasses.asdict(config.torchtitan), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _checkpoint_plan(config: JobConfig) -> CheckpointPlan | None:

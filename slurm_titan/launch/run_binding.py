@@ -24,6 +24,7 @@ from typing import Any
 from slurm_titan import slurm
 from slurm_titan.errors import ConfigError, RunError
 from slurm_titan.launch.config import JobConfig
+from slurm_titan.launch.config_digest import check_change
 from slurm_titan.records import jobs, run_registry
 from slurm_titan.records.run_folder import JOB_ID, RUN, planned
 
@@ -137,15 +138,16 @@ def _job_location(job: jobs.JobRecord) -> str:
     return remote
 
 
-def check(binding: RunBinding, *, take_over: bool = False) -> str | None:
+def check(binding: RunBinding, config: JobConfig, *, take_over: bool = False) -> str | None:
     """Whether the job may write to its location, asked of Slurm and the store before anything is submitted; what
     it will resume (a line), None for a job of its own. RunError (one line, exit 2) when another job of the run is
     active in Slurm, when the location's writer lease is held (ckpt.lease) or corrupt, when a fresh start or a new
-    run finds checkpoints there; ClusterError / StorageError when Slurm or the store cannot be asked."""
+    run finds checkpoints there; ConfigError when `config` cannot load the newest checkpoint (launch.config_digest);
+    ClusterError / StorageError when Slurm or the store cannot be asked."""
     if not binding.fixed or binding.remote is None:
         return None
     from slurm_titan.ckpt import lease_verdict as verdict
-    from slurm_titan.ckpt import list_checkpoints, newest_complete, open_store, read_lease
+    from slurm_titan.ckpt import list_checkpoints, newest_complete, open_store, read_lease, read_manifest
 
     if binding.known is not None:
         active = [s for s in slurm.job_states(binding.known.jobs).values() if s.state not in slurm.FINISHED_STATES]
@@ -159,6 +161,9 @@ def check(binding: RunBinding, *, take_over: bool = False) -> str | None:
         what = "--fresh starts at step 1" if binding.fresh else f"run {binding.name} is new here"
         raise RunError(f"{binding.remote} holds checkpoints (newest complete: step {newest.step}) and {what}: "
                        f"continue them with --resume {binding.remote} --run NAME, or choose another run name")
+    if newest is not None:
+        saved = read_manifest(store, newest.step).config_digest
+        check_change(config, saved, f"checkpoint step {newest.step} of {binding.remote}")
 
     def state(job_id: str) -> str | None:
         found = slurm.job_state(job_id)

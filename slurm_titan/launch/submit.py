@@ -54,7 +54,8 @@ def submit(plan: JobPlan, binding: RunBinding | None = None) -> jobs.JobRecord:
     returns its record."""
     binding = binding or RunBinding()
     plan = preflight(plan)
-    if line := run_binding.check(binding, take_over=plan.batch.lease is not None and plan.batch.lease.take_over):
+    take_over = plan.batch.lease is not None and plan.batch.lease.take_over
+    if line := run_binding.check(binding, plan.config, take_over=take_over):
         print(f"slurm-titan: {line}", file=sys.stderr)
     prepare_assets(plan)
     executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.launcher)

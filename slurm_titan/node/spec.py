@@ -84,7 +84,7 @@ class CheckpointPlan:
 
     @classmethod
     def from_spec(cls, spec: CheckpointSpec, *, name: str, config_digest: str, reshards_data: bool) -> CheckpointPlan:
-        """The plan of job `name`'s checkpoints (`config_digest`: launch.plan.config_digest)."""
+        """The plan of job `name`'s checkpoints (`config_digest`: launch.config_digest)."""
         return cls(local=spec.planned_local(name),
                    remote=run_folder.planned(spec.remote, name) if spec.remote else None,
                    endpoint_url=spec.endpoint_url, retention=spec.retention,

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from slurm_titan import slurm
-from slurm_titan.ckpt import Holder, layout, open_store, take_lease
+from slurm_titan.ckpt import Holder, Manifest, layout, open_store, take_lease
 from slurm_titan.cli.main import main
 from slurm_titan.errors import ConfigError, ExitCode, RunError
 from slurm_titan.launch import run_binding
 from slurm_titan.launch.config import load_config
+from slurm_titan.launch.config_digest import config_digest
 from slurm_titan.launch.plan import plan_job
 from slurm_titan.launch.run_binding import bind, check
 from slurm_titan.node.spec import CheckpointPlan, NodeSpec
@@ -40,12 +41,12 @@ def slurm_says(monkeypatch: pytest.MonkeyPatch, states: dict[str, str]) -> None:
     monkeypatch.setattr(slurm, "job_state", lambda job: known.get(job))
 
 
-def committed(location: str, step: int) -> None:
-    """A complete checkpoint as a listing sees it: its step folder and its catalog entry."""
-    (Path(location) / layout.step_dir(step)).mkdir(parents=True)
-    entry = Path(location) / layout.catalog_entry(step, 2, 3, 100)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    entry.write_text("{}")
+def committed(location: str, step: int, config) -> None:
+    """A complete checkpoint of `config` as a listing and a submit see it: its commit record (no files) and its
+    catalog entry."""
+    store = open_store(location, check=True, create=True)
+    store.put_bytes(layout.commit_path(step), Manifest(step, 2, [], "xxh3_128", config_digest(config)).to_json())
+    store.put_bytes(layout.catalog_entry(step, 2, 0, 0), b"{}")
 
 
 def test_a_new_run_takes_its_location_from_the_config_with_its_name_for_the_job_id(config, tmp_path):
@@ -111,14 +112,14 @@ def test_resume_of_a_job_from_before_runs_had_names_reads_its_location_from_its_
 def test_check_refuses_a_fresh_start_or_a_new_run_where_checkpoints_are(config, monkeypatch):
     slurm_says(monkeypatch, {})
     binding = bind(config, run="exp-1")[1]
-    assert check(binding) == f"run exp-1 starts at step 1 (no complete checkpoint there) of {binding.remote}"
-    committed(binding.remote, 8)
+    assert check(binding, config) == f"run exp-1 starts at step 1 (no complete checkpoint there) of {binding.remote}"
+    committed(binding.remote, 8, config)
     with pytest.raises(RunError, match=r"holds checkpoints \(newest complete: step 8\) and run exp-1 is new here"):
-        check(binding)
+        check(binding, config)
     with pytest.raises(RunError, match="and --fresh starts at step 1: continue them with --resume"):
-        check(bind(config, run="exp-1", fresh=True)[1])
+        check(bind(config, run="exp-1", fresh=True)[1], config)
     run_binding.record(binding, "101")
-    assert check(bind(config, run="exp-1")[1]) == f"run exp-1 resumes from step 8 of {binding.remote}"
+    assert check(bind(config, run="exp-1")[1], config) == f"run exp-1 resumes from step 8 of {binding.remote}"
 
 
 def test_check_refuses_while_a_job_of_the_run_or_the_lease_holder_runs(config, monkeypatch):
@@ -126,19 +127,19 @@ def test_check_refuses_while_a_job_of_the_run_or_the_lease_holder_runs(config, m
     run_binding.record(binding, "101")
     slurm_says(monkeypatch, {"101": "PENDING"})
     with pytest.raises(RunError, match=r"run exp-1: job 101 is PENDING in Slurm .*slurm-titan cancel 101"):
-        check(bind(config, run="exp-1")[1])
+        check(bind(config, run="exp-1")[1], config)
     store = open_store(binding.remote, check=True, create=True)
     take_lease(store, Holder("555", "0", "n9"), lambda job: None)
     slurm_says(monkeypatch, {"101": "COMPLETED", "555": "RUNNING"})
     with pytest.raises(RunError, match=r"job 555 \(run 0 on n9\) writes here \(RUNNING in Slurm\)"):
-        check(bind(config, run="exp-1")[1], take_over=True)
+        check(bind(config, run="exp-1")[1], config, take_over=True)
     slurm_says(monkeypatch, {"101": "COMPLETED"})  # the holder unknown to Slurm: only --take-over takes it
     with pytest.raises(RunError, match="holds the writer lease for .*--take-over"):
-        check(bind(config, run="exp-1")[1])
-    assert "(writer lease: taken over from job 555" in check(bind(config, run="exp-1")[1], take_over=True)
+        check(bind(config, run="exp-1")[1], config)
+    assert "(writer lease: taken over from job 555" in check(bind(config, run="exp-1")[1], config, take_over=True)
     store.put_bytes(layout.lease_path(9), b"garbage")
     with pytest.raises(RunError, match=r"g-0000000009.json: corrupt lease"):
-        check(bind(config, run="exp-1")[1])
+        check(bind(config, run="exp-1")[1], config)
 
 
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_submitted(tmp_path, home, capsys, monkeypatch):
@@ -149,3 +150,25 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_submitted(tmp_path,
         assert main(["submit", config, *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    (("torchtitan.config", "llama3_8b"), "torchtitan.config"),
+    (("torchtitan.args.optimizer.name", "SGD"), "torchtitan.args.optimizer.name"),
+    (("torchtitan.args.model", {"dim": 512}), "torchtitan.args.model"),
+    (("torchtitan.debug_assets", None), "torchtitan.args.hf_assets_path"),
+])
+def test_a_later_job_that_cannot_load_the_runs_checkpoint_is_refused_naming_the_key(config, tmp_path, monkeypatch,
+                                                                                 change, key):
+    slurm_says(monkeypatch, {})
+    binding = bind(config, run="exp-1")[1]
+    committed(binding.remote, 8, config)
+    run_binding.record(binding, "101")
+    allowed = [("torchtitan.args.training.steps", 40), ("torchtitan.args.lr_scheduler.warmup_steps", 9),
+               ("slurm.nodes", 1), ("checkpoint.interval", 2), ("torchtitan.args.dataloader.num_workers", 2)]
+    same = load_config(pinned_debug_cpu(tmp_path), [("checkpoint.remote", str(tmp_path / "x/{job_id}")), *allowed])
+    assert check(bind(same, run="exp-1")[1], same) == f"run exp-1 resumes from step 8 of {binding.remote}"
+    other = load_config(pinned_debug_cpu(tmp_path), [change])
+    with pytest.raises(ConfigError, match=rf"debug_cpu.yaml: {key}: differs from the job that saved checkpoint step 8 "
+                                          "of .*exp-1: a checkpoint loads only into"):
+        check(bind(other, run="exp-1")[1], other)
