@@ -24,13 +24,13 @@ from slurm_titan.records import rank_progress
 from slurm_titan.records.rank_progress import Phase
 from tests.support.cli import Cli, wait_for
 from tests.support.paths import REPO
+from tests.support.references import SIXTEEN_STEPS
 from tests.support.runs import assert_same_training, job_dir, uninterrupted_losses
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
-CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
-          "--set", "checkpoint.interval=4"]
+CONFIG = SIXTEEN_STEPS
 COLLECTIVE_TIMEOUT_S = 1200  # timeouts.collective_s of the default config
 
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import Cli, run, wait_for
+from tests.support.references import SIXTEEN_STEPS
 from tests.support.runs import assert_same_training, job_dir, job_field, step_losses, wait_for_log
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEPS = 16
-CONFIG = ["configs/debug_cpu.yaml", "--set", f"torchtitan.args.training.steps={STEPS}",
-          "--set", "checkpoint.interval=4"]
+CONFIG = SIXTEEN_STEPS
 
 
 @pytest.fixture

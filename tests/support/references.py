@@ -3,6 +3,8 @@
 - `reference_losses(steps, *config)` (session fixture): every step's loss of an uninterrupted run of `config`,
   keyed by its arguments and shared by every pytest-xdist worker of the session (a file cache under the
   session's temporary folder; the first worker to ask trains it, the others wait for it);
+- `SIXTEEN_STEPS`: the 16-step run with a checkpoint every 4 steps that test_recovery and test_hang fault and
+  test_runs cancels and resumes in another job;
 - `SIXTY_STEPS`: the 60-step run that test_preemption interrupts and test_slow_node slows (one reference for
   all: the straggler and spare-node settings the latter adds do not change a loss);
 - `twelve_step_run(nodes)` (session fixture): the job of an uninterrupted 12-step run on `nodes` nodes with its
@@ -34,6 +36,8 @@ from tests.support.s3 import S3Server
 TWELVE_STEPS = [*SMALL_STEPS, "--set", "checkpoint.interval=5", "--set",
                 "torchtitan.args.training.steps=12", "--set", "environment.env.SLURM_TITAN_CKPT_BLOCK_KB=1024"]
 TWELVE_STEP_GROUP = pytest.mark.xdist_group("twelve-step-runs")
+SIXTEEN_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=16", "--set", "checkpoint.interval=4"]
+"""The 16-step run that test_recovery and test_hang fault and test_runs interrupts between jobs (one reference)."""
 SIXTY_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=60", "--set",
                "checkpoint.interval=100"]  # no checkpoint before the end: the preemption and slow-node runs
 

@@ -1,0 +1,60 @@
+"""A run outlives its jobs, on the real local Slurm cluster: a job of a run cancelled mid-run, the next job of the
+run resumes by its name from the newest complete checkpoint, and the losses are an uninterrupted run's; meanwhile a
+second job for the run is refused before it is submitted, from this login node (the run's job is running) and from
+another one (the location's writer lease names its holder), and nothing is lost."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from tests.support.cli import Cli
+from tests.support.references import SIXTEEN_STEPS
+from tests.support.runs import job_dir, step_losses, wait_for_log
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+RESUMED = re.compile(r"resuming complete checkpoint step (\d+) from (\S+):")
+
+
+def _refused(cli: Cli, *args: str) -> str:
+    """What `submit` said refusing a job (exit 2, nothing submitted)."""
+    done = cli("submit", "--set", f"runs_dir={cli.runs}", "--set", f"checkpoint.remote={cli.remote}", *args,
+               check=False)
+    assert done.returncode == 2 and "submitted job" not in done.stdout, (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_losses, slurm_env, s3_server,
+                                                                tmp_path_factory):
+    reference = reference_losses(16, *SIXTEEN_STEPS)
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    location = cli.remote.format(name="debug-cpu", job_id=run)
+    first = cli.submit(*SIXTEEN_STEPS, "--run", run)
+    folder = job_dir(cli, first)
+    wait_for_log(folder / "logs/rank-0.log", "checkpoint step 4 committed", timeout=600)
+
+    said = _refused(cli, *SIXTEEN_STEPS, "--run", run)
+    assert f"run {run}: job {first} is RUNNING in Slurm and writes to {location}" in said
+    other = Cli(slurm_env, tmp_path_factory.mktemp("another-login-node"), s3_server)
+    said = _refused(other, *SIXTEEN_STEPS, "--resume", location, "--run", run)
+    assert f"{location}: job {first} (run 0 on " in said and "writes here (RUNNING in Slurm)" in said
+
+    cli("cancel", first)
+    assert cli.wait(first)["state"] == "CANCELLED"
+    second = cli.submit(*SIXTEEN_STEPS, "--run", run)
+    assert cli.wait(second, timeout=900)["state"] == "COMPLETED"
+
+    node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
+    assert f"writer lease of {location} taken" in node_log and f"job {first} ended (CANCELLED)" in node_log
+    resumed = RESUMED.search(node_log)
+    assert resumed and resumed.group(2) == location, node_log[-3000:]
+    step = int(resumed.group(1))
+    for rank in range(2):
+        before = dict(step_losses(folder / f"logs/rank-{rank}.log"))
+        after = dict(step_losses(job_dir(cli, second) / f"logs/rank-{rank}.log"))
+        assert step >= 4 and min(after) == step + 1 and max(after) == 16, (step, sorted(after))
+        assert {s: before[s] for s in range(1, step + 1)} | after == reference, f"rank {rank}"
+    assert cli("ckpt", "verify", location, "--all", "--quiet", timeout=300).returncode == 0
