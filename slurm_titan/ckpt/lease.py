@@ -52,7 +52,12 @@ class LeaseRefused(RunError):
 
 
 class LeaseLost(RunError):
-    """The holder's lease was taken by another job (or the lease changed under it)."""
+    """The holder's lease was taken by another job, or by a later run of its own job (a requeue), or the lease
+    changed under it: `taker` the holder now (None: unreadable)."""
+
+    def __init__(self, message: str, taker: Holder | None = None) -> None:
+        super().__init__(message)
+        self.taker = taker
 
 
 @dataclass(frozen=True)
@@ -187,9 +192,9 @@ def renew(store: Store, held: Lease, *, ttl: float = TTL_S, clock: Callable[[], 
             _prune(store, current.generations)
             return lease
         current = read(store)
-    taker = current.lease.holder if current.lease else "an unreadable generation"
-    raise LeaseLost(f"{store.url()}: {taker} took the writer lease (generation {current.generation}) from "
-                    f"{held.holder}")
+    taker = current.lease.holder if current.lease else None
+    raise LeaseLost(f"{store.url()}: {taker or 'an unreadable generation'} took the writer lease (generation "
+                    f"{current.generation}) from {held.holder}", taker)
 
 
 def _prune(store: Store, below: list[int]) -> None:

@@ -63,15 +63,20 @@ def names() -> list[str]:
 
 
 def create(name: str, remote: str, endpoint_url: str | None, job_id: str) -> RunRecord:
-    """Record a new run with its first job; RunError when another submit recorded it first."""
+    """Record a new run with its first job; when another submit recorded it meanwhile, add the job to that record
+    (RunError only when that run writes elsewhere: the job, submitted already, writes to `remote` all the same)."""
     record = RunRecord(name, remote, endpoint_url, time.time(), [job_id])
     path = _path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise RunError(f"{path}: run {name} was recorded meanwhile by another submit; job {job_id} writes to "
-                       f"{remote} all the same") from None
+        known = load(name)
+        if known is None or known.remote != remote:
+            raise RunError(f"{path}: run {name} was recorded meanwhile by another submit at "
+                           f"{known.remote if known else 'an unknown location'}; job {job_id} writes to {remote} "
+                           "all the same") from None
+        return add_job(known, job_id)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(asdict(record), indent=1) + "\n")
     return record

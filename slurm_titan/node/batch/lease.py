@@ -6,13 +6,15 @@ the job starts (a requeued job takes its own lease again): a lease another job h
 line naming the holder, its state in Slurm and how to take over, before any rank writes. Then it starts
 `... --renew-while PID` in the background, which renews the lease every ckpt.lease.RENEW_S while the batch shell
 (PID) lives; a lease that another job took (:class:`LeaseLost`) ends this job (scancel): two jobs never write
-one location knowingly. A job whose batch spec names no lease (its location is its own) does nothing here.
+one location knowingly; one that a later run of this job took (a requeue while this run's host was cut off) ends
+this run's batch shell only. A job whose batch spec names no lease (its location is its own) does nothing here.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -63,24 +65,30 @@ def take(plan: LeasePlan) -> None:
 
 
 def renew_while(plan: LeasePlan, pid: int, every_s: float = LEASE_RENEW_S) -> int:
-    """Renew this job's lease while `pid` lives; scancel the job when another job took it (exit 1)."""
+    """Renew this job's lease while `pid` (the batch shell) lives; when another job took it, scancel this job; when
+    a later run of this job took it (a requeue while this run's host was cut off), end this run's batch shell only,
+    not the job (exit 1 both)."""
     store = _store(plan)
+    me = holder()
     held: Lease | None = read_lease(store).lease
-    job = os.environ["SLURM_JOB_ID"]
     due = time.monotonic() + every_s
     while alive(pid):
-        time.sleep(1.0)
+        time.sleep(min(1.0, every_s))
         if time.monotonic() < due:
             continue
         due = time.monotonic() + every_s
         try:
-            if held is None or held.holder.job != job:
-                raise LeaseLost(f"{store.url()}: the writer lease is {held.holder if held else 'gone'}'s, "
-                                f"not job {job}'s")
+            if held is None or held.holder != me:
+                raise LeaseLost(f"{store.url()}: the writer lease is {held.holder if held else 'gone'}'s, not "
+                                f"{me}'s", held.holder if held else None)
             held = renew_lease(store, held)
         except LeaseLost as error:
-            say(f"{error}: cancelling job {job}, which must not write there any more")
-            slurm.run(["scancel", job], check=False)
+            if error.taker is not None and error.taker.job == me.job:
+                say(f"{error}: ending this run's batch shell (pid {pid}); job {me.job} goes on in its later run")
+                os.kill(pid, signal.SIGTERM)
+            else:
+                say(f"{error}: cancelling job {me.job}, which must not write there any more")
+                slurm.run(["scancel", me.job], check=False)
             return 1
         except SlurmTitanError as error:  # the store, for now: the lease lasts ckpt.lease.TTL_S
             say(f"could not renew the writer lease ({error}); trying again in {every_s:.0f} s")

@@ -172,3 +172,11 @@ def test_a_later_job_that_cannot_load_the_runs_checkpoint_is_refused_naming_the_
     with pytest.raises(ConfigError, match=rf"debug_cpu.yaml: {key}: differs from the job that saved checkpoint step 8 "
                                           "of .*exp-1: a checkpoint loads only into"):
         check(bind(other, run="exp-1")[1], other)
+
+
+def test_two_submits_that_record_one_new_run_at_once_both_keep_their_job_and_only_another_location_is_refused(home):
+    run_registry.create("exp-9", "s3://b/exp-9", None, "101")
+    assert run_registry.create("exp-9", "s3://b/exp-9", None, "102").jobs == ["101", "102"]
+    assert run_registry.load("exp-9").jobs == ["101", "102"]  # type: ignore[union-attr]
+    with pytest.raises(RunError, match="recorded meanwhile by another submit at s3://b/exp-9; job 103 writes to"):
+        run_registry.create("exp-9", "s3://b/elsewhere", None, "103")
