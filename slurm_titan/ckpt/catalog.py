@@ -115,7 +115,7 @@ def _inspect_step(store: Store, step: int, where: str) -> CheckpointInfo | None:
     data = [e for e in entries if not layout.is_meta(e.path[len(prefix):])]
     meta = [e for e in entries if layout.is_meta(e.path[len(prefix):])]
     commit = next((e for e in meta if e.path == layout.commit_path(step)), None)
-    receipts = [e for e in meta if e.path.startswith(layout.receipt_dir(step) + "/")]
+    receipts = [e for e in meta if e.path.startswith(layout.receipt_dir(step, "") + "/")]
     newest = max((e.mtime or 0 for e in entries), default=0) or None
     size = sum(e.size for e in data)
     if commit is not None:
@@ -174,12 +174,12 @@ def _pick_step(store: Store, step: int | None, infos: list[CheckpointInfo] | Non
 
 
 def check_listing(store: Store, m: Manifest) -> list[tuple[str, str]]:
-    """Missing or wrongly sized files of a checkpoint, from one listing of its folder."""
-    prefix = layout.step_dir(m.step) + "/"
-    sizes = {e.path[len(prefix):]: e.size for e in store.find(layout.step_dir(m.step))}
+    """Missing or wrongly sized files of a checkpoint (the objects its record names), from one listing of its
+    folder."""
+    sizes = {e.path: e.size for e in store.find(layout.step_dir(m.step))}
     bad = []
     for f in m.files:
-        got = sizes.get(f.path)
+        got = sizes.get(m.key(f.path))
         if got is None:
             bad.append((f.path, "missing"))
         elif got != f.size:
@@ -218,7 +218,7 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
     names_bad = {p for p, _ in bad}
     todo = [f for f in held if f.path not in names_bad and (share is None or f.path in share.whole)]
     counter = ByteCounter(m.total_bytes if share is None else share.nbytes(m), progress)
-    results = store.checksum_many([(f"{layout.step_dir(step)}/{f.path}", f.size) for f in todo], m.algorithm,
+    results = store.checksum_many([(m.key(f.path), f.size) for f in todo], m.algorithm,
                                   counter.add)
     for f, r in zip(todo, results):
         if isinstance(r, BaseException):
@@ -230,7 +230,7 @@ def verify(store: Store, step: int | None = None, progress: ByteProgress | None 
     if share is not None:
         for f in held:
             if f.path not in names_bad and f.path not in share.whole:
-                bad += [(f.path, why) for why in [_bad_pieces(store, step, f, share, m.algorithm, counter)] if why]
+                bad += [(f.path, why) for why in [_bad_pieces(store, m, f, share, counter)] if why]
     elif m.gathered is not None:
         bad += _bad_gathered(store, m, m.gathered)
     return VerifyReport(step, len(held), m.total_bytes if share is None else share.nbytes(m), sorted(bad),
@@ -259,13 +259,13 @@ def _held_share(store: Store, step: int) -> Share | None:
     return Share.from_json(store.cat(rel), store.url(rel))
 
 
-def _bad_pieces(store: Store, step: int, f: FileEntry, share: Share, algorithm: str, counter: ByteCounter) -> str:
+def _bad_pieces(store: Store, m: Manifest, f: FileEntry, share: Share, counter: ByteCounter) -> str:
     """Which of the share's pieces of `f` fail their block checksums ("" when none). Shares are only ever
     restored into local folders, so the pieces are read in place."""
     failed = []
-    with open(store.full(f"{layout.step_dir(step)}/{f.path}"), "rb", buffering=0) as fin:
+    with open(store.full(m.key(f.path)), "rb", buffering=0) as fin:
         for off, n, checksum in share.pieces(f):
-            if hash_bytes(os.pread(fin.fileno(), n, off), algorithm) != checksum:
+            if hash_bytes(os.pread(fin.fileno(), n, off), m.algorithm) != checksum:
                 failed.append((off, n))
             counter.add(n)
     return describe_ranges(f, failed) if failed else ""

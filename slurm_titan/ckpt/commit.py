@@ -8,8 +8,9 @@ without the record is incomplete whatever it holds, and is never restored.
 
 Making step N complete, in the order of this file:
 
-1. each rank uploads its own files of ``step-N/`` (:mod:`.upload`), then writes its part of the
-   record (its read map, :mod:`.parts`) and its receipt (:func:`write_receipt`): every file's size
+1. each rank uploads its own files of ``step-N/`` into its attempt's folder ``step-N/attempt-<A>/``
+   (:mod:`.upload`, :func:`.layout.data_key`), then writes its part of the record (its read map,
+   :mod:`.parts`) and its receipt, also in its attempt's folder (:func:`write_receipt`): every file's size
    and the checksum of the bytes it sent, its part's name, size and checksum, or why it failed;
 2. rank 0 waits until the receipts of all ``world_size`` ranks of this attempt are there
    (:func:`wait_for_receipts`: each poll lists them and reads only those that are new or changed,
@@ -21,10 +22,10 @@ Making step N complete, in the order of this file:
    create-only under a name of its own (:func:`gather_spans`): a node then fetches them with one GET,
    not one per file;
 4. only then does it write the commit record's index (format 2: O(files + ranks), naming every
-   part with its checksum; :mod:`.manifest`), create-only (``Store.create_bytes``: S3 one
-   conditional PUT, the index being bounded below the single-PUT limit; a directory a temporary
-   file hard-linked into place), so the record appears whole or not at all and is never replaced,
-   and reads it back: the committer whose record is there has committed;
+   part with its checksum and the attempt folder the files are in; :mod:`.manifest`), create-only
+   (``Store.create_bytes``: S3 one conditional PUT, the index being bounded below the single-PUT
+   limit; a directory a temporary file hard-linked into place), so the record appears whole or not
+   at all and is never replaced, and reads it back: the committer whose record is there has committed;
 5. then the catalog entry (:func:`.layout.catalog_entry`), which saves a listing from reading
    the record.
 
@@ -37,9 +38,8 @@ files.
 What a crash leaves behind, and why that is safe:
 
 - in 1 or 2: files and receipts, no record: incomplete, never restored. A later attempt that
-  saves the step again uploads over it (its committer ignores receipts of other attempts and
-  deletes those of ranks beyond its world size); else retention deletes it once a newer
-  checkpoint is complete.
+  saves the step again uploads into its own folder beside it (its committer reads only its own
+  attempt's receipts); else retention deletes it once a newer checkpoint is complete.
 - in 3: a gathered object no record names: incomplete, deleted with the step folder.
 - in 4: the record exists whole or not at all.
 - between 4 and 5: complete without a catalog entry: listed complete ("no catalog entry"), at
@@ -48,6 +48,9 @@ What a crash leaves behind, and why that is safe:
   record went, an incomplete one. Never a "complete" checkpoint with holes.
 - two committers of one step (the rank 0 of an earlier attempt still running): the first
   record stays; the second committer finds it there and keeps it ("already-committed").
+- a stale attempt (a node cut off that kept running, an uploader frozen and thawed) that uploads
+  a step after a newer attempt committed it: it writes only into its own attempt's folders, which
+  the record does not name; the committed files are never overwritten.
 - a later attempt saving a step that is already complete: each rank finds the record
   (:func:`is_committed`) and uploads nothing, so a complete checkpoint is never overwritten.
 
@@ -126,7 +129,7 @@ def write_receipt(store: Store, receipt: Receipt) -> None:
     if receipt.reads is not None:
         part = write_part(store, receipt.step, receipt.rank, merged(receipt.reads), receipt.algorithm)
         receipt = dataclasses.replace(receipt, reads=None, part=part)
-    store.put_bytes(layout.receipt_path(receipt.step, receipt.rank), receipt.to_json())
+    store.put_bytes(layout.receipt_path(receipt.step, receipt.rank, receipt.attempt), receipt.to_json())
 
 
 # ------------------------------------------------------------------------------ 2.-5. rank 0
@@ -141,13 +144,15 @@ def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm:
     receipts = wait_for_receipts(store, step, world_size, attempt, retry, stop, poll_interval)
     files = checked_files(receipts, step)
     parts = _parts(receipts, step)
+    data_dir = layout.attempt_dir(attempt)
     listing = retry("listing the step folder", lambda: store.find(layout.step_dir(step)))
-    check_sizes(store, step, files, listing, parts or [])
+    check_sizes(store, step, data_dir, files, listing, parts or [])
     manifest = Manifest(
         step=step, world_size=world_size, files=files, algorithm=algorithm,
         config_digest=config_digest, attempt=attempt,
         saved_at=receipts[0].saved_at or saved_at, committed_at=utc_iso(),
-        extra={"committed_by": committed_by}, parts=parts, gathered=gather_spans(store, step, files, algorithm, retry),
+        extra={"committed_by": committed_by}, parts=parts,
+        gathered=gather_spans(store, step, data_dir, files, algorithm, retry), data_dir=data_dir,
     )
     # Built once, from receipts each checked when parsed (paths, sizes, block counts) and by
     # checked_files (no file twice): no round trip through the parser.
@@ -213,13 +218,13 @@ class ReceiptPoll:
 
     def gather(self) -> list[Receipt] | None:
         """All ``world_size`` receipts of this attempt, or None while some are still missing."""
-        entries = self.store.ls(layout.receipt_dir(self.step))
+        entries = self.store.ls(layout.receipt_dir(self.step, self.attempt))
         listed = {e.name: (e.size, e.mtime) for e in entries}
-        wanted = [layout.receipt_path(self.step, r) for r in range(self.world_size)]
+        wanted = [layout.receipt_path(self.step, r, self.attempt) for r in range(self.world_size)]
         if any(p.rsplit("/", 1)[-1] not in listed for p in wanted):
             return None
         extra = [e.path for e in entries if (layout.parse_receipt_name(e.name) or 0) >= self.world_size]
-        if extra:  # left by an earlier attempt with more ranks
+        if extra:  # left by a writer without an attempt id, with more ranks, in the folder they share
             self.store.rm_files(extra)
         versions = {p: listed[p.rsplit("/", 1)[-1]] for p in wanted}
         todo = [p for p in wanted if self._stale(p, versions[p])]
@@ -230,11 +235,12 @@ class ReceiptPoll:
                 self.read[path] = (versions[path], Receipt.from_json(blob, where=self.store.url(path)))
         receipts = [self.read[p][1] for p in wanted if p in self.read]
         if len(receipts) < len(wanted) or not all(self._current(r) for r in receipts):
-            return None  # an earlier attempt's receipt: this attempt's rank will overwrite it
+            return None  # (writers without an attempt id) an earlier one's receipt: this rank will overwrite it
         return receipts
 
 
-def gather_spans(store: Store, step: int, files: list[FileEntry], algorithm: str, retry: Retry) -> GatheredRef | None:
+def gather_spans(store: Store, step: int, data_dir: str, files: list[FileEntry], algorithm: str,
+                 retry: Retry) -> GatheredRef | None:
     """Every file's spans, read from the store once per checkpoint (a file's nearby spans with one ranged GET:
     :mod:`.storage.range_batches`) and checked against the checksums their ranks recorded, written as one
     object (create-only, its name unique to this committer);
@@ -243,7 +249,7 @@ def gather_spans(store: Store, step: int, files: list[FileEntry], algorithm: str
     items = gathered_layout(files)
     if not items or sum(n for _, _, n, _ in items) > GATHERED_MAX_BYTES:
         return None
-    ranges = [(f"{layout.step_dir(step)}/{path}", off, n) for path, off, n, _ in items]
+    ranges = [(layout.data_key(step, data_dir, path), off, n) for path, off, n, _ in items]
     got = retry("reading the files' small items", lambda: store.read_ranges(ranges))
     for (rel, off, n), (_, _, _, checksum), data in zip(ranges, items, got):
         if hash_bytes(data, algorithm) != checksum:
@@ -271,11 +277,12 @@ def checked_files(receipts: list[Receipt], step: int) -> list[FileEntry]:
     return files
 
 
-def check_sizes(store: Store, step: int, files: list[FileEntry], listing: list[Entry],
+def check_sizes(store: Store, step: int, data_dir: str, files: list[FileEntry], listing: list[Entry],
                 parts: list[PartRef]) -> None:
-    """StorageError unless each file and part is in the step folder's ``listing`` with its receipt's size."""
+    """StorageError unless each file (in ``data_dir``) and part is in the step folder's ``listing`` with its
+    receipt's size."""
     sizes = {e.path: e.size for e in listing}
-    wanted = [(f"{layout.step_dir(step)}/{f.path}", f.size) for f in files]
+    wanted = [(layout.data_key(step, data_dir, f.path), f.size) for f in files]
     wanted += [(layout.part_path(step, p.name), p.size) for p in parts]
     for path, size in wanted:
         got = sizes.get(path)

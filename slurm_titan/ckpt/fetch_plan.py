@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Range, gathered_layout
 from slurm_titan.ckpt.share import Share
 
@@ -94,7 +93,7 @@ class FetchPlan:
 
     def source(self, path: str) -> str:
         """The object of file ``path`` in the location."""
-        return f"{layout.step_dir(self.step)}/{path}"
+        return self.manifest.key(path)
 
 
 def _gathered(m: Manifest, share: Share) -> tuple[tuple[str, int, int, int], ...]:

@@ -1,12 +1,20 @@
 """Names of the objects in a checkpoint location (relative, '/'-separated paths).
 
-    <root>/step-<N>/...                                 torchtitan's DCP files (.metadata, __R_I.distcp)
-    <root>/step-<N>/.slurm-titan/receipts/rank-<R>.json  per-rank upload receipt
+    <root>/step-<N>/attempt-<A>/...                     torchtitan's DCP files (.metadata, __R_I.distcp) as
+                                                        attempt A uploaded them (records before: in step-<N>/)
+    <root>/step-<N>/.slurm-titan/receipts/attempt-<A>/rank-<R>.json  per-rank upload receipt of attempt A
     <root>/step-<N>/.slurm-titan/parts/rank-<R>.<T>.json one rank's part of the commit record (its read map)
     <root>/step-<N>/.slurm-titan/spans.<T>.bin           the small items other ranks read, gathered at commit
     <root>/step-<N>/.slurm-titan/commit.json             the commit record's index, written last, create-only
     <root>/.slurm-titan/catalog/step-<N>.w<W>.f<F>.b<B>  catalog entry written right after the commit
     <root>/.slurm-titan/lease/g-<G>.json                generation G of the location's writer lease (:mod:`.lease`)
+
+Every object an attempt writes is its own: the data files and receipts in its ``attempt-<A>`` folder, the parts
+and the gathered spans under names unique to their writer, the commit record and lease create-only. So a stale
+attempt (a node cut off that kept running, an uploader frozen and thawed) can never overwrite an object of a
+committed checkpoint or of a newer attempt: the commit record names the folder its data is in
+(``Manifest.data_dir``), and nothing reads data files but through the record. A writer without an attempt id
+(``CheckpointSync(attempt="")``, outside a job) writes in the step folder itself, as before.
 
 The catalog entry's name carries the checkpoint's world size, file count and byte count, so
 that listing a location takes a constant number of LIST requests (one of the root, one of
@@ -15,6 +23,7 @@ the catalog) however many checkpoints it holds; the commit record stays the trut
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 META_DIR = ".slurm-titan"
@@ -31,6 +40,8 @@ DCP_METADATA = ".metadata"
 """DCP's metadata file inside a step folder (what a load plans from)."""
 
 _STEP_DIR_RE = re.compile(r"^step-(\d+)$")
+_ATTEMPT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_ATTEMPT_DIR_RE = re.compile(r"^attempt-[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _LEASE_RE = re.compile(r"^g-(\d+)\.json$")
 _CATALOG_RE = re.compile(r"^step-(\d+)\.w(\d+)\.f(\d+)\.b(\d+)$")
 _RANK_DATA_RE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -54,12 +65,33 @@ def commit_path(step: int) -> str:
     return f"{step_dir(step)}/{COMMIT_RECORD}"
 
 
-def receipt_dir(step: int) -> str:
-    return f"{step_dir(step)}/{META_DIR}/receipts"
+def attempt_dir(attempt: str) -> str:
+    """The folder of attempt ``attempt``'s own objects (its data files in ``step-N/``, its receipts): ``attempt-<id>``
+    (an id that is not a plain name: its digest); "" for a writer without an attempt id."""
+    if not attempt:
+        return ""
+    name = attempt if _ATTEMPT_ID_RE.match(attempt) else hashlib.sha256(attempt.encode()).hexdigest()[:16]
+    return f"attempt-{name}"
 
 
-def receipt_path(step: int, rank: int) -> str:
-    return f"{receipt_dir(step)}/rank-{int(rank):05d}.json"
+def is_attempt_dir(name: object) -> bool:
+    """Whether ``name`` is what :func:`attempt_dir` makes ("" included)."""
+    return name == "" or (isinstance(name, str) and _ATTEMPT_DIR_RE.match(name) is not None)
+
+
+def data_key(step: int, data_dir: str, path: str) -> str:
+    """The object of file ``path`` (inside its step folder) uploaded into ``data_dir`` (:func:`attempt_dir`)."""
+    return f"{step_dir(step)}/{data_dir}/{path}" if data_dir else f"{step_dir(step)}/{path}"
+
+
+def receipt_dir(step: int, attempt: str) -> str:
+    """The receipts of ``attempt`` ("": the folder of every attempt's, where a writer without an id writes)."""
+    own = attempt_dir(attempt)
+    return f"{step_dir(step)}/{META_DIR}/receipts" + (f"/{own}" if own else "")
+
+
+def receipt_path(step: int, rank: int, attempt: str) -> str:
+    return f"{receipt_dir(step, attempt)}/rank-{int(rank):05d}.json"
 
 
 def part_name(rank: int, token: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_titan.ckpt import layout
@@ -327,6 +327,10 @@ class Manifest:
     gathered: GatheredRef | None = None
     """The files' spans gathered into one object (None in records written before it, without spans, or with
     more than commit.GATHERED_MAX_BYTES of them: each span is then fetched from its file)."""
+    data_dir: str = ""
+    """The folder of the step folder that holds the files (:func:`.layout.attempt_dir` of the attempt that uploaded
+    them); "" in records written before attempts had folders, by a writer without an attempt id, and in a restored
+    copy (whose files are in the step folder itself)."""
     format: str = FORMAT
     raw: bytes = field(default=b"", repr=False, compare=False)
     """The bytes this record was read from (b"": built here): what a restore copies, unparsed."""
@@ -334,6 +338,17 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    def key(self, path: str) -> str:
+        """The object of file ``path`` in the location that holds this record."""
+        return layout.data_key(self.step, self.data_dir, path)
+
+    def local_copy(self) -> bytes:
+        """The record of a restored copy, whose files are in its step folder: as fetched when it names no folder
+        (nothing re-serialized), else written anew without it."""
+        if not self.data_dir:
+            return self.raw or self.to_json()
+        return replace(self, data_dir="", raw=b"").to_json()
 
     def _body(self, blocks_listed: bool) -> dict[str, Any]:
         body = {
@@ -353,6 +368,8 @@ class Manifest:
             body["parts"] = [p.to_list() for p in self.parts]
         if self.gathered is not None:
             body["gathered"] = self.gathered.to_list()
+        if self.data_dir:
+            body["data_dir"] = self.data_dir
         return body
 
     def to_json(self) -> bytes:
@@ -395,6 +412,10 @@ class Manifest:
             m.parts = _parts_from(obj["parts"], m.world_size, where)
         if fmt == FORMAT and obj.get("gathered") is not None:
             m.gathered = GatheredRef.from_raw(obj["gathered"], where)
+        if fmt == FORMAT and obj.get("data_dir") is not None:
+            if not layout.is_attempt_dir(obj["data_dir"]):
+                raise ManifestError(f"{where}: bad 'data_dir': {obj['data_dir']!r} (expected attempt-<id>)")
+            m.data_dir = obj["data_dir"]
         if not m.algorithm:
             raise ManifestError(f"{where}: no checksum_algorithm")
         if step is not None and m.step != step:

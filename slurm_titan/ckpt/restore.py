@@ -363,7 +363,7 @@ def _fetch(store: Store, plan: FetchPlan, dest: str, progress: ByteProgress | No
         meta = os.path.join(tmp, layout.META_DIR)
         os.makedirs(meta, exist_ok=True)
         with open(os.path.join(tmp, layout.COMMIT_RECORD), "wb") as out:
-            out.write(m.raw)  # as fetched: the index alone (format 2), so that nothing here re-serializes it
+            out.write(m.local_copy())  # the index alone (format 2), as fetched where it names no attempt folder
         if share is not None:
             with open(os.path.join(meta, SHARE_FILE), "wb") as out:
                 out.write(share.to_json())

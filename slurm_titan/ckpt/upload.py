@@ -145,6 +145,8 @@ class CheckpointSync:
         self.rank, self.world_size = rank, world_size
         self.config_digest = config_digest
         self.attempt = default_attempt() if attempt is None else attempt
+        self.data_dir = layout.attempt_dir(self.attempt)
+        """Where this attempt uploads its files in each step folder (:func:`.layout.data_key`)."""
         self.keep_local, self.keep_remote, self.keep_every = (retention.keep_local, retention.keep_remote,
                                                               retention.keep_every)
         self.retry_initial, self.retry_max, self.poll_interval = retry_initial, retry_max, poll_interval
@@ -360,9 +362,8 @@ class CheckpointSync:
         began = time.monotonic()
         try:
             files = self._own_files(step)
-            folder = layout.step_dir(step)
-            items = [(lp, f"{folder}/{rel}") for lp, rel in files]
-            spans = {f"{folder}/{r}": v for r, v in st.spans.items()}
+            items = [(lp, layout.data_key(step, self.data_dir, rel)) for lp, rel in files]
+            spans = {layout.data_key(step, self.data_dir, r): v for r, v in st.spans.items()}
             stored: dict[str, FileEntry] = {}  # the files stored whole: a retry sends only the others
 
             def upload() -> list[FileEntry]:
@@ -377,8 +378,8 @@ class CheckpointSync:
                               uploaded_at=utc_iso(), saved_at=st.saved_at, failed=st.error)
             self._retrying("writing the failure receipt", lambda: commit.write_receipt(self.store, receipt), st)
             raise
-        prefix = layout.step_dir(step) + "/"
-        entries = [dataclasses.replace(e, path=e.path[len(prefix):]) for e in entries]  # paths inside step-N
+        prefix = len(layout.data_key(step, self.data_dir, ""))
+        entries = [dataclasses.replace(e, path=e.path[prefix:]) for e in entries]  # paths inside step-N
         receipt = Receipt(step, self.rank, self.world_size, self.attempt, entries, self.algorithm,
                           uploaded_at=utc_iso(), saved_at=st.saved_at, reads=st.reads)
         self._retrying("writing the receipt", lambda: commit.write_receipt(self.store, receipt), st)

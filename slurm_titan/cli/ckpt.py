@@ -133,6 +133,7 @@ class Show(SubCommand):
             return 0
         print(f"step:          {m.step}")
         print(f"where:         {store.url(layout.step_dir(m.step))}")
+        print(f"files in:      {store.url(m.key('')) if m.data_dir else '(the step folder)'}")
         print(f"world size:    {m.world_size}")
         print(f"saved at:      {m.saved_at}")
         print(f"committed at:  {m.committed_at}")

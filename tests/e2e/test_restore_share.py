@@ -32,6 +32,12 @@ def _record(cli: Cli, remote: str, step: int) -> dict:
     return json.loads(cli("ckpt", "show", remote, str(step), "--json").stdout)
 
 
+def _object(record: dict, remote: str, name: str) -> str:
+    """The S3 key (bucket/...) of file `name` of the step whose commit record is `record` (in its attempt's folder)."""
+    folder = f"{record['data_dir']}/" if record.get("data_dir") else ""
+    return f"{remote[5:]}/step-{record['step']}/{folder}{name}"
+
+
 def _fetched(cli: Cli, job: str, nodes: int) -> list[tuple[int, int]]:
     out = []
     for k in range(nodes):
@@ -100,7 +106,7 @@ def test_corrupt_checkpoints_are_named_and_every_node_falls_back(twelve_step_run
     copy = remote_of(cli, job) + "-bad"
     copy_steps(s3_server, remote_of(cli, job), copy, [5, 10, 12])
     fs = s3fs.S3FileSystem(**s3_server.storage_options())
-    fs.pipe_file(f"{copy[5:]}/step-12/__1_0.distcp", b"garbage" * 10)
+    fs.pipe_file(_object(_record(cli, copy, 12), copy, "__1_0.distcp"), b"garbage" * 10)
     verify = cli("ckpt", "verify", copy, "--step", "12", check=False)
     assert verify.returncode != 0 and "__1_0.distcp" in verify.stdout + verify.stderr
     record = _record(cli, copy, 10)
@@ -109,7 +115,7 @@ def test_corrupt_checkpoints_are_named_and_every_node_falls_back(twelve_step_run
                       for off in range(off, off + n, block)}
     bad_block = next(b for b in range(len(next(f for f in record["files"] if f["path"] == "__0_0.distcp")["blocks"]))
                      if b not in read_by_others)
-    shard = f"{copy[5:]}/step-10/__0_0.distcp"
+    shard = _object(record, copy, "__0_0.distcp")
     data = bytearray(fs.cat_file(shard))
     data[bad_block * block + 7] ^= 0xFF
     fs.pipe_file(shard, bytes(data))

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_titan.ckpt.catalog import read_manifest
+from slurm_titan.ckpt.storage import Store
 from tests.support.s3 import clean_env
 
 
@@ -36,3 +38,8 @@ def write_fake_step(local_folder: str | os.PathLike, step: int, world_size: int,
     for name, data in files.items():
         (d / name).write_bytes(data)
     return files
+
+
+def committed_key(store: Store, step: int, name: str) -> str:
+    """The object of file `name` of committed step `step` (in the folder of the attempt its record names)."""
+    return read_manifest(store, step).key(name)

@@ -43,6 +43,8 @@ from tools.bench.scale_sim.goals import fit
 
 REPO = Path(__file__).resolve().parents[2]
 STEP = 1000
+ATTEMPT = "bench"
+"""The attempt that uploads and commits the step (its files in step-1000/attempt-bench/)."""
 GOALS = {"record_mib": 32.0, "commit_cpu_s": 30.0, "commit_rss_mib": 1024.0, "other_gets": 16.0}
 
 
@@ -70,18 +72,19 @@ def prepare(location: str, n: int, scale: int, spans: str) -> dict:
     local = not location.startswith("s3://")
     for r in range(n):
         path = file_name(r)
+        key = layout.data_key(STEP, layout.attempt_dir(ATTEMPT), path)
         if local:
-            full = store.full(f"{layout.step_dir(STEP)}/{path}")
+            full = store.full(key)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "wb") as f:
                 f.truncate(sizes[r])
         else:
-            store.put_bytes(f"{layout.step_dir(STEP)}/{path}", bytes(sizes[r]))
+            store.put_bytes(key, bytes(sizes[r]))
         chosen = [(o, length, hash_bytes(bytes(length), "xxh3_128")) for o, length, rep in items[r]
                   if length < block and (rep or spans == "all")]  # the files hold zeros: their real checksums
         entry = FileEntry(path, sizes[r], _hex(r), block, tuple(_hex(r, b, 1) for b in range(-(-sizes[r] // block))),
                           tuple(chosen))
-        write_receipt(store, Receipt(STEP, r, n, "bench", [entry], "xxh3_128", reads=reads(n, r, items, sizes)))
+        write_receipt(store, Receipt(STEP, r, n, ATTEMPT, [entry], "xxh3_128", reads=reads(n, r, items, sizes)))
     return {}
 
 
@@ -102,7 +105,7 @@ def commit(location: str, n: int) -> dict:
     store = open_store(location)
     cpu0, rss0 = _usage()
     t0 = time.monotonic()
-    m = commit_mod.commit(store, STEP, world_size=n, attempt="bench", algorithm="xxh3_128", config_digest="",
+    m = commit_mod.commit(store, STEP, world_size=n, attempt=ATTEMPT, algorithm="xxh3_128", config_digest="",
                           saved_at="", committed_by="bench", retry=lambda what, fn: fn(), stop=threading.Event(),
                           poll_interval=0.1)
     wall = time.monotonic() - t0
@@ -128,7 +131,7 @@ def node(location: str, n: int) -> dict:
         from slurm_titan.ckpt.parts import rank_reads
 
         share = node_share(m, rank_reads(store, m, ranks), where)
-        local_record = m.raw
+        local_record = m.local_copy() if hasattr(m, "local_copy") else m.raw  # what restore writes (the code before)
     else:
         share = node_share(m, ranks, where)  # type: ignore[arg-type]  # the code before: the read map inline
         local_record = m.to_json()

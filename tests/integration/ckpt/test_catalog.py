@@ -16,7 +16,7 @@ from slurm_titan.ckpt.storage import LocalStore, open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.errors import StorageError
-from tests.support.ckpt import write_fake_step
+from tests.support.ckpt import committed_key, write_fake_step
 
 
 def _commit_steps(location, local, steps, world_size=2, size=4096, data_path=None):
@@ -44,8 +44,8 @@ def test_verify_names_corrupted_and_truncated_shards(location, tmp_path, capsys)
     assert verify(store, 1).ok
     flipped = bytearray(files["__0_0.distcp"])
     flipped[100] ^= 0xFF
-    _overwrite(store, "step-1/__0_0.distcp", bytes(flipped))  # same size, different bytes
-    _overwrite(store, "step-1/__1_0.distcp", files["__1_0.distcp"][:1000])  # truncated
+    _overwrite(store, committed_key(store, 1, "__0_0.distcp"), bytes(flipped))  # same size, different bytes
+    _overwrite(store, committed_key(store, 1, "__1_0.distcp"), files["__1_0.distcp"][:1000])  # truncated
     report = verify(store)
     assert not report.ok
     bad = dict(report.bad)
@@ -67,7 +67,7 @@ def test_restore_falls_back_to_previous_complete(location, tmp_path, capsys):
     # an incomplete newer step (an upload cut short) is never restored
     write_fake_step(tmp_path / "other", 40, 2)
     store.upload_many([(str(tmp_path / "other" / "step-40" / "__0_0.distcp"), "step-40/__0_0.distcp")])
-    _overwrite(store, "step-30/__1_0.distcp", b"garbage" * 10)
+    _overwrite(store, committed_key(store, 30, "__1_0.distcp"), b"garbage" * 10)
     notes = []
     result = restore_checkpoint(store, str(tmp_path / "dest"), notify=notes.append)
     assert result.step == 20

@@ -53,4 +53,4 @@ def test_upload_survives_a_store_outage(tmp_path, monkeypatch):
         m = read_manifest(store, 20)
         assert m.committed_at >= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(restarted - 1))
         assert verify(store, 20).ok and verify(store, 30).ok
-        assert store.exists(layout.receipt_path(20, 1))
+        assert store.exists(layout.receipt_path(20, 1, "a"))

@@ -32,7 +32,8 @@ def test_the_record_of_16_ranks_of_a_70b_model(location):
     assert sum(len(f.blocks) for f in m.files) == blocks and len(index) < 40 * blocks + 400 * N
     # the items other ranks read have their own checksums, and only they: not the 2,169 shards of each rank
     assert sum(len(f.spans) for f in m.files) == REPLICATED
-    assert not any(json.loads(store.cat(layout.receipt_path(bench.STEP, r))).get("reads") for r in range(N))
+    receipts = [store.cat(layout.receipt_path(bench.STEP, r, bench.ATTEMPT)) for r in range(N)]
+    assert not any(json.loads(receipt).get("reads") for receipt in receipts)
     reads = all_reads(store, m)
     heads = {r: sum(n for o, n, rep in items[r] if rep) for r in range(N)}
     for r in range(N):

@@ -25,7 +25,7 @@ from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.errors import StorageError
-from tests.support.ckpt import write_fake_step
+from tests.support.ckpt import committed_key, write_fake_step
 
 BLOCK = 8192
 SIZE = 5 * BLOCK + 100  # __R_0.distcp is SIZE + R bytes: 6 blocks, the last one short
@@ -159,13 +159,14 @@ def test_bad_record_is_refused_in_one_line_and_the_restore_falls_back(tmp_path, 
     location = str(tmp_path / "remote")
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
+    key = committed_key(store, 11, "__0_0.distcp")
     edit(store)
     res = restore_checkpoint(store, str(tmp_path / "node0"), wanted=Wanted([0, 1], 2))  # reads both parts
     assert res.step == 10 and len(res.skipped) == 1
     assert "\n" not in res.skipped[0][1]
     import re
     assert re.search(message, res.skipped[0][1]), res.skipped[0][1]
-    assert store.exists("step-11/__0_0.distcp") and store.exists(layout.commit_path(11))  # nothing deleted
+    assert store.exists(key) and store.exists(layout.commit_path(11))  # nothing deleted
 
 
 def _restore_on_nodes(tmp_path, locations, options):
@@ -195,7 +196,7 @@ def test_a_bad_range_on_one_node_makes_every_node_fall_back(location, tmp_path, 
     accept step 11, but every node falls back to step 10 and says which file and range was bad."""
     _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
-    _corrupt(store, "step-11/__0_0.distcp", BLOCK + 5)  # block 1: node 1 reads only block 3 of this file
+    _corrupt(store, committed_key(store, 11, "__0_0.distcp"), BLOCK + 5)  # block 1: node 1 reads only block 3
     results = _restore_on_nodes(tmp_path, [location] * 2, lambda k: {"wanted": Wanted(node_ranks(k, 2, 2), 2)})
     assert results[0].step == results[1].step == 10
     for k in range(2):
@@ -316,7 +317,7 @@ def test_the_committer_gathers_the_small_items_and_a_node_fetches_them_in_one_ge
     m = read_manifest(store, 11)
     gathered = layout.spans_path(11, m.gathered.name)
     assert store.cat(gathered) == files[11]["__0_0.distcp"][ITEM[0]:sum(ITEM)]  # every file's spans, in order
-    _corrupt(store, "step-11/__0_0.distcp", ITEM[0] + 3)  # the item in its file: the gathered copy serves
+    _corrupt(store, committed_key(store, 11, "__0_0.distcp"), ITEM[0] + 3)  # the item in its file: gathered serves
     with caplog.at_level("INFO", logger="slurm_titan.ckpt.restore"):
         res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([1], 2))
     assert res.step == 11 and "1 small item(s) of 1 file(s) in one GET" in caplog.text
@@ -335,7 +336,7 @@ def test_a_span_that_differs_from_its_ranks_checksum_keeps_the_step_incomplete(t
     entry = FileEntry("__0_0.distcp", 100, hash_bytes(b"x" * 100), spans=((10, 8, hash_bytes(b"y" * 8)),))
     with pytest.raises(StorageError, match=r"__0_0.distcp: bytes 10-18 differ from what their rank recorded; "
                                            r"step 3 stays incomplete"):
-        gather_spans(store, 3, [entry], "xxh3_128", lambda what, fn: fn())
+        gather_spans(store, 3, "", [entry], "xxh3_128", lambda what, fn: fn())
     assert store.find("step-3/.slurm-titan") == []  # nothing written
 
 
@@ -361,7 +362,7 @@ def test_another_world_size_fetches_what_the_new_ranks_plan_against_each_candida
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
-    _corrupt(store, "step-11/__1_0.distcp", BLOCK + 5)  # in a block the new ranks read: a fallback
+    _corrupt(store, committed_key(store, 11, "__1_0.distcp"), BLOCK + 5)  # in a block the new ranks read: a fallback
     planner = _Planner()
     res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([2, 3], 4, planner))
     assert res.step == 10 and "__1_0.distcp: bytes 8192-16384 (block 1) fail their checksum" in res.skipped[0][1]
@@ -382,7 +383,7 @@ def test_a_corrupt_metadata_is_refused_before_any_rank_plans_against_it(tmp_path
     location = str(tmp_path / "remote")
     files = _commit(location, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     store = open_store(location)
-    _corrupt(store, "step-11/.metadata", 3)
+    _corrupt(store, committed_key(store, 11, ".metadata"), 3)
     planner = _Planner()
     res = restore_checkpoint(store, str(tmp_path / "node1"), wanted=Wanted([2, 3], 4, planner))
     assert res.step == 10 and ".metadata: bytes 0-" in res.skipped[0][1] and "fail their checksum" in res.skipped[0][1]
@@ -397,7 +398,7 @@ def test_when_one_node_cannot_verify_the_metadata_no_node_plans_against_it(tmp_p
     files = _commit(good, tmp_path / "local", [10, 11], monkeypatch=monkeypatch)
     shutil.copytree(good, tmp_path / "remote-seen-by-node-1")
     bad = open_store(str(tmp_path / "remote-seen-by-node-1"))
-    _corrupt(bad, "step-11/.metadata", 3)
+    _corrupt(bad, committed_key(bad, 11, ".metadata"), 3)
     planners = {0: _Planner(), 1: _Planner()}
     results = _restore_on_nodes(tmp_path, [good, bad.location],
                                 lambda k: {"wanted": Wanted([2 * k, 2 * k + 1], 4, planners[k])})

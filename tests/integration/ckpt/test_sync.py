@@ -20,7 +20,7 @@ from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.errors import StorageError
 from slurm_titan.retention import Retention
-from tests.support.ckpt import write_fake_step
+from tests.support.ckpt import committed_key, write_fake_step
 
 
 def _ranks(location, local, world_size, attempt="attempt-1", **kw):
@@ -72,7 +72,7 @@ def test_commit_only_after_all_receipts(location, tmp_path):
     r0.submit(5)
     assert r0.wait(timeout=1.0) is False  # rank 0 uploaded, rank 1 has not: no commit
     store = open_store(location)
-    assert store.exists(layout.receipt_path(5, 0))
+    assert store.exists(layout.receipt_path(5, 0, "attempt-1"))
     assert not store.exists(layout.commit_path(5))
     [info] = list_checkpoints(store)
     assert not info.complete and "receipt" in info.detail
@@ -92,7 +92,7 @@ def test_receipts_of_an_earlier_attempt_do_not_count(location, tmp_path):
     local = tmp_path / "local"
     store = open_store(location, create=True)
     stale = Receipt(7, 1, 2, "old-attempt", [], "xxh3_128")
-    store.put_bytes(layout.receipt_path(7, 1), stale.to_json())
+    store.put_bytes(layout.receipt_path(7, 1, stale.attempt), stale.to_json())
     r0, r1 = _ranks(location, local, world_size=2, attempt="new-attempt")
     write_fake_step(local, 7, world_size=2)
     r0.submit(7)
@@ -117,7 +117,7 @@ def test_step_already_committed_is_kept(location, tmp_path):
     assert s2.status(9) == "already-committed"
     store = open_store(location)
     assert read_manifest(store, 9).attempt == "one"
-    assert store.cat("step-9/__0_0.distcp") == first["__0_0.distcp"]
+    assert store.cat(committed_key(store, 9, "__0_0.distcp")) == first["__0_0.distcp"]
     _close([s2])
 
 

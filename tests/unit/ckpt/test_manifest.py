@@ -196,3 +196,19 @@ def test_error_messages_hide_credentials(monkeypatch):
     assert "TOPSECRETVALUE123" not in scrub("denied for TOPSECRETVALUE123")
     msg = describe(RuntimeError("boom\nsecond line TOPSECRETVALUE123"))
     assert "\n" not in msg and "TOPSECRETVALUE123" not in msg
+
+
+def test_a_record_names_the_attempt_folder_of_its_files_and_a_restored_copy_names_none():
+    files = [FileEntry("__0_0.distcp", 3, "c")]
+    m = Manifest.from_json(Manifest(7, 1, files, "xxh3_128", attempt="4711.1", data_dir="attempt-4711.1").to_json())
+    assert m.key("__0_0.distcp") == "step-7/attempt-4711.1/__0_0.distcp" == layout.data_key(
+        7, layout.attempt_dir("4711.1"), "__0_0.distcp")
+    copy = Manifest.from_json(m.local_copy())
+    assert (copy.data_dir, copy.key("__0_0.distcp"), copy.files, copy.attempt) == ("", "step-7/__0_0.distcp", files,
+                                                                                   "4711.1")
+    before = Manifest.from_json(Manifest(7, 1, files, "xxh3_128", attempt="4711.0").to_json())  # no data_dir
+    assert before.key("__0_0.distcp") == "step-7/__0_0.distcp" and before.local_copy() == before.raw
+    assert layout.attempt_dir("") == "" and layout.attempt_dir("elastic-x/y").startswith("attempt-")
+    body = json.loads(m.raw) | {"data_dir": "../elsewhere"}
+    with pytest.raises(StorageError, match="bad 'data_dir': '../elsewhere'"):
+        Manifest.from_json(json.dumps(body).encode())

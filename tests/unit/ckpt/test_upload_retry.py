@@ -30,31 +30,33 @@ class RefusesOneFileOnce(LocalStore):
 
 
 def test_a_retry_sends_only_the_files_not_stored_whole(tmp_path):
-    store = RefusesOneFileOnce(str(tmp_path / "remote"), refused="step-3/__0_0.distcp")
+    store = RefusesOneFileOnce(str(tmp_path / "remote"), refused="step-3/attempt-a/__0_0.distcp")
     sync = CheckpointSync(store, str(tmp_path / "local"), attempt="a", retry_initial=0.01, poll_interval=0.01)
     files = write_fake_step(tmp_path / "local", 3, world_size=1)
     sync.submit(3)
     assert sync.wait(3, timeout=30), sync.status(3)
     assert sync.close(timeout=30)
-    assert store.calls == [["step-3/.metadata", "step-3/__0_0.distcp"], ["step-3/__0_0.distcp"]]
+    assert store.calls == [["step-3/attempt-a/.metadata", "step-3/attempt-a/__0_0.distcp"],
+                           ["step-3/attempt-a/__0_0.distcp"]]
     assert {f.path: f.size for f in read_manifest(store, 3).files} == {name: len(b) for name, b in files.items()}
 
 
-def test_a_poll_reads_only_the_receipts_that_are_new_or_changed(tmp_path):
+def test_a_poll_reads_only_its_attempts_receipts_each_once_unless_changed(tmp_path):
     store = open_store(str(tmp_path / "remote"), create=True)
-    for rank in range(4):  # left by an earlier attempt
-        store.put_bytes(layout.receipt_path(5, rank), Receipt(5, rank, 4, "old", [], "xxh3_128").to_json())
+    for rank in range(4):  # left by an earlier attempt, in its own folder
+        store.put_bytes(layout.receipt_path(5, rank, "old"), Receipt(5, rank, 4, "old", [], "xxh3_128").to_json())
     read: list[list[str]] = []
     cat_many = store.cat_many
     store.cat_many = lambda rels: (read.append(sorted(rels)), cat_many(rels))[1]  # type: ignore[method-assign]
     poll = ReceiptPoll(store, 5, 4, "new")
-    for _ in range(3):
-        assert poll.gather() is None
-    assert read == [[layout.receipt_path(5, r) for r in range(4)], [], []]
     for rank in range(4):  # this attempt's ranks write theirs, one after the other
-        read.clear()
-        store.put_bytes(layout.receipt_path(5, rank), Receipt(5, rank, 4, "new", [], "xxh3_128").to_json())
-        got = poll.gather()
-        assert read == [[layout.receipt_path(5, rank)]]
-        assert (got is None) == (rank < 3)
-    assert [(r.rank, r.attempt) for r in got] == [(r, "new") for r in range(4)]
+        assert poll.gather() is None
+        store.put_bytes(layout.receipt_path(5, rank, "new"), Receipt(5, rank, 4, "new", [], "xxh3_128").to_json())
+    got = poll.gather()
+    assert read == [[layout.receipt_path(5, r, "new") for r in range(4)]]  # none of the earlier attempt's
+    assert got is not None and [(r.rank, r.attempt) for r in got] == [(r, "new") for r in range(4)]
+    read.clear()
+    failed = Receipt(5, 2, 4, "new", [], "xxh3_128", failed="disk full")  # rank 2 rewrites its receipt
+    store.put_bytes(layout.receipt_path(5, 2, "new"), failed.to_json())
+    assert [r.failed for r in poll.gather() or []] == ["", "", "disk full", ""]
+    assert read == [[layout.receipt_path(5, 2, "new")]]

@@ -332,7 +332,7 @@ def _stale_receipt(task: dict[str, Any], r: int) -> dict[str, Any]:
     from slurm_titan.ckpt.manifest import Receipt
 
     store = open_store(task["url"], endpoint_url=task["endpoints"][r // RANKS_PER_NODE], check=False)
-    done = Receipt.from_json(store.cat(layout.receipt_path(STEPS[0], r)), where="step 1000")
+    done = Receipt.from_json(store.cat(layout.receipt_path(STEPS[0], r, "sim-1")), where="step 1000")
     write_receipt(store, Receipt(task["step"], r, done.world_size, task["attempt"], done.files, done.algorithm))
     return {"unit": r, "error": ""}
 
