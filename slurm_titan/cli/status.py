@@ -9,10 +9,10 @@ from slurm_titan.cli.base import SubCommand
 
 class Status(SubCommand):
     name = "status"
-    help = "state of a job (or of recent jobs), across requeues"
+    help = "state of a job (or of recent jobs), across requeues; of a run, across its jobs"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("job", nargs="?", help="job id (default: recent jobs)")
+        parser.add_argument("job", nargs="?", help="job id or run name (default: recent jobs)")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def run(self, args: argparse.Namespace) -> int:

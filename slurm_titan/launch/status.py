@@ -1,4 +1,5 @@
-"""`slurm-titan status`: Slurm's state of a job joined with the run's own attempt history."""
+"""`slurm-titan status`: Slurm's state of a job joined with the run's own attempt history; of a run (`status RUN`),
+every job and attempt of it in order, with the run's goodput over all its jobs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 from slurm_titan import slurm
 from slurm_titan.errors import SlurmTitanError
-from slurm_titan.launch import goodput
-from slurm_titan.records import history, jobs, run_folder
+from slurm_titan.launch import goodput, run_view
+from slurm_titan.records import history, jobs, run_folder, run_registry
 
 
 def _state_from_history(attempts: list[history.Attempt]) -> str:
@@ -74,6 +75,30 @@ def _clock(stamp: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp else "-"
 
 
+def _attempt_lines(attempt: dict[str, Any], times: dict[str, Any] | None, info: dict[str, Any],
+                   label: str = "") -> None:
+    last = attempt["stopped_at_step"] or attempt["last_step"] or attempt["trained_step"]
+    steps = f" steps {attempt['first_step'] or '-'}..{last or '-'}"
+    lost = f" lost {attempt['time_lost_s']}s" if "time_lost_s" in attempt else ""
+    stop = f" on {attempt['stop_signal']}" if attempt["stop_signal"] else ""
+    cause = f", {attempt['cause']}" if attempt["cause"] else ""
+    then = f" -> {attempt['action']}" if attempt["action"] in ("restart", "requeue") else ""
+    retrained = f" retrained {attempt['steps_retrained']}" if attempt.get("steps_retrained") else ""
+    excluded = f" excluded {','.join(attempt['excluded'])}" if attempt["excluded"] else ""
+    note = f" ({attempt['note']})" if attempt["reason"] == "restart loop" and attempt.get("note") else ""
+    print(f"  {label}attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
+          f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
+          f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
+    for slow in attempt["slow"]:
+        print(f"    slow node {slow['host']}: score {slow['score']:.2f} over steps {slow['since_step']}.."
+              f"{slow['step']} -> {slow['action']} ({slow['why']})")
+    if times is not None:
+        print(_time_text(times))
+    if (attempt["cause"] or "").startswith("hung on ") and info["job_dir"]:
+        print(f"    stacks: slurm-titan logs {info['job_id']} --stacks "
+              f"({run_folder.stacks_folder(Path(info['job_dir']), attempt['attempt'])})")
+
+
 def _print(info: dict[str, Any]) -> None:
     print(f"job {info['job_id']} {info['name'] or ''}: {info['state']} (from {info['source']})"
           f"  nodes={info['nodes'] or '-'} restarts={info['restarts']}"
@@ -81,29 +106,40 @@ def _print(info: dict[str, Any]) -> None:
           + (f" goodput={goodput_text(info['goodput'])}" if info.get("goodput") else ""))
     times = {t["attempt"]: t for t in info.get("attempt_times", [])}
     for attempt in info["attempts"]:
-        last = attempt["stopped_at_step"] or attempt["last_step"] or attempt["trained_step"]
-        steps = f" steps {attempt['first_step'] or '-'}..{last or '-'}"
-        lost = f" lost {attempt['time_lost_s']}s" if "time_lost_s" in attempt else ""
-        stop = f" on {attempt['stop_signal']}" if attempt["stop_signal"] else ""
-        cause = f", {attempt['cause']}" if attempt["cause"] else ""
-        then = f" -> {attempt['action']}" if attempt["action"] in ("restart", "requeue") else ""
-        retrained = f" retrained {attempt['steps_retrained']}" if attempt.get("steps_retrained") else ""
-        excluded = f" excluded {','.join(attempt['excluded'])}" if attempt["excluded"] else ""
-        note = f" ({attempt['note']})" if attempt["reason"] == "restart loop" and attempt.get("note") else ""
-        print(f"  attempt {attempt['attempt']}: {','.join(attempt['hosts'])} {_clock(attempt['started'])}"
-              f" -> {_clock(attempt['ended'])} exit={attempt['exit_code']} {attempt['reason'] or 'running'}"
-              f"{cause}{note}{stop}{then}{steps}{retrained}{lost}{excluded}")
-        for slow in attempt["slow"]:
-            print(f"    slow node {slow['host']}: score {slow['score']:.2f} over steps {slow['since_step']}.."
-                  f"{slow['step']} -> {slow['action']} ({slow['why']})")
-        if attempt["attempt"] in times:
-            print(_time_text(times[attempt["attempt"]]))
-        if (attempt["cause"] or "").startswith("hung on ") and info["job_dir"]:
-            print(f"    stacks: slurm-titan logs {info['job_id']} --stacks "
-                  f"({run_folder.stacks_folder(Path(info['job_dir']), attempt['attempt'])})")
+        _attempt_lines(attempt, times.get(attempt["attempt"]), info)
+
+
+def describe_run(record: run_registry.RunRecord) -> dict[str, Any]:
+    """A run across its jobs: each job as :func:`describe` has it, and the run's attempts in order on one step axis
+    and one wall clock, with the run's goodput (launch.run_view: the gaps between jobs counted lost)."""
+    whole = run_view.view(record, time.time())
+    infos = describe_all([job.job_id for job in whole.jobs])
+    return {"run": record.name, "remote": record.remote, "jobs": infos, "goodput": whole.goodput.as_dict(),
+            "attempt_times": [{"job_id": job_id, "job_attempt": attempt.attempt} | times.as_dict()
+                              for (job_id, attempt), times in zip(whole.attempts, whole.goodput.attempts,
+                                                                  strict=True)]}
+
+
+def _print_run(run: dict[str, Any]) -> None:
+    jobs_text = ", ".join(f"{info['job_id']} {info['state']}" for info in run["jobs"]) or "none recorded here"
+    print(f"run {run['run']}: jobs {jobs_text}; goodput={goodput_text(run['goodput'])} over "
+          f"{run['goodput']['wall_s']:.0f}s, the gaps between jobs counted lost ({run['remote']})")
+    times = {(t["job_id"], t["job_attempt"]): t for t in run["attempt_times"]}
+    for info in run["jobs"]:
+        for attempt in info["attempts"]:
+            _attempt_lines(attempt, times.get((info["job_id"], attempt["attempt"])), info, f"job {info['job_id']} ")
 
 
 def show(job_id: str | None, as_json: bool = False) -> int:
+    """`status [JOB|RUN]`: a job, a run across its jobs, or the recent jobs."""
+    run = run_registry.load(job_id) if job_id and not run_registry.name_problem(job_id) else None
+    if run is not None:
+        described = describe_run(run)
+        if as_json:
+            print(json.dumps(described, indent=1))
+        else:
+            _print_run(described)
+        return 0
     infos = [describe(job_id)] if job_id else describe_all([r.job_id for r in jobs.recent()])
     if as_json:
         print(json.dumps(infos[0] if job_id else infos, indent=1))
@@ -113,4 +149,3 @@ def show(job_id: str | None, as_json: bool = False) -> int:
         if not infos:
             print("no jobs submitted from here yet")
     return 0
-

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from slurm_titan.cli.main import main
-from slurm_titan.launch import runs
-from slurm_titan.records import history
+from slurm_titan.launch import goodput, runs
+from slurm_titan.launch.goodput import Goodput
+from slurm_titan.records import history, jobs, run_registry
 from tests.support.cli import PROBE
 from tests.support.paths import REPO
 from tests.support.recorded import submitted_runs  # noqa: F401  (jobs 101..103: the recorded runs)
@@ -47,14 +50,61 @@ def test_runs_lists_job_name_state_step_checkpoint_goodput(submitted_runs, monke
     monkeypatch.setattr(runs, "TAIL_BLOCK", 16)  # read it backwards in small blocks
     assert main(["runs"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["JOB", "NAME", "STATE", "STEP", "CHECKPOINT", "GOODPUT"]
-    assert [line.split()[:5] for line in out[1:]] == [["103", "node-lost-running", "UNKNOWN", "40", "30"],
-                                                      ["102", "crash-restart", "COMPLETED", "60", "30"],
-                                                      ["101", "preempted-requeued", "COMPLETED", "100", "50"]]
-    assert out[3].split()[5] == "65.3%" and out[2].split()[5] == "69.4%"
+    assert out[0].split() == ["JOB", "NAME", "RUN", "STATE", "STEP", "CHECKPOINT", "GOODPUT"]
+    assert [line.split()[:6] for line in out[1:]] == [["103", "node-lost-running", "-", "UNKNOWN", "40", "30"],
+                                                      ["102", "crash-restart", "-", "COMPLETED", "60", "30"],
+                                                      ["101", "preempted-requeued", "-", "COMPLETED", "100", "50"]]
+    assert out[3].split()[6] == "65.3%" and out[2].split()[6] == "69.4%"
     assert main(["runs", "--json", "--limit", "1"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert (row["job_id"], row["step"], row["last_checkpoint"]) == ("103", 40, 30)
+
+
+def _resumed_run(first: Path, folder: Path) -> Goodput:
+    """Job 101 (steps 1..100, ended at 1735727100) and job 104 resuming it, as run `exp`; 101's goodput alone."""
+    folder.mkdir()
+    events = [{"attempt": 0, "event": "start", "hosts": ["n1", "n2"], "time": 1735727400.0},  # 300 s after 101
+              {"attempt": 0, "event": "first-step", "step": 101, "time": 1735727460.0},
+              {"action": "stop", "attempt": 0, "cause": None, "culprit": None, "event": "end", "excluded": [],
+               "exit_code": 0, "note": None, "progressed": True, "reason": "finished", "time": 1735727760.0,
+               "trained_step": 150}]
+    (folder / "history.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    jobs.save(dataclasses.replace(jobs.load("101"), run="exp", remote="s3://b/exp"))
+    jobs.save(jobs.JobRecord("104", "preempted-requeued", str(folder), "job.yaml", 2, 1735727200.0, "exp",
+                             "s3://b/exp"))
+    run_registry.add_job(run_registry.create("exp", "s3://b/exp", None, "101"), "104")
+    return goodput.measure(first, jobs.load("101").submitted)
+
+
+def test_a_run_of_two_jobs_is_one_line_of_runs_with_its_goodput_over_both_and_the_gap(submitted_runs, tmp_path,
+                                                                                     capsys):
+    alone = _resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
+    assert main(["runs", "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)
+    assert [(line["run"], line["jobs"]) for line in lines] == [("exp", ["101", "104"]), (None, ["103"]),
+                                                               (None, ["102"])]
+    run = lines[0]
+    assert (run["state"], run["step"], run["last_checkpoint"]) == ("COMPLETED", 150, 100)
+    wall = 1735727760.0 - 1735725600.0  # 101's submit -> 104's end: the 300 s between them included
+    assert run["goodput"] == round((alone.productive_s + 300.0) / wall, 4) < alone.ratio  # type: ignore[operator]
+    assert main(["runs"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:4] == ["101,104", "preempted-requeued", "exp",
+                                                                   "COMPLETED"]
+
+
+def test_status_of_a_run_shows_every_job_and_attempt_on_one_clock(submitted_runs, tmp_path, capsys):
+    _resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
+    assert main(["status", "exp"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("run exp: jobs 101 COMPLETED, 104 COMPLETED; goodput=") and "s3://b/exp" in out[0]
+    attempts = [line.split(":")[0].strip() for line in out if " attempt " in line and not line.startswith("run")]
+    assert attempts == ["job 101 attempt 0", "job 101 attempt 1", "job 104 attempt 0"]
+    assert out[-1].startswith("    time: lost 360s = queue 300s + start-up 60s + retrained 0s")
+    assert main(["status", "exp", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert [(t["job_id"], t["job_attempt"], t["attempt"]) for t in run["attempt_times"]] == [
+        ("101", 0, 0), ("101", 1, 1), ("104", 0, 2)]
+    assert run["attempt_times"][2]["new_steps"] == 50 and run["goodput"]["wall_s"] == 2160.0
 
 
 def test_runs_without_jobs_imports_no_torch(tmp_path):
