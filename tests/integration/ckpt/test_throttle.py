@@ -95,7 +95,7 @@ def test_a_store_that_refuses_beyond_the_total_ends_the_restore_naming_the_objec
         node_restore.restore(_plan(location, throttled_s3.endpoint), str(tmp_path / "node"), "job", 1, print,
                              ranks=[0], node=0, nodes=1)
     msg = str(e.value)
-    assert "\n" not in msg and "step-7/__0_0.distcp" in msg and "SlowDown" in msg, msg
+    assert "\n" not in msg and "step-7/attempt-a/__0_0.distcp" in msg and "SlowDown" in msg, msg
     assert "(still refused after " in msg and f"{envvars.STORE_RETRY_S}=3)" in msg
     assert not (tmp_path / "node" / "step-7").exists()
     throttled_s3.configure(share=0.0)
