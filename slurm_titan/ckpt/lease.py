@@ -176,7 +176,7 @@ def take(store: Store, holder: Holder, state_of: StateOf, *, take_over: bool = F
         why = verdict(store, current, state_of, me=holder.job, take_over=take_over, now=clock())
         now = clock()
         lease = Lease(current.generation + 1, holder, now, now + ttl)
-        if store.create_bytes(layout.lease_path(lease.generation), lease.to_json()):
+        if store.create_bytes(layout.lease_path(lease.generation), lease.to_json()) and _highest(store, lease):
             _prune(store, current.generations)
             return lease, why
     raise StorageError(f"{store.url(layout.LEASE_DIR)}: the lease changed under {_TRIES} tries to take it")
@@ -188,13 +188,23 @@ def renew(store: Store, held: Lease, *, ttl: float = TTL_S, clock: Callable[[], 
     if current.generation == held.generation:
         now = clock()
         lease = replace(held, generation=held.generation + 1, expires_at=now + ttl)
-        if store.create_bytes(layout.lease_path(lease.generation), lease.to_json()):
+        if store.create_bytes(layout.lease_path(lease.generation), lease.to_json()) and _highest(store, lease):
             _prune(store, current.generations)
             return lease
         current = read(store)
     taker = current.lease.holder if current.lease else None
     raise LeaseLost(f"{store.url()}: {taker or 'an unreadable generation'} took the writer lease (generation "
                     f"{current.generation}) from {held.holder}", taker)
+
+
+def _highest(store: Store, created: Lease) -> bool:
+    """Whether the generation just created is the highest: a writer that stalled between its listing and its
+    create may have created a generation that a newer writer had already pruned, below that writer's own; such
+    a generation is deleted again and counts as not taken."""
+    if read(store).generation == created.generation:
+        return True
+    store.rm_files([layout.lease_path(created.generation)])
+    return False
 
 
 def _prune(store: Store, below: list[int]) -> None:

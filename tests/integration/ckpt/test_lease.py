@@ -93,3 +93,43 @@ def test_a_corrupt_lease_is_named_and_taken_only_with_take_over(location):
         take_lease(store, Holder("2"), _states({}))
     lease, why = take_lease(store, Holder("2"), _states({}), take_over=True)
     assert lease.generation == 5 and why == "taken over from the corrupt generation 4"
+
+
+class _StaleFirstRead:
+    """The store as a writer that stalled sees it: its first listing and read of the lease are those of `before`
+    (taken earlier), everything else is the store's own."""
+
+    def __init__(self, store, before: dict[str, bytes]) -> None:
+        self._store, self._before = store, before
+
+    def ls(self, path):
+        return [_Named(name) for name in self._before] if self._before else self._store.ls(path)
+
+    def cat(self, path):
+        name = path.rsplit("/", 1)[-1]
+        if name in self._before:
+            return self._before.pop(name)
+        return self._store.cat(path)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_a_writer_that_stalled_never_holds_a_generation_a_newer_writer_pruned(location):
+    """Job 2 lists the lease at generation 1 (expired), stalls; job 1 renews twice (generations 2 and 3, the lower
+    ones pruned); job 2 wakes and creates generation 2 again. It is not the highest: job 2 deletes it and is
+    refused by job 1's generation 3, so no two jobs ever believe they hold the lease."""
+    store = open_store(location, check=True, create=True)
+    first, _ = take_lease(store, Holder("1"), _states(RUNNING), ttl=60, clock=lambda: 1000.0)
+    stale = {layout.lease_path(1).rsplit("/", 1)[-1]: store.cat(layout.lease_path(1))}
+    held = renew_lease(store, renew_lease(store, first, clock=lambda: 1030.0), clock=lambda: 1060.0)
+    assert held.generation == 3
+    with pytest.raises(LeaseRefused, match="job 1 .* writes here"):
+        take_lease(_StaleFirstRead(store, stale), Holder("2"), _states(RUNNING), clock=lambda: 1070.0)
+    assert [e.name for e in store.ls(layout.LEASE_DIR)] == ["g-0000000003.json"]
+    assert read_lease(store).lease == held
