@@ -91,6 +91,8 @@ def npu_fusion_attention_model(
         raise ValueError(
             f"head_num={head_num} with {n_q} query and {n_kv} key/value heads (at most {FUSION_ATTENTION_MAX_HEADS})"
         )
+    if atten_mask is not None:
+        _check_mask(atten_mask, sparse_mode)  # once a call: the same mask serves every sequence
     outs = []
     for index, (q, k, v) in enumerate(zip(seqs_q, seqs_k, seqs_v, strict=True)):
         mask = _sequence_mask(
@@ -162,15 +164,13 @@ def _sequence_mask(
     pre_tockens: int,
     next_tockens: int,
 ) -> torch.Tensor | None:
-    """The effective ``(N or 1, Sq, Skv)`` mask (True = masked) of sequence ``index``."""
+    """The effective ``(N or 1, Sq, Skv)`` mask (True = masked) of sequence ``index`` (``atten_mask`` checked by
+    :func:`_check_mask`)."""
     if atten_mask is None:
         return None  # documented: no mask means full attention, whatever sparse_mode says
-    if atten_mask.dtype not in (torch.bool, torch.uint8):
-        raise ValueError(f"atten_mask must be bool or uint8, got {atten_mask.dtype}")
     q_idx = torch.arange(s_q, device=atten_mask.device)[:, None]
     kv_idx = torch.arange(s_kv, device=atten_mask.device)[None, :]
     if sparse_mode in (2, 3):
-        _require_compressed_mask(atten_mask, sparse_mode)
         offset = 0 if sparse_mode == 2 else s_kv - s_q
         return (kv_idx > q_idx + offset).unsqueeze(0)
     if sparse_mode not in (0, 1):
@@ -195,7 +195,12 @@ def _given_mask(mask: torch.Tensor, layout: str, index: int, s_q: int, s_kv: int
     raise ValueError(f"atten_mask must be SS, 11SS, B1SS or BNSS, got shape {tuple(mask.shape)}")
 
 
-def _require_compressed_mask(mask: torch.Tensor, sparse_mode: int) -> None:
+def _check_mask(mask: torch.Tensor, sparse_mode: int) -> None:
+    """ValueError unless ``mask`` is bool or uint8 and, in sparse modes 2 and 3, the compressed causal mask."""
+    if mask.dtype not in (torch.bool, torch.uint8):
+        raise ValueError(f"atten_mask must be bool or uint8, got {mask.dtype}")
+    if sparse_mode not in (2, 3):
+        return
     expected = torch.triu(
         torch.ones(_COMPRESSED_MASK_SIZE, _COMPRESSED_MASK_SIZE, dtype=torch.bool, device=mask.device),
         diagonal=1,
