@@ -134,23 +134,29 @@ def _check_prefix(name: str, runs: Sequence[Run], order: Sequence[Entry]) -> Non
     assert len(got) <= len(order), f"{name}: yielded {len(got)} samples, its reading order has {len(order)}"
 
 
-def check_resumed(samples: Samples, first: dict[int, list[int]], second: dict[int, list[int]]) -> list[Run]:
-    """What the issue asks of a run whose second job resumed the first's last checkpoint on another
-    data-parallel degree, read from what each rank yielded (`recorded`; the first job ends at that checkpoint):
-    no sample's token is consumed twice (a cut sample's rest is the same sample going on at its token offset),
-    and none is missing up to the last consumed one. Both hold when what each rank yielded is a prefix of its
-    reading order, each sample from the token the order says, which is what is asserted. The reading orders:
-    in the first job each rank's contiguous shard of the dataset; in the second each new rank's contiguous part
-    of the old ranks' rests in old-rank order (slurm_titan.data.cursor). Returns every run consumed."""
-    old, new, rows = len(first), len(second), len(samples.inputs)
-    orders = [[(row, 0) for row in range(*shard_bounds(rows, old, rank))] for rank in range(old)]
-    consumed = [samples.runs(first[rank], orders[rank]) for rank in range(old)]
-    for rank in range(old):
-        _check_prefix(f"first job, data-parallel rank {rank} of {old}", consumed[rank], orders[rank])
-    left = [entry for rank in range(old) for entry in samples.rest(orders[rank], consumed[rank])]
-    for rank in range(new):
-        order = left[slice(*shard_bounds(len(left), new, rank))]
-        runs = samples.runs(second[rank], order)
-        _check_prefix(f"second job, data-parallel rank {rank} of {new}", runs, order)
-        consumed.append(runs)
-    return [run for runs in consumed for run in runs]
+ORDINALS = ("first", "second", "third", "fourth", "fifth")
+
+
+def check_resumed(samples: Samples, first: dict[int, list[int]], *later: dict[int, list[int]]) -> list[Run]:
+    """What the issue asks of a run whose every later job resumed the job before's last checkpoint on another
+    data-parallel degree, read from what each rank yielded (`recorded`; each job but the last ends at that
+    checkpoint): no sample's token is consumed twice (a cut sample's rest is the same sample going on at its
+    token offset), and none is missing up to the last consumed one. Both hold when what each rank yielded is a
+    prefix of its reading order, each sample from the token the order says, which is what is asserted. The
+    reading orders: in the first job each rank's contiguous shard of the dataset; in each later one each new
+    rank's contiguous part of the job before's ranks' rests in their rank order (slurm_titan.data.cursor).
+    Returns every run consumed."""
+    rows = len(samples.inputs)
+    orders = [[(row, 0) for row in range(*shard_bounds(rows, len(first), rank))] for rank in range(len(first))]
+    consumed: list[list[Run]] = []
+    every: list[Run] = []
+    for index, streams in enumerate((first, *later)):
+        if index:
+            left = [entry for order, runs in zip(orders, consumed) for entry in samples.rest(order, runs)]
+            orders = [left[slice(*shard_bounds(len(left), len(streams), rank))] for rank in range(len(streams))]
+        consumed = [samples.runs(streams[rank], orders[rank]) for rank in range(len(streams))]
+        for rank in range(len(streams)):
+            _check_prefix(f"{ORDINALS[index]} job, data-parallel rank {rank} of {len(streams)}", consumed[rank],
+                          orders[rank])
+        every += [run for runs in consumed for run in runs]
+    return every
