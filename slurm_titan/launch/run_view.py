@@ -15,12 +15,15 @@ from slurm_titan.records.run_registry import RunRecord
 
 @dataclass(frozen=True)
 class RunView:
-    """A run's jobs recorded here (in submit order), its attempts as (job id, attempt) in order, and its goodput
-    (whose attempts are in the same order)."""
+    """A run's jobs recorded here (in submit order), its attempts as (job id, attempt) in order, the same attempts
+    numbered across the run (`numbered`), its first job's submit time, and its goodput (whose attempts are in the
+    same order)."""
 
     name: str
     jobs: list[jobs.JobRecord]
     attempts: list[tuple[str, history.Attempt]]
+    numbered: list[history.Attempt]
+    submitted: float
     goodput: goodput.Goodput
 
 
@@ -39,4 +42,4 @@ def view(record: RunRecord, now: float) -> RunView:
             merged.append(dataclasses.replace(attempt, attempt=len(merged)))  # numbered across the run
             pairs.append((job.job_id, attempt))
     submitted = known[0].submitted if known else record.created
-    return RunView(record.name, known, pairs, goodput.compute(merged, submitted, now, files))
+    return RunView(record.name, known, pairs, merged, submitted, goodput.compute(merged, submitted, now, files))

@@ -25,11 +25,11 @@ import bisect
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slurm_titan.launch import goodput
+from slurm_titan.launch import goodput, run_view
 from slurm_titan.records import history, slow_nodes
 from slurm_titan.records.run_folder import rank_log
 from slurm_titan.records.slow_nodes import ScoreLine
@@ -83,7 +83,10 @@ class Interruption:
 
 @dataclass(frozen=True)
 class RunReport:
-    job_dir: Path
+    """What the page draws of a job, or of a run across its jobs (`job_of`: each attempt's job, numbered across the
+    run; empty for a job's report)."""
+
+    source: str  # the job folder, or the run and its location
     submitted: float
     attempts: list[dict[str, Any]]  # history.as_dicts
     goodput: goodput.Goodput
@@ -92,6 +95,7 @@ class RunReport:
     phases: list[Phase]
     interruptions: list[Interruption]
     scores: list[ScoreLine]  # every node's score over time, every attempt
+    job_of: dict[int, str] = field(default_factory=dict)
 
     @property
     def steps_retrained(self) -> int:
@@ -231,16 +235,40 @@ def interruptions(rows: list[dict[str, Any]], phase_list: list[Phase], steps: li
 
 
 def collect(job_dir: Path, submitted: float, now: float | None = None) -> RunReport:
-    """Everything the report shows, from the job folder and the submit time (registry)."""
+    """Everything the report shows of a job, from its folder and the submit time (registry)."""
     attempts = history.read_attempts(job_dir)
     result = goodput.compute(attempts, submitted, time.time() if now is None else now,
                              goodput.trained_files(job_dir, attempts))
-    starts = [a.started or submitted for a in attempts]
-    facts = read_log(rank_log(job_dir, REPORT_RANK), starts)
+    return _report(str(job_dir), submitted, attempts, result, [(job_dir, attempts)])
+
+
+def collect_run(view: run_view.RunView) -> RunReport:
+    """Everything the report shows of a run across its jobs (launch.run_view): its attempts numbered across the run on
+    one step axis and one clock from its first job's submit, the gaps between jobs queued, each job's log and node
+    scores read from its folder."""
+    by_job = {job.job_id: [a for job_id, a in view.attempts if job_id == job.job_id] for job in view.jobs}
+    report = _report(f"run {view.name}: jobs {', '.join(by_job)}", view.submitted, view.numbered, view.goodput,
+                     [(job.folder, by_job[job.job_id]) for job in view.jobs])
+    return replace(report, job_of={i: job_id for i, (job_id, _) in enumerate(view.attempts)})
+
+
+def _report(source: str, submitted: float, attempts: list[history.Attempt], result: goodput.Goodput,
+            folders: list[tuple[Path, list[history.Attempt]]]) -> RunReport:
+    """The report of `attempts` (numbered in order), whose jobs' folders and own attempts `folders` lists in order:
+    each folder's log lines and scores belong to its attempts, numbered after the folders before it."""
+    facts, scores, offset = LogFacts([], [], []), [], 0
+    for folder, own in folders:
+        log = read_log(rank_log(folder, REPORT_RANK), [a.started or submitted for a in own])
+        facts.steps += [replace(p, attempt=None if p.attempt is None else p.attempt + offset) for p in log.steps]
+        facts.checkpoints += [replace(c, attempt=None if c.attempt is None else c.attempt + offset)
+                              for c in log.checkpoints]
+        facts.busy += log.busy
+        scores += [replace(line, attempt=line.attempt + offset) for line in slow_nodes.read_scores(folder)]
+        offset += len(own)
     phase_list = phases(attempts, result, submitted, facts.busy)
     rows = history.as_dicts(attempts)
-    return RunReport(job_dir, submitted, rows, result, facts.steps, _unique(facts.checkpoints), phase_list,
-                     interruptions(rows, phase_list, facts.steps), slow_nodes.read_scores(job_dir))
+    return RunReport(source, submitted, rows, result, facts.steps, _unique(facts.checkpoints), phase_list,
+                     interruptions(rows, phase_list, facts.steps), scores)
 
 
 def _unique(checkpoints: list[Checkpoint]) -> list[Checkpoint]:

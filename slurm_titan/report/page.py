@@ -218,8 +218,9 @@ def _attempts_table(report: RunReport) -> str:
     for row in report.attempts:
         t = times[row["attempt"]]
         last = row["trained_step"] or row["stopped_at_step"] or row["last_step"]
-        rows.append([row["attempt"], ",".join(row["hosts"]), _clock(row["started"])[:19], _clock(row["ended"])[:19],
-                     row["reason"] or "running", row["cause"] or "", row["action"] or "",
+        job = f" (job {report.job_of[row['attempt']]})" if row["attempt"] in report.job_of else ""
+        rows.append([f"{row['attempt']}{job}", ",".join(row["hosts"]), _clock(row["started"])[:19],
+                     _clock(row["ended"])[:19], row["reason"] or "running", row["cause"] or "", row["action"] or "",
                      f"{row['first_step'] or '-'}..{last or '-'}", duration(t.queue_s), duration(t.startup_s),
                      duration(restores.get(t.attempt, 0.0)), duration(t.training_s), duration(t.retrained_s),
                      duration(t.stopping_s), t.new_steps, t.retrained_steps, duration(t.lost_s)])
@@ -241,7 +242,7 @@ def render(report: RunReport, title: str) -> str:
 <style>{STYLE}</style>
 <script type="text/javascript">{get_plotlyjs()}</script></head>
 <body><h1>{html.escape(title)}</h1>
-<div class=muted>{html.escape(str(report.job_dir))}: submitted {_clock(report.submitted)[:19]},
+<div class=muted>{html.escape(report.source)}: submitted {_clock(report.submitted)[:19]},
 report of {time.strftime("%Y-%m-%d %H:%M:%S")}</div>
 {_numbers(report)}{note}{figures}
 <h2>Attempts</h2>{_attempts_table(report)}

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from slurm_titan.cli.main import main
-from slurm_titan.launch import goodput, runs
-from slurm_titan.launch.goodput import Goodput
-from slurm_titan.records import history, jobs, run_registry
+from slurm_titan.launch import runs
+from slurm_titan.records import history
 from tests.support.cli import PROBE
 from tests.support.paths import REPO
-from tests.support.recorded import submitted_runs  # noqa: F401  (jobs 101..103: the recorded runs)
+from tests.support.recorded import resumed_run, submitted_runs  # noqa: F401  (jobs 101..103: the recorded runs)
 
 
 def test_status_shows_goodput_and_time_lost_per_attempt(submitted_runs, capsys):
@@ -60,25 +57,9 @@ def test_runs_lists_job_name_state_step_checkpoint_goodput(submitted_runs, monke
     assert (row["job_id"], row["step"], row["last_checkpoint"]) == ("103", 40, 30)
 
 
-def _resumed_run(first: Path, folder: Path) -> Goodput:
-    """Job 101 (steps 1..100, ended at 1735727100) and job 104 resuming it, as run `exp`; 101's goodput alone."""
-    folder.mkdir()
-    events = [{"attempt": 0, "event": "start", "hosts": ["n1", "n2"], "time": 1735727400.0},  # 300 s after 101
-              {"attempt": 0, "event": "first-step", "step": 101, "time": 1735727460.0},
-              {"action": "stop", "attempt": 0, "cause": None, "culprit": None, "event": "end", "excluded": [],
-               "exit_code": 0, "note": None, "progressed": True, "reason": "finished", "time": 1735727760.0,
-               "trained_step": 150}]
-    (folder / "history.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
-    jobs.save(dataclasses.replace(jobs.load("101"), run="exp", remote="s3://b/exp"))
-    jobs.save(jobs.JobRecord("104", "preempted-requeued", str(folder), "job.yaml", 2, 1735727200.0, "exp",
-                             "s3://b/exp"))
-    run_registry.add_job(run_registry.create("exp", "s3://b/exp", None, "101"), "104")
-    return goodput.measure(first, jobs.load("101").submitted)
-
-
 def test_a_run_of_two_jobs_is_one_line_of_runs_with_its_goodput_over_both_and_the_gap(submitted_runs, tmp_path,
                                                                                      capsys):
-    alone = _resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
+    alone = resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
     assert main(["runs", "--json"]) == 0
     lines = json.loads(capsys.readouterr().out)
     assert [(line["run"], line["jobs"]) for line in lines] == [("exp", ["101", "104"]), (None, ["103"]),
@@ -93,7 +74,7 @@ def test_a_run_of_two_jobs_is_one_line_of_runs_with_its_goodput_over_both_and_th
 
 
 def test_status_of_a_run_shows_every_job_and_attempt_on_one_clock(submitted_runs, tmp_path, capsys):
-    _resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
+    resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
     assert main(["status", "exp"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("run exp: jobs 101 COMPLETED, 104 COMPLETED; goodput=") and "s3://b/exp" in out[0]

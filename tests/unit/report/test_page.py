@@ -13,9 +13,11 @@ import pytest
 
 import slurm_titan.report
 from slurm_titan.cli.main import main
-from slurm_titan.report import browser
+from slurm_titan.launch import run_view
+from slurm_titan.records import run_registry
+from slurm_titan.report import browser, data
 from tests.support.paths import REPO
-from tests.support.recorded import submitted_runs, utc  # noqa: F401  (jobs 101..103: the recorded runs, in UTC)
+from tests.support.recorded import resumed_run, submitted_runs, utc  # noqa: F401  (jobs 101..103: the recorded runs, in UTC)
 
 needs_chromium = pytest.mark.skipif(browser.find() is None,
                                     reason="Chromium is not installed (tools/setup installs it)")
@@ -74,6 +76,27 @@ def test_an_unknown_job_or_an_unwritable_file_is_one_line(submitted_runs, tmp_pa
     blocked.write_text("")
     assert main(["report", "101", "--out", str(blocked / "r.html")]) == 1
     assert capsys.readouterr().err == f"slurm-titan: cannot write {blocked / 'r.html'}: Not a directory\n"
+
+
+def test_a_run_is_reported_across_its_jobs_on_one_step_axis_and_one_clock(submitted_runs, tmp_path,  # noqa: F811
+                                                                         capsys):
+    resumed_run(submitted_runs["preempted-requeued"], tmp_path / "resumed")
+    whole = run_view.view(run_registry.load("exp"), 1735727760.0)  # type: ignore[arg-type]
+    report = data.collect_run(whole)
+    assert [(row["attempt"], report.job_of[row["attempt"]]) for row in report.attempts] == [
+        (0, "101"), (1, "101"), (2, "104")]
+    assert report.goodput == whole.goodput and report.submitted == whole.submitted
+    queued = [p for p in report.phases if p.name == "queued" and p.attempt == 2]
+    assert [(p.start, p.end) for p in queued] == [(1735727100.0, 1735727400.0)]  # the gap between the jobs, lost
+    assert [(p.step, p.attempt) for p in report.steps] == [(step, 2) for step in range(101, 151, 10)]
+    page = tmp_path / "run.html"
+    assert main(["report", "exp", "--out", str(page)]) == 0
+    assert capsys.readouterr().out == f"report: {page}\n"
+    text = page.read_text()
+    assert "run exp: jobs 101 COMPLETED, 104 COMPLETED" in text and "2 (job 104)" in text
+    assert main(["report", "nosuchrun"]) == 2
+    assert capsys.readouterr().err == ("slurm-titan: no run nosuchrun was submitted from here "
+                                       "(slurm-titan runs lists the runs)\n")
 
 
 PROBE = """
