@@ -32,6 +32,12 @@ cli.doctor_cmd when run on a node without a config."""
 NOTIFY = "SLURM_TITAN_NOTIFY"
 """node.notify_config writes the job's webhooks as JSON (formats, URL variable names, events: never a URL);
 node.batch.notify reads it in the batch shell."""
+RUN = "SLURM_TITAN_RUN"
+"""launch.plan writes the name of the job's run (a job bound to one); overrides.titan_metrics names the TensorBoard
+and W&B run after it, the same for every job of the run."""
+RUN_DUMP_FOLDER = "SLURM_TITAN_RUN_DUMP_FOLDER"
+"""launch.plan writes the dump folder of the run's first job (a later job of a run); overrides.titan_metrics writes
+TensorBoard's events under it, where the run's earlier jobs wrote theirs."""
 
 # ---- written by the batch shell for each attempt (node.batch.allocation.AttemptPlan) --------------------------
 ATTEMPT_INDEX = "SLURM_TITAN_ATTEMPT_INDEX"

@@ -30,7 +30,7 @@ from slurm_titan.node.budgets import Budgets
 from slurm_titan.node.notify_config import submit_warnings
 from slurm_titan.node.spec import CheckpointPlan, NodeSpec
 from slurm_titan.node.straggler_config import StragglerPlan
-from slurm_titan.records import run_folder
+from slurm_titan.records import jobs, run_folder, run_registry
 from slurm_titan.records.run_folder import JOB_DIR, JOB_ID, SLURM_JOB_ID
 from slurm_titan.records.slow_nodes import OFF
 from slurm_titan.signals import STOP_SIGNALS
@@ -353,6 +353,18 @@ def _warn_notify(config: JobConfig) -> None:
         print(f"slurm-titan: WARNING: {line}", file=sys.stderr)
 
 
+def run_env(config: JobConfig) -> dict[str, str]:
+    """A job bound to a run names its TensorBoard / W&B run after the run (overrides.titan_metrics), and a later job
+    of the run writes TensorBoard's events into the dump folder of the run's first job (when recorded here), so that
+    TensorBoard shows the run's jobs as one run on one step axis."""
+    if config.run is None:
+        return {}
+    known = run_registry.load(config.run)
+    first = jobs.find(known.jobs[0]) if known is not None and known.jobs else None
+    return {envvars.RUN: config.run} | (
+        {envvars.RUN_DUMP_FOLDER: str(run_folder.dump_folder(first.folder))} if first is not None else {})
+
+
 def plan_job(config: JobConfig, take_over: bool = False) -> JobPlan:
     """Check what can be checked before submitting and build the plan. Raises ConfigError. `take_over`: the job
     may take its location's writer lease from a job that Slurm does not say runs (`submit --take-over`)."""
@@ -365,7 +377,8 @@ def plan_job(config: JobConfig, take_over: bool = False) -> JobPlan:
     rank_argv = (python, "-u", "-m", RANK_ENTRY, *_titan_options(config, overrides))
     node_prefix, npu_vars = (npu_env.node_setup(env.npu, config.npu_job(), str(run_folder.dump_folder(Path(job_dir))))
                              if env.device == "npu" else ("", {}))
-    node_env = _BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env() | env.env
+    node_env = (_BASE_ENV | {envvars.DEVICE: env.device} | npu_vars | config.notify.node_env() | run_env(config)
+                | env.env)
     unset = npu_env.left_out(npu_vars) if env.device == "npu" else []
     _warn_notify(config)
     if line := npu_env.inherited_warning(os.environ, unset):
