@@ -1,14 +1,17 @@
 """A run outlives its jobs, on the real local Slurm cluster: a job of a run cancelled mid-run, the next job of the
 run resumes by its name from the newest complete checkpoint, and the losses are an uninterrupted run's; meanwhile a
 second job for the run is refused before it is submitted, from this login node (the run's job is running) and from
-another one (the location's writer lease names its holder), and nothing is lost."""
+another one (the location's writer lease names its holder), and nothing is lost. Then the run is one run: one line of
+`runs` with both jobs, `status RUN` and `report RUN` with both jobs' attempts in order, one TensorBoard run."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
 import pytest
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
 from tests.support.cli import Cli
 from tests.support.references import SIXTEEN_STEPS
@@ -16,6 +19,7 @@ from tests.support.runs import job_dir, step_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 RESUMED = re.compile(r"resuming complete checkpoint step (\d+) from (\S+):")
+TENSORBOARD = ["--set", "torchtitan.args.metrics.enable_tensorboard=true"]
 
 
 def _refused(cli: Cli, *args: str) -> str:
@@ -32,7 +36,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     reference = reference_losses(16, *SIXTEEN_STEPS)
     run = f"run-{uuid.uuid4().hex[:8]}"
     location = cli.remote.format(name="debug-cpu", job_id=run)
-    first = cli.submit(*SIXTEEN_STEPS, "--run", run)
+    first = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
     folder = job_dir(cli, first)
     wait_for_log(folder / "logs/rank-0.log", "checkpoint step 4 committed", timeout=600)
 
@@ -44,7 +48,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
 
     cli("cancel", first)
     assert cli.wait(first)["state"] == "CANCELLED"
-    second = cli.submit(*SIXTEEN_STEPS, "--run", run)
+    second = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
     assert cli.wait(second, timeout=900)["state"] == "COMPLETED"
 
     node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
@@ -58,3 +62,23 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
         assert step >= 4 and min(after) == step + 1 and max(after) == 16, (step, sorted(after))
         assert {s: before[s] for s in range(1, step + 1)} | after == reference, f"rank {rank}"
     assert cli("ckpt", "verify", location, "--all", "--quiet", timeout=300).returncode == 0
+    _one_run(cli, run, first, second, folder, tmp_path_factory.mktemp("report") / "run.html")
+
+
+def _one_run(cli: Cli, run: str, first: str, second: str, folder, page) -> None:
+    """`runs`, `status RUN`, `report RUN` and TensorBoard show the run of the two jobs as one."""
+    lines = [line for line in json.loads(cli("runs", "--json").stdout) if line["run"] == run]
+    assert [(line["jobs"], line["state"], line["step"]) for line in lines] == [([first, second], "COMPLETED", 16)]
+    status = json.loads(cli("status", run, "--json").stdout)
+    assert [(info["job_id"], info["state"]) for info in status["jobs"]] == [(first, "CANCELLED"), (second, "COMPLETED")]
+    assert [(t["job_id"], t["job_attempt"], t["attempt"]) for t in status["attempt_times"]] == [
+        (first, 0, 0), (second, 0, 1)]
+    assert status["attempt_times"][1]["queue_s"] > 0 and status["goodput"]["goodput"] is not None
+    said = cli("report", run, "--out", str(page)).stdout
+    assert said == f"report: {page}\n"
+    text = page.read_text()
+    assert f"run {run}: jobs {first} CANCELLED, {second} COMPLETED" in text and f"1 (job {second})" in text
+    events = EventMultiplexer().AddRunsFromDirectory(str(folder / "dump/tb"))
+    events.Reload()
+    assert set(events.Runs()) == {run}  # the second job wrote where the first did
+    assert {e.step for e in events.Scalars(run, "loss_metrics/global_avg_loss")} == set(range(1, 17))
