@@ -38,7 +38,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     location = cli.remote.format(name="debug-cpu", job_id=run)
     first = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
     folder = job_dir(cli, first)
-    wait_for_log(folder / "logs/rank-0.log", "checkpoint step 4 committed", timeout=600)
+    wait_for_log(folder / "logs/rank-0.log", "step:  1", timeout=600)  # training: RUNNING, the lease taken
 
     said = _refused(cli, *SIXTEEN_STEPS, "--run", run)
     assert f"run {run}: job {first} is RUNNING in Slurm and writes to {location}" in said
@@ -46,6 +46,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     said = _refused(other, *SIXTEEN_STEPS, "--resume", location, "--run", run)
     assert f"{location}: job {first} (run 0 on " in said and "writes here (RUNNING in Slurm)" in said
 
+    wait_for_log(folder / "logs/rank-0.log", "checkpoint step 4 committed", timeout=600)
     cli("cancel", first)
     assert cli.wait(first)["state"] == "CANCELLED"
     second = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
@@ -56,6 +57,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     resumed = RESUMED.search(node_log)
     assert resumed and resumed.group(2) == location, node_log[-3000:]
     step = int(resumed.group(1))
+    assert step < 16, f"the first job trained to the end (step {step}) before it was cancelled"
     for rank in range(2):
         before = dict(step_losses(folder / f"logs/rank-{rank}.log"))
         after = dict(step_losses(job_dir(cli, second) / f"logs/rank-{rank}.log"))
