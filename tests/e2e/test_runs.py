@@ -1,7 +1,9 @@
 """A run outlives its jobs, on the real local Slurm cluster: a job of a run cancelled mid-run, the next job of the
 run resumes by its name from the newest complete checkpoint, and the losses are an uninterrupted run's; meanwhile a
 second job for the run is refused before it is submitted, from this login node (the run's job is running) and from
-another one (the location's writer lease names its holder), and nothing is lost. Then the run is one run: one line of
+another one (the location's writer lease names its holder); a job of another login node for the same location that
+passed its submit (the lease's holder had ended) is refused at its start while the run's next job holds the lease,
+before any node starts; nothing is lost. Then the run is one run: one line of
 `runs` with both jobs, `status RUN` and `report RUN` with both jobs' attempts in order, one TensorBoard run."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
 from tests.support.cli import Cli
+from tests.support.cli import run as run_command
 from tests.support.references import SIXTEEN_STEPS
 from tests.support.runs import job_dir, step_losses, wait_for_log
 
@@ -49,7 +52,16 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     wait_for_log(folder / "logs/rank-0.log", "checkpoint step 4 committed", timeout=600)
     cli("cancel", first)
     assert cli.wait(first)["state"] == "CANCELLED"
+    # a job of another login node for the same location passes its submit (the lease's holder ended), held until
+    # the run's next job holds the lease: then it is refused at its start, before any node starts
+    rogue = other.submit(*SIXTEEN_STEPS, "--set", f"checkpoint.remote={location}", "--set", "slurm.extra.hold=true")
     second = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
+    wait_for_log(job_dir(cli, second) / f"{second}_0_log.out", f"writer lease of {location} taken", timeout=300)
+    run_command(["scontrol", "release", rogue], env=other.env)
+    assert other.wait(rogue, timeout=300)["state"] == "FAILED"
+    said = "".join(p.read_text() for p in job_dir(other, rogue).glob(f"{rogue}_0_log.*"))
+    assert f"{location}: job {second} (run 0 on " in said and "writes here (RUNNING in Slurm)" in said, said
+    assert not list(job_dir(other, rogue).glob("logs/rank-*.log")), "a rank of the refused job started"
     assert cli.wait(second, timeout=900)["state"] == "COMPLETED"
 
     node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
