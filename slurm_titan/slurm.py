@@ -155,6 +155,12 @@ def job_state(job_id: str) -> JobState | None:
     return job_states([job_id]).get(job_id)
 
 
+def state_name(job_id: str) -> str | None:
+    """The name of a job's state (RUNNING, CANCELLED, ...), None if neither scontrol nor accounting knows it."""
+    found = job_state(job_id)
+    return found.state if found else None
+
+
 def time_left_seconds(job_id: str) -> int | None:
     """Seconds until the job's own time limit (StartTime + TimeLimit); None if unknown or unlimited.
 

@@ -165,11 +165,7 @@ def check(binding: RunBinding, config: JobConfig, *, take_over: bool = False) ->
         saved = read_manifest(store, newest.step).config_digest
         check_change(config, saved, f"checkpoint step {newest.step} of {binding.remote}")
 
-    def state(job_id: str) -> str | None:
-        found = slurm.job_state(job_id)
-        return found.state if found else None
-
-    lease = verdict(store, read_lease(store), state, take_over=take_over)
+    lease = verdict(store, read_lease(store), slurm.state_name, take_over=take_over)
     taken = "" if lease == "free" else f" (writer lease: {lease})"
     start = f"resumes from step {newest.step}" if newest else "starts at step 1 (no complete checkpoint there)"
     return f"{'run ' + binding.name if binding.name else 'the job'} {start} of {binding.remote}{taken}"

@@ -47,11 +47,6 @@ def holder() -> Holder:
     return Holder(os.environ["SLURM_JOB_ID"], os.environ.get("SLURM_RESTART_COUNT", "0"), socket.gethostname())
 
 
-def state_of(job_id: str) -> str | None:
-    found = slurm.job_state(job_id)
-    return found.state if found else None
-
-
 def _store(plan: LeasePlan) -> Store:
     return open_store(fill(plan.remote, os.environ["SLURM_JOB_ID"]), endpoint_url=plan.endpoint_url, check=True,
                       create=True)
@@ -60,7 +55,7 @@ def _store(plan: LeasePlan) -> Store:
 def take(plan: LeasePlan) -> None:
     """Take the lease for this job (LeaseRefused when another job holds it)."""
     store = _store(plan)
-    lease, why = take_lease(store, holder(), state_of, take_over=plan.take_over)
+    lease, why = take_lease(store, holder(), slurm.state_name, take_over=plan.take_over)
     say(f"writer lease of {store.url()} taken (generation {lease.generation}: {why})")
 
 
