@@ -9,7 +9,7 @@ import pytest
 import s3fs
 
 from tests.support.cli import Cli, run
-from tests.support.configs import DEBUG_CONFIG, SMALL_STEPS
+from tests.support.configs import SMALL_STEPS
 from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
 from tests.support.runs import checkpoints, job_dir, step_losses, wait_for_log
 from tests.support.s3 import S3Server
@@ -88,9 +88,9 @@ def test_store_gone_when_the_job_starts(cli: Cli) -> None:
 def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
     # The store dies after the first checkpoint is committed and comes back 4 saves later:
     # training goes on meanwhile, the uploads are retried, every checkpoint ends complete.
-    with S3Server() as private:
-        cli = Cli(slurm_env, tmp_path_factory.mktemp("outage"), private)
-        job = cli.submit(DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4")
+    with S3Server() as private, Cli(slurm_env, tmp_path_factory.mktemp("outage"), private) as cli:
+        job = cli.submit(*SMALL_STEPS, "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4",
+                         paced=True)
         remote, rank0 = remote_of(cli, job), job_dir(cli, job) / "logs/rank-0.log"
         wait_for_log(rank0, "checkpoint step 4 committed")
         private.stop()

@@ -65,7 +65,7 @@ def assert_found_by_the_watchdog(cli: Cli, job: str, status: dict, stopped: dict
 
 
 def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers(cli: Cli, reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG)
+    job = cli.submit(*CONFIG, paced=True)
     folder = job_dir(cli, job)
     with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(6), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
@@ -84,7 +84,7 @@ def _saving(env: dict[str, str], log: str) -> bool:
 
 
 def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "watchdog.save_s=60")  # the default (600 s) suits 70B checkpoints
+    job = cli.submit(*CONFIG, "--set", "watchdog.save_s=60", paced=True)  # the default (600 s) suits 70B checkpoints
     folder = job_dir(cli, job)
     with SignalAtStep(folder, job, {"RANK": "1"}, _saving, signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
@@ -104,7 +104,7 @@ def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, refe
 # override the ranks import). Rank 1's shard is a FIFO fed by the test: the first time it stops feeding after
 # FEED_LINES lines and holds the pipe open (the rank blocks in read()); every later opening gets it whole.
 
-FEED_LINES = 60  # ~6k tokens: about 6 steps of 1024 tokens
+FEED_LINES = 15  # ~1.5k tokens: about 6 steps of 256 tokens
 
 
 def _shards(folder: Path) -> list[str]:
@@ -177,7 +177,7 @@ def test_a_rank_blocked_in_its_data_loader_is_found_and_the_run_recovers(cli: Cl
     feeder = Feeder(tmp_path / "fifo" / "train-1.jsonl", _shards(tmp_path)[1])
     feeder.start()
     try:
-        job = cli.submit(*config)
+        job = cli.submit(*config, paced=True)
         wait_for(feeder.held.is_set, 600, "rank 1 to read its shard", 1)
         status = cli.wait(job, timeout=900)
     finally:

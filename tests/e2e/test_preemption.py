@@ -26,7 +26,7 @@ from tests.support.runs import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-STEPS = 60  # long enough that a signal sent a few steps in (or <= 30 s after step 3, test c) lands mid-run
+STEPS = 60  # paced at >= 1 s a step: a signal sent a few steps in (or <= 30 s after step 3, test c) lands mid-run
 CONFIG = SIXTY_STEPS
 
 
@@ -37,7 +37,7 @@ def reference(reference_losses) -> dict[int, str]:
 
 def interrupted_run(cli: Cli, trigger: Callable[[str], None], *extra: str, at_step: int = 6) -> dict:
     """Submit, call `trigger(job)` once step `at_step` is logged, wait for the end; returns the status."""
-    job = cli.submit(*CONFIG, *extra)
+    job = cli.submit(*CONFIG, *extra, paced=True)
     wait_for_log(job_dir(cli, job) / "logs/rank-0.log", f"step: {at_step:2d}")
     trigger(job)
     return cli.wait(job, timeout=900)
@@ -69,7 +69,7 @@ def test_a_requeue_during_an_upload_usr2_during_the_restore_and_mid_run(cli: Cli
     """One job, stopped three times: `scontrol requeue` (SIGTERM) while step 5's upload is under way, USR2
     (`scancel --signal`) while the requeued run restores, USR2 again 3 steps into the next run. Each stop saves
     the step it came in, the next run resumes at the step after it, and every step is trained once."""
-    job = cli.submit(*CONFIG[:-2], "--set", "checkpoint.interval=5")
+    job = cli.submit(*CONFIG[:-2], "--set", "checkpoint.interval=5", paced=True)
     folder = job_dir(cli, job)
     rank0, node_log = folder / "logs/rank-0.log", folder / f"{job}_0_log.out"
     wait_for_log(rank0, "Finished saving the checkpoint")  # step 5's upload is under way
@@ -114,9 +114,9 @@ def test_c_time_limit(cli: Cli, reference: dict[int, str]) -> None:
     # How fast a machine trains must not decide whether the limit lands mid-run, so the limit is
     # cut once step 3 is logged: to the next whole minute at least 70 s away, which is within
     # signal_seconds + slurmctld's 30 s look-ahead, so the --signal comes at its next check
-    # (<= 30 s: steps 4-60 must take longer, > 0.55 s a step) with >= 40 s left. While the job
+    # (<= 30 s: steps 4-60 take longer, paced at >= 1 s a step) with >= 40 s left. While the job
     # waits to rerun, the limit goes back up.
-    job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100")
+    job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100", paced=True)
     wait_for_log(job_dir(cli, job) / "logs/rank-0.log", "step:  3")
     minutes = math.ceil((job_field(cli, job, "RunTime") + 70) / 60)
     scontrol(cli, "update", f"JobId={job}", f"TimeLimit={minutes}")

@@ -33,7 +33,7 @@ def reference(reference_losses) -> dict[int, str]:
 
 
 def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG)
+    job = cli.submit(*CONFIG, paced=True)
     folder = job_dir(cli, job)
     with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(7), times=1) as fault:
         status = cli.wait(job, timeout=900)
@@ -51,7 +51,7 @@ def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[
 
 
 def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1")
+    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1", paced=True)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
     bad = cli.status(job)["attempts"][0]["hosts"][1]
@@ -66,7 +66,7 @@ def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference
 
 
 def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -> None:
-    job = cli.submit(*CONFIG)
+    job = cli.submit(*CONFIG, paced=True)
     with SignalAtStep(job_dir(cli, job), job, {"RANK": "0"}, step_reached(6)):
         status = cli.wait(job, timeout=1200)
     assert status["state"] == "FAILED", status
@@ -93,7 +93,7 @@ def healed_cluster(cluster: LocalCluster, slurm_env: dict) -> Iterator[LocalClus
 def _kill_a_node_at_step_7(cli: Cli, cluster: LocalCluster, node: int, *sets: str) -> tuple[str, Path, str, dict]:
     """Submit CONFIG (plus `--set`s), kill attempt 0's node `node` whole once rank 0 logged step 7, wait for the
     end: (job, its folder, the killed host, the final status)."""
-    job = cli.submit(*CONFIG, *(arg for value in sets for arg in ("--set", value)))
+    job = cli.submit(*CONFIG, *(arg for value in sets for arg in ("--set", value)), paced=True)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  7")
     host = cli.status(job)["attempts"][0]["hosts"][node]

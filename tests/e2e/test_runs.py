@@ -39,7 +39,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     reference = reference_losses(16, *SIXTEEN_STEPS)
     run = f"run-{uuid.uuid4().hex[:8]}"
     location = cli.remote.format(name="debug-cpu", job_id=run)
-    first = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
+    first = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run, paced=True)
     folder = job_dir(cli, first)
     wait_for_log(folder / "logs/rank-0.log", "step:  1", timeout=600)  # training: RUNNING, the lease taken
 
@@ -55,7 +55,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     # a job of another login node for the same location passes its submit (the lease's holder ended), held until
     # the run's next job holds the lease: then it is refused at its start, before any node starts
     rogue = other.submit(*SIXTEEN_STEPS, "--set", f"checkpoint.remote={location}", "--set", "slurm.extra.hold=true")
-    second = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run)
+    second = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run, paced=True)
     wait_for_log(job_dir(cli, second) / f"{second}_0_log.out", f"writer lease of {location} taken", timeout=300)
     run_command(["scontrol", "release", rogue], env=other.env)
     assert other.wait(rogue, timeout=300)["state"] == "FAILED"

@@ -5,10 +5,11 @@ gets while it runs (tools.local_cluster.faults.ThrottleAtStep: the other test wo
 as a throttled chip would slow them. Nothing fails; the batch shell's judge must name the node from the ranks'
 own working time.
 
-Both runs are the preemption tests' 60-step run (tests.support.references.SIXTY_STEPS: one uninterrupted
-reference for all; the straggler settings change no loss). With a spare the node is named within a few chunks and
-swapped (the ranks save the current step and stop, the next attempt runs on the spare, no failure counted): the
-~40 steps left at the slowed pace gain more than twice the swap's measured restart on an idle machine. The run
+Both runs are one 60-step run of the config's own batch (tests.support.references.SLOW_NODE_STEPS: one
+uninterrupted reference for both; the straggler settings change no loss). With a spare the node is named within a
+few chunks and swapped (the ranks save the current step and stop, the next attempt runs on the spare, no failure
+counted): the ~40 steps left at the slowed pace gain more than twice the swap's measured restart on an idle
+machine. The run
 COMPLETED with every loss equal to the reference's, and after the swap every node works as fast as the others
 (the judge's scores of the next attempt; a step's wall time would measure the machine's other load too).
 Without a spare it is named and alerted, and training goes on to the end.
@@ -24,7 +25,7 @@ import pytest
 
 from slurm_titan.records import slow_nodes
 from tests.support.cli import Cli
-from tests.support.references import SIXTY_STEPS
+from tests.support.references import SLOW_NODE_STEPS
 from tests.support.runs import assert_same_training, job_dir, job_field, wait_for_log
 from tools.local_cluster.faults import ThrottleAtStep
 
@@ -39,7 +40,7 @@ NAMED_WITHIN = 30  # steps after the throttle (how soon in seconds: tools/bench/
 
 @pytest.fixture
 def reference(reference_losses) -> dict[int, str]:
-    return reference_losses(60, *SIXTY_STEPS)
+    return reference_losses(60, *SLOW_NODE_STEPS)
 
 
 def _throttled_run(cli: Cli, *config: str) -> tuple[str, Path, str, ThrottleAtStep, dict]:
@@ -54,7 +55,7 @@ def _throttled_run(cli: Cli, *config: str) -> tuple[str, Path, str, ThrottleAtSt
 
 
 def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dict[int, str]) -> None:
-    job, folder, slow, throttle, status = _throttled_run(cli, *SIXTY_STEPS, *JUDGE, "--set", "slurm.spare_nodes=1")
+    job, folder, slow, throttle, status = _throttled_run(cli, *SLOW_NODE_STEPS, *JUDGE, "--set", "slurm.spare_nodes=1")
     assert status["state"] == "COMPLETED", status
     first, second = status["attempts"][:2]
     [named] = first["slow"]
@@ -79,7 +80,7 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dic
 
 
 def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(cli: Cli, reference: dict[int, str]) -> None:
-    job, folder, slow, throttle, status = _throttled_run(cli, *SIXTY_STEPS, *JUDGE)
+    job, folder, slow, throttle, status = _throttled_run(cli, *SLOW_NODE_STEPS, *JUDGE)
     assert status["state"] == "COMPLETED", status
     [attempt] = status["attempts"]  # no restart: the run went on on the slow node
     [named] = attempt["slow"]

@@ -19,6 +19,7 @@ import pytest
 from tests.support.paths import REPO
 from tests.support.s3 import S3Server
 from tools.local_cluster.cluster import LocalCluster
+from tools.local_cluster.faults import PacedRanks
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 SUBMITTED: list[tuple[Path, str]] = []  # (runs folder, job id) of every job the tests submitted, in order
@@ -62,6 +63,11 @@ def slurm_state(job_id: str, env: dict) -> str | None:
     return found.group(1) if found else None
 
 
+PACE_CPUS = 0.15
+"""A paced job's ranks each train at <= this many CPUs (`Cli.submit(paced=True)`): the small batch's 0.15 s of CPU
+a step takes >= 1 s, on any machine."""
+
+
 class Cli:
     """Runs the real `slurm-titan` command against the local cluster and a real S3 store, with a
     private job registry and runs folder; `submit` gives every job its own remote location."""
@@ -70,18 +76,37 @@ class Cli:
         self.env = env | s3.env() | {"SLURM_TITAN_HOME": str(home)}
         self.runs = home / "runs"
         self.remote = s3.url("runs/{name}/{job_id}")
+        self.pacers: list[PacedRanks] = []
 
     def __call__(self, *args: Any, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         return run([sys.executable, "-m", "slurm_titan.cli.main", *args], env=self.env, check=check, timeout=timeout,
                    cwd=REPO)
 
-    def submit(self, *args: Any) -> str:
+    def submit(self, *args: Any, paced: bool = False) -> str:
+        """Submit the job; `paced`: its ranks train at PACE_CPUS each (tools.local_cluster.faults.PacedRanks) until
+        `close`: a fault meant to land mid-run does, on any machine, and a run of many steps costs the CPU of
+        their work only."""
         defaults = ["--set", f"runs_dir={self.runs}", "--set", f"checkpoint.remote={self.remote}"]
         out = self("submit", *defaults, *args).stdout
         match = re.search(r"submitted job (\d+)", out)
         assert match, out
-        SUBMITTED.append((self.runs, match.group(1)))
-        return match.group(1)
+        job = match.group(1)
+        SUBMITTED.append((self.runs, job))
+        if paced:
+            self.pacers.append(PacedRanks(Path(self.status(job)["job_dir"]), job, PACE_CPUS).__enter__())
+        return job
+
+    def close(self) -> None:
+        """Stop pacing the paced jobs (their cgroups removed)."""
+        for pacer in self.pacers:
+            pacer.__exit__()
+        self.pacers.clear()
+
+    def __enter__(self) -> Cli:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def status(self, job_id: str) -> dict:
         return json.loads(self("status", job_id, "--json").stdout)
@@ -100,7 +125,9 @@ class Cli:
 
 @pytest.fixture
 def cli(slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    yield Cli(slurm_env, tmp_path_factory.mktemp("slurm-titan-home"), s3_server)
+    cli = Cli(slurm_env, tmp_path_factory.mktemp("slurm-titan-home"), s3_server)
+    yield cli
+    cli.close()
 
 
 def log_tails(jobs: list[tuple[Path, str]]) -> str:

@@ -4,9 +4,10 @@
   keyed by its arguments and shared by every pytest-xdist worker of the session (a file cache under the
   session's temporary folder; the first worker to ask trains it, the others wait for it);
 - `SIXTEEN_STEPS`: the 16-step run with a checkpoint every 4 steps that test_recovery and test_hang fault and
-  test_runs cancels and resumes in another job;
-- `SIXTY_STEPS`: the 60-step run that test_preemption interrupts and test_slow_node slows (one reference for
-  all: the straggler and spare-node settings the latter adds do not change a loss);
+  test_runs cancels and resumes in another job (paced: `Cli.submit(paced=True)`);
+- `SIXTY_STEPS`: the 60-step run that test_preemption interrupts (paced);
+- `SLOW_NODE_STEPS`: the 60-step run of the config's own batch that test_slow_node slows (the straggler and
+  spare-node settings it adds change no loss): a slowed node's steps must cost enough that a swap pays;
 - `twelve_step_run(nodes)` (session fixture): the job of an uninterrupted 12-step run on `nodes` nodes with its
   checkpoints in the worker's S3 store (steps 5, 10, 12; 1 MiB checksum blocks), trained once per worker:
   tests that read it are marked `xdist_group("twelve-step-runs")` so that they run where it lives, and a test
@@ -36,10 +37,11 @@ from tests.support.s3 import S3Server
 TWELVE_STEPS = [*SMALL_STEPS, "--set", "checkpoint.interval=5", "--set",
                 "torchtitan.args.training.steps=12", "--set", "environment.env.SLURM_TITAN_CKPT_BLOCK_KB=1024"]
 TWELVE_STEP_GROUP = pytest.mark.xdist_group("twelve-step-runs")
-SIXTEEN_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=16", "--set", "checkpoint.interval=4"]
+SIXTEEN_STEPS = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=16", "--set", "checkpoint.interval=4"]
 """The 16-step run that test_recovery and test_hang fault and test_runs interrupts between jobs (one reference)."""
-SIXTY_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=60", "--set",
-               "checkpoint.interval=100"]  # no checkpoint before the end: the preemption and slow-node runs
+SIXTY_STEPS = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=60", "--set",
+               "checkpoint.interval=100"]  # no checkpoint before the end: the preemption runs
+SLOW_NODE_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=60", "--set", "checkpoint.interval=100"]
 
 
 def session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

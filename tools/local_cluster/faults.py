@@ -1,8 +1,8 @@
 """Real faults for jobs on the bundled cluster, injected from outside as an operator or the hardware would:
 a signal to a training process once its own log shows a step (SIGKILL: a crash; SIGSTOP: a hang), or a CPU
-quota on a node's training processes (a slow node: ThrottleAtStep). A node killed whole is
-`LocalCluster.kill_node` (cluster.py). Shared by the end-to-end tests and
-tools/bench/fault_recovery.py."""
+quota on a node's training processes (a slow node: ThrottleAtStep), or on every rank of a job (a slower
+machine, the same for all: PacedRanks). A node killed whole is `LocalCluster.kill_node` (cluster.py). Shared
+by the end-to-end tests and tools/bench/fault_recovery.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.local_cluster.cpu_throttle import CpuThrottle, ShareMeter, cpus_when_running
+from tools.local_cluster.cpu_throttle import CpuThrottle, ShareMeter, cpus_when_running, root
 
 
 def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
@@ -42,29 +42,33 @@ Ready = Callable[[dict[str, str], str], bool]
 """When to strike a process: from its environment and its rank log's text since it started."""
 
 
+ANY_STEP = re.compile(r"step:\s*\d+\s")
+
+
 def step_reached(step: int) -> Ready:
     """The rank log shows training step `step` (since the process started)."""
     pattern = re.compile(rf"step:\s*{step}\s")
     return lambda env, text: bool(pattern.search(text))
 
 
-class SignalAtStep:
-    """Send `signum` to every training process of `job_id` whose environment matches `match` (e.g.
-    {"RANK": "1"} or {"SLURMD_NODENAME": "n2"}) once `ready(its environment, its rank log's text since it
-    started)` holds;
-    again for the processes of every later attempt, up to `times` signals. `signalled` lists each target's
-    environment, `times_sent` when. Use as a context manager."""
+class AtStep:
+    """Watch every training process of `job_id` (of this attempt and of every later one) whose environment
+    matches `match` (e.g. {"RANK": "1"} or {"SLURMD_NODENAME": "n2"}) and `strike(pid, its environment)` each
+    once `ready(its environment, its rank log's text since it started)` holds, up to `times` strikes. Use as a
+    context manager; subclasses say what a strike is."""
 
-    def __init__(self, job_dir: Path, job_id: str, match: dict[str, str], ready: Ready,
-                 signum: int = signal.SIGKILL, times: int = 100, poll_s: float = 0.05) -> None:
+    def __init__(self, job_dir: Path, job_id: str, match: dict[str, str], ready: Ready, times: int = 100,
+                 poll_s: float = 0.05) -> None:
         self.job_dir, self.job_id, self.match, self.ready = job_dir, job_id, match, ready
-        self.signum, self.left, self.poll_s = signum, times, poll_s
-        self.signalled: list[dict[str, str]] = []
-        self.times_sent: list[float] = []
+        self.left, self.poll_s = times, poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self) -> SignalAtStep:
+    def strike(self, pid: int, env: dict[str, str]) -> None:
+        """Act on process `pid`; ProcessLookupError or FileNotFoundError when it is gone (not counted)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> AtStep:
         self._thread.start()
         return self
 
@@ -73,7 +77,7 @@ class SignalAtStep:
         self._thread.join()
 
     def _watch(self) -> None:
-        targets: dict[int, dict[str, str]] = {}  # matching processes not yet signalled: pid -> environment
+        targets: dict[int, dict[str, str]] = {}  # matching processes not yet struck: pid -> environment
         logs: dict[int, tuple[int, str]] = {}  # pid -> (bytes of its rank log read, its text since first seen)
         done: set[int] = set()
         next_scan = 0.0
@@ -91,13 +95,54 @@ class SignalAtStep:
                     read, text = read + len(new), text + new.decode(errors="replace")
                 logs[pid] = read, text
                 if self.ready(env, text):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, self.signum)
-                        self.signalled.append(env)
-                        self.times_sent.append(time.time())
+                    with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                        self.strike(pid, env)
                         self.left -= 1
                     done.add(pid)  # once per process
                     del targets[pid]
+
+
+class SignalAtStep(AtStep):
+    """Send `signum` to each matching training process once it is ready (AtStep). `signalled` lists each
+    target's environment, `times_sent` when."""
+
+    def __init__(self, job_dir: Path, job_id: str, match: dict[str, str], ready: Ready,
+                 signum: int = signal.SIGKILL, times: int = 100, poll_s: float = 0.05) -> None:
+        super().__init__(job_dir, job_id, match, ready, times, poll_s)
+        self.signum = signum
+        self.signalled: list[dict[str, str]] = []
+        self.times_sent: list[float] = []
+
+    def strike(self, pid: int, env: dict[str, str]) -> None:
+        os.kill(pid, self.signum)
+        self.signalled.append(env)
+        self.times_sent.append(time.time())
+
+
+class PacedRanks(AtStep):
+    """A slower machine for a whole job: each training process of `job_id`, of every attempt, goes into a cgroup
+    of its own capped at `cpus` CPUs once it logged its first step (its start-up and restore run at full speed).
+    The same pace for every rank, so no node is slower than another; a step's wall time is then at least its CPU
+    work over `cpus` however fast or idle the machine, and the job burns no more CPU than that work. The cgroups
+    are removed on exit."""
+
+    def __init__(self, job_dir: Path, job_id: str, cpus: float) -> None:
+        if root() is None:
+            raise RuntimeError("pacing a job needs a writable cgroup cpu controller (/sys/fs/cgroup/cpu): run as root")
+        super().__init__(job_dir, job_id, {}, lambda env, text: bool(ANY_STEP.search(text)), times=1_000_000,
+                         poll_s=0.2)
+        self.cpus = cpus
+        self.throttles: list[CpuThrottle] = []
+
+    def strike(self, pid: int, env: dict[str, str]) -> None:
+        throttle = CpuThrottle(f"slurm-titan-pace-{self.job_id}-{pid}", self.cpus).__enter__()
+        self.throttles.append(throttle)
+        throttle.add(pid)
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for throttle in self.throttles:
+            throttle.__exit__()
 
 
 def _size(path: Path) -> int:
