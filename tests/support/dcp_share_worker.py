@@ -5,7 +5,8 @@ shards; ``reshard``: the same load on another world size than the
 save's (``SAVED_WORLD``), as a rank of a gated RankGroup: answer the node's plan requests at the restore
 gate first, then write what it planned, what ``dcp.load`` read and what was loaded. Run as
 ``python -m tests.support.dcp_share_worker save|load|reshard ...`` with RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT set."""
+MASTER_PORT set (as the node supervisor starts a rank), or forked with them by ``forked`` from a process that
+imported torch already (the tests' fork server: a rank's start-up without torch's import, ~3 s of CPU)."""
 
 from __future__ import annotations
 
@@ -131,8 +132,19 @@ def replicated(rank: int, mesh, old_dir: str, new_dir: str, out: str) -> None:  
         json.dump(result, f)
 
 
-def main() -> int:
-    op, local, remote, out = sys.argv[1:5]
+def forked(argv: list[str], env: dict[str, str], log: str) -> None:
+    """``main`` with `argv` in a process forked from one that imported this module: `env` set and the output to
+    `log` first."""
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))  # OpenMP read its variable at import
+    sys.exit(main(argv))
+
+
+def main(argv: list[str]) -> int:
+    op, local, remote, out = argv[:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (world,))
@@ -173,4 +185,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import re
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -32,10 +32,13 @@ from slurm_titan.node.supervisor.rendezvous import Rendezvous
 from slurm_titan.node.supervisor.supervisor import RankGroup
 from slurm_titan.records import run_folder
 from slurm_titan.records.restore_verdict import RestoreVerdict
-from tests.support.paths import REPO, repo_pythonpath
+from tests.support import dcp_share_worker
+from tests.support.paths import repo_pythonpath
 
-WORKER = [sys.executable, "-m", "tests.support.dcp_share_worker"]
+WORKER = [sys.executable, "-m", "tests.support.dcp_share_worker"]  # as the node supervisor starts a rank
 BLOCK = 4096
+FORK_SERVER = multiprocessing.get_context("forkserver")
+FORK_SERVER.set_forkserver_preload(["tests.support.dcp_share_worker"])  # torch imported once, not per rank
 
 
 def _free_port() -> int:
@@ -44,21 +47,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(op: str, world: int, args, tmp: Path) -> list[dict]:
-    """Run the worker's ``op`` on ``world`` ranks; ``args(rank)`` -> (local, remote)."""
+def _forked_ranks(op: str, world: int, args, tmp: Path) -> list[tuple[int | None, str]]:
+    """Run the worker's ``op`` on ``world`` ranks, each a process of its own forked from the fork server;
+    ``args(rank)`` -> (local, remote, out): each rank's (exit code, output)."""
     port = _free_port()
-    env_base = dict(repo_pythonpath(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                    SLURM_TITAN_CKPT_BLOCK_KB=str(BLOCK // 1024), OMP_NUM_THREADS="1")
-    procs, outs = [], []
+    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+               SLURM_TITAN_CKPT_BLOCK_KB=str(BLOCK // 1024), OMP_NUM_THREADS="1")
+    procs, logs = [], []
+    tmp.mkdir(parents=True, exist_ok=True)
     for r in range(world):
-        local, remote = args(r)
-        out = tmp / f"{op}-{r}.json"
-        outs.append(out)
-        procs.append(subprocess.Popen([*WORKER, op, str(local), str(remote), str(out)], env=dict(env_base, RANK=str(r)),
-                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
+        logs.append(tmp / f"{op}-{r}.log")
+        argv = [op, *(str(a) for a in args(r))]
+        procs.append(FORK_SERVER.Process(target=dcp_share_worker.forked, args=(argv, dict(env, RANK=str(r)),
+                                                                               str(logs[-1]))))
+        procs[-1].start()
+    for p in procs:
+        p.join(300)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    return [(p.exitcode, log.read_text(errors="replace")) for p, log in zip(procs, logs)]
+
+
+def _ranks(op: str, world: int, args, tmp: Path) -> list[dict]:
+    """Run the worker's ``op`` on ``world`` ranks; ``args(rank)`` -> (local, remote): what each wrote."""
+    outs = [tmp / f"{op}-{r}.json" for r in range(world)]
+    done = _forked_ranks(op, world, lambda r: (*args(r), outs[r]), tmp)
+    for r, (code, log) in enumerate(done):
+        assert code == 0, f"rank {r} failed:\n{log[-3000:]}"
     return [json.loads(o.read_text()) for o in outs]
 
 
@@ -148,15 +164,9 @@ def test_a_rank_whose_load_reads_outside_its_nodes_share_is_refused(saved):
     store = open_store(str(remote), transfer=TransferConfig(block_size=BLOCK))
     res = restore_checkpoint(store, str(tmp / "wrong"), wanted=Wanted([0], world))
     # every rank loads from rank 0's share: ranks 1.. find their own shards missing
-    port = _free_port()
-    env = dict(repo_pythonpath(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-               OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([*WORKER, "load", res.path, res.path, str(tmp / f"wrong-{r}.json")],
-                              env=dict(env, RANK=str(r)), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in range(world)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    bad = logs[1]  # rank 0 may pass its own check and then fail in the load's collectives
-    assert procs[1].returncode != 0 and "__1_0.distcp" in bad and "did not fetch" in bad and "refusing to load" in bad
+    done = _forked_ranks("load", world, lambda r: (res.path, res.path, tmp / f"wrong-{r}.json"), tmp / "wrong")
+    code, bad = done[1]  # rank 0 may pass its own check and then fail in the load's collectives
+    assert code != 0 and "__1_0.distcp" in bad and "did not fetch" in bad and "refusing to load" in bad
     assert layout.META_DIR in os.listdir(res.path)
 
 
