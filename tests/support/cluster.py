@@ -3,7 +3,7 @@ healthy and left up) and `slurm_env` (this environment pointed at it); `TOOL`, i
 
 Under pytest-xdist every worker has a cluster of its own, so that one worker's node kills, preemptions and
 queue checks never touch another's jobs: worker gw0 uses the default cluster (or SLURM_TITAN_CLUSTER_DIR's),
-worker gwN its own state folder (that name + `-gwN`), ports 10 x N higher and id slot N mod SLOTS (3)
+worker gwN its own state folder (that name + `-gwN`), ports 10 x N higher and id slot N mod SLOTS (4)
 (tools/local_cluster/cluster.py: first_job_id)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Environment:
   SLURM_TITAN_CLUSTER_DIR      state dir            [/var/tmp/slurm-titan-cluster]
   SLURM_TITAN_CLUSTER_PORT     slurmctld port; nodes use the next 4 ports   [17000]
   SLURM_TITAN_CLUSTER_TIMEOUT  seconds `up` waits for 4 idle nodes          [60]
-  SLURM_TITAN_CLUSTER_SLOT     0 or 1: a second cluster beside the first takes 1, so that
+  SLURM_TITAN_CLUSTER_SLOT     0-3: clusters side by side take one each, so that
                                their job ids (and master ports) never meet   [0]
 """
 

@@ -49,7 +49,7 @@ TEMPLATES = Path(__file__).parent
 USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "resv"}
 LOCK_WAIT_S = 300
 ID_CYCLE = 10_000  # slurm-titan's default master-port window (node/supervisor/rendezvous.py) spans this many job ids
-SLOTS = 3  # clusters side by side (tools/test's workers): each starts its job ids in its own part of ID_CYCLE
+SLOTS = 4  # clusters side by side (tools/test's workers): each starts its job ids in its own part of ID_CYCLE
 FREEZE_ROUNDS, FREEZE_WAIT_S = 20, 5.0  # kill_node: rounds of SIGSTOP for processes forked meanwhile; wait per round
 # A node: its hostname, /etc/hosts, /etc/slurm and node-local scratch are private to it (mount propagation is
 # private under unshare); then slurmd, in place of this shell. $1 node, $2 state, $3 scratch, $4 /etc/slurm or "".

@@ -92,15 +92,15 @@ def test_settings_come_from_the_environment_and_bad_numbers_are_one_line(tmp_pat
         LocalCluster.from_env({"SLURM_TITAN_CLUSTER_TIMEOUT": "1m"})
 
 
-def test_clusters_side_by_side_start_their_job_ids_a_third_of_an_id_cycle_apart() -> None:
+def test_clusters_side_by_side_start_their_job_ids_a_quarter_of_an_id_cycle_apart() -> None:
     now = 1_764_650_000.0
-    first, beside, third = first_job_id(now, 0), first_job_id(now + 30, 1), first_job_id(now + 60, 2)
+    first = first_job_id(now, 0)
     assert first == int(now) % 10_000_000 + 1  # slot 0: the clock-derived id as before
-    assert (beside - first) % ID_CYCLE == ID_CYCLE // 3 + 30  # master ports job id % 10,000 stay apart
-    assert (third - first) % ID_CYCLE == 2 * ID_CYCLE // 3 + 60
-    assert LocalCluster.from_env({"SLURM_TITAN_CLUSTER_SLOT": "2"}).slot == 2
-    with pytest.raises(ClusterError, match=r"^SLURM_TITAN_CLUSTER_SLOT must be below 3, not 3$"):
-        LocalCluster.from_env({"SLURM_TITAN_CLUSTER_SLOT": "3"})
+    for slot in (1, 2, 3):  # master ports (job id % 10,000) stay apart
+        assert (first_job_id(now + 30 * slot, slot) - first) % ID_CYCLE == slot * ID_CYCLE // 4 + 30 * slot
+    assert LocalCluster.from_env({"SLURM_TITAN_CLUSTER_SLOT": "3"}).slot == 3
+    with pytest.raises(ClusterError, match=r"^SLURM_TITAN_CLUSTER_SLOT must be below 4, not 4$"):
+        LocalCluster.from_env({"SLURM_TITAN_CLUSTER_SLOT": "4"})
 
 
 def test_a_cluster_never_brought_up_is_not_up(tmp_path: Path) -> None:
