@@ -120,8 +120,8 @@ class SignalAtStep(AtStep):
 
 
 class PacedRanks(AtStep):
-    """A slower machine for a whole job: each training process of `job_id`, of every attempt, goes into a cgroup
-    of its own capped at `cpus` CPUs once it logged its first step (its start-up and restore run at full speed).
+    """A slower machine for a whole job: each training process of `job_id`, of every attempt, goes into its rank's
+    cgroup, capped at `cpus` CPUs, once it logged its first step (its start-up and restore run at full speed).
     The same pace for every rank, so no node is slower than another; a step's wall time is then at least its CPU
     work over `cpus` however fast or idle the machine, and the job burns no more CPU than that work. The cgroups
     are removed on exit."""
@@ -132,16 +132,17 @@ class PacedRanks(AtStep):
         super().__init__(job_dir, job_id, {}, lambda env, text: bool(ANY_STEP.search(text)), times=1_000_000,
                          poll_s=0.2)
         self.cpus = cpus
-        self.throttles: list[CpuThrottle] = []
+        self.throttles: dict[str, CpuThrottle] = {}  # by rank: a rank's process of a later attempt joins its group
 
     def strike(self, pid: int, env: dict[str, str]) -> None:
-        throttle = CpuThrottle(f"slurm-titan-pace-{self.job_id}-{pid}", self.cpus).__enter__()
-        self.throttles.append(throttle)
-        throttle.add(pid)
+        rank = env["RANK"]
+        if rank not in self.throttles:
+            self.throttles[rank] = CpuThrottle(f"slurm-titan-pace-{self.job_id}-{rank}", self.cpus).__enter__()
+        self.throttles[rank].add(pid)
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
-        for throttle in self.throttles:
+        for throttle in self.throttles.values():
             throttle.__exit__()
 
 

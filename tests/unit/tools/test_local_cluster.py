@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import TOOL
-from tools.local_cluster import cli, procs
+from tools.local_cluster import cli, cpu_throttle, procs
 from tools.local_cluster.cluster import (
     APT_LINE,
     ID_CYCLE,
@@ -229,5 +229,33 @@ def test_a_training_process_is_signalled_once_its_log_shows_the_step_after_it_wa
         assert [env["RANK"] for env in fault.signalled] == ["1"] and other.poll() is None
     finally:
         for process in (rank, other):
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.skipif(cpu_throttle.root() is None, reason="needs a writable cgroup cpu controller (root)")
+def test_a_paced_jobs_ranks_join_their_ranks_capped_group_once_they_log_a_step_and_leave_it_at_the_end(
+        tmp_path: Path) -> None:
+    from tools.local_cluster.faults import PacedRanks
+
+    (tmp_path / "logs").mkdir()
+    job = f"test-{os.getpid()}"
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "slurm_titan.rank.entry"]
+    ranks = [subprocess.Popen(argv, env=dict(os.environ, SLURM_JOB_ID=job, RANK=str(r))) for r in (0, 1)]
+    group = cpu_throttle.root() / f"slurm-titan-pace-{job}-0"
+    try:
+        with PacedRanks(tmp_path, job, 0.2) as pacer:
+            time.sleep(0.6)
+            assert not pacer.throttles  # started, no step yet: full speed
+            (tmp_path / "logs" / "rank-0.log").write_text("step:  1  loss: 7.0\n")
+            wait_until = time.monotonic() + 10
+            while not (group.is_dir() and (group / "cgroup.procs").read_text().split()) \
+                    and time.monotonic() < wait_until:
+                time.sleep(0.05)
+            assert pacer.throttles["0"].pids() == [ranks[0].pid] and "1" not in pacer.throttles
+            assert pacer.throttles["0"].quota_us == 20_000  # 0.2 CPU of each 100 ms
+        assert not group.exists() and ranks[0].poll() is None  # the group removed, its process left running
+    finally:
+        for process in ranks:
             process.kill()
             process.wait()
