@@ -6,6 +6,7 @@ by the end-to-end tests and tools/bench/fault_recovery.py."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import re
@@ -51,7 +52,7 @@ def step_reached(step: int) -> Ready:
     return lambda env, text: bool(pattern.search(text))
 
 
-class AtStep:
+class AtStep(abc.ABC):
     """Watch every training process of `job_id` (of this attempt and of every later one) whose environment
     matches `match` (e.g. {"RANK": "1"} or {"SLURMD_NODENAME": "n2"}) and `strike(pid, its environment)` each
     once `ready(its environment, its rank log's text since it started)` holds, up to `times` strikes. Use as a
@@ -64,9 +65,9 @@ class AtStep:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
+    @abc.abstractmethod
     def strike(self, pid: int, env: dict[str, str]) -> None:
         """Act on process `pid`; ProcessLookupError or FileNotFoundError when it is gone (not counted)."""
-        raise NotImplementedError
 
     def __enter__(self) -> AtStep:
         self._thread.start()
