@@ -1,7 +1,7 @@
-"""Unplanned failures on the real local Slurm cluster: a crashed rank, a node that fails every time, a
-crash that repeats (a restart loop), a lost node (replaced by a spare, requeued without it, or left out on
-fewer nodes with preemption.allow_shrink), the batch host lost. Faults are real SIGKILLs of the training
-processes and whole nodes killed by their own processes, from outside.
+"""Unplanned failures on the real local Slurm cluster: a crashed rank (and its attempt's write that lands late,
+fenced off), a node that fails every time, a crash that repeats (a restart loop), a lost node (replaced by a
+spare, requeued without it, or left out on fewer nodes with preemption.allow_shrink), the batch host lost.
+Faults are real SIGKILLs of the training processes and whole nodes killed by their own processes, from outside.
 
 Every run that completes is compared with one uninterrupted run of the same config: every step trained,
 every loss equal, the job COMPLETED.
@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from slurm_titan import envvars
+from slurm_titan.ckpt import layout
 from tests.support.cli import Cli, run, wait_for
-from tests.support.references import SIXTEEN_STEPS
+from tests.support.references import SIXTEEN_STEPS, remote_of
 from tests.support.runs import assert_same_training, job_dir, job_field, step_losses, wait_for_log
+from tests.support.s3 import S3Server
+from tests.support.throttle import ThrottledS3
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
@@ -32,22 +36,41 @@ def reference(reference_losses) -> dict[int, str]:
     return reference_losses(STEPS, *CONFIG)
 
 
-def test_a_killed_rank_recovers_inside_the_allocation(cli: Cli, reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, paced=True)
-    folder = job_dir(cli, job)
-    with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(7), times=1) as fault:
-        status = cli.wait(job, timeout=900)
-    assert len(fault.signalled) == 1
-    assert status["state"] == "COMPLETED", status
-    assert job_field(cli, job, "Restarts") == 0, "recovered through the queue, not inside the allocation"
-    first, second = status["attempts"][:2]
-    assert (first["reason"], first["action"]) == ("failed", "restart")
-    assert first["cause"] == f"crashed on {fault.signalled[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
-    assert first["excluded"] == []  # a first failure without a spare: the node stays
-    assert second["first_step"] == 5 and first["steps_retrained"] >= 2  # resumed from the checkpoint of step 4
-    assert_same_training(cli, job, reference)
-    shown = cli("status", job).stdout
-    assert "crashed on" in shown and "restart" in shown
+def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwrites_nothing(
+        slurm_env: dict, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory,
+        reference: dict[int, str]) -> None:
+    # And fenced attempts (issue 27): attempt 0's upload of rank 1's step-8 shard is held in the network (the proxy
+    # reads it whole and keeps it) when rank 1 is killed at step 11. Attempt 1 resumes from step 4 and commits step
+    # 8; only then the held write lands, as a cut-off node's late write would (here an uploader cannot outlive its
+    # rank: it dies with it): into attempt 0's own folder, overwriting nothing of the committed step.
+    with ThrottledS3(s3_server) as proxy, Cli(slurm_env, tmp_path_factory.mktemp("late-write"), proxy) as cli:
+        job = cli.submit(*CONFIG, "--set", f"checkpoint.endpoint_url={proxy.endpoint}", paced=True)
+        late = layout.data_key(8, layout.attempt_dir(envvars.attempt_id(job, 0)), "__1_0.distcp")
+        proxy.configure(hold=re.escape(f"/{late}") + r"(\?|$)")
+        folder = job_dir(cli, job)
+        with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(11), times=1) as fault:
+            wait_for_log(folder / "logs/rank-0.log", "checkpoint step 8 committed", timeout=600)
+            assert proxy.held()["waiting"], "attempt 0's write of step 8 was not in flight when attempt 1 committed"
+            proxy.configure(hold="")
+            wait_for(lambda: proxy.held()["released"], 60, "the held write released")
+            status = cli.wait(job, timeout=900)
+        assert {answer for _, answer in proxy.held()["released"]} == {200}  # the late write did land
+        assert len(fault.signalled) == 1
+        assert status["state"] == "COMPLETED", status
+        assert job_field(cli, job, "Restarts") == 0, "recovered through the queue, not inside the allocation"
+        first, second = status["attempts"][:2]
+        assert (first["reason"], first["action"]) == ("failed", "restart")
+        assert first["cause"] == f"crashed on {fault.signalled[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
+        assert first["excluded"] == []  # a first failure without a spare: the node stays
+        assert second["first_step"] == 5 and first["steps_retrained"] >= 6  # step 8 was not complete: from step 4
+        assert_same_training(cli, job, reference)
+        shown = cli("status", job).stdout
+        assert "crashed on" in shown and "restart" in shown
+        remote = remote_of(cli, job)
+        record = cli("ckpt", "show", remote, "8").stdout
+        assert re.search(rf"^attempt: +{re.escape(envvars.attempt_id(job, 1))}$", record, re.M), record
+    direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)
+    assert direct("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
 
 
 def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference: dict[int, str]) -> None:

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 class ThrottleProxy:
     """A throttle_proxy child process in front of ``upstream`` (an http:// loopback endpoint); ``config``: its keys
-    (share, rate, burst, methods, paths, retry_after, latency)."""
+    (share, rate, burst, methods, paths, retry_after, latency, hold)."""
 
     def __init__(self, upstream: str, *, max_lifetime: float = 1800.0, seed: int | None = 0, **config: Any) -> None:
         self.upstream, self.max_lifetime, self.seed, self.config = upstream, max_lifetime, seed, config
@@ -89,6 +89,10 @@ class ThrottleProxy:
     def stats(self) -> dict[str, dict[str, int]]:
         """Per method: requests, throttled, bytes_in (request bodies received), bytes_out (response bodies sent)."""
         return self._call("GET", "stats")["methods"]
+
+    def held(self) -> dict[str, list]:
+        """Requests held now (``waiting``: their paths) and released (``released``: [path, the store's status])."""
+        return self._call("GET", "stats")["held"]
 
     def reset(self) -> None:
         """Zero the counters."""

@@ -15,9 +15,15 @@ the signature against the Host it receives), bodies streamed both ways in 256 Ki
 A request that asks ``Expect: 100-continue`` is throttled before its body is sent, as S3 does: a
 refused PUT then costs no body bytes; any other throttled request's body is read and dropped.
 
+A PUT whose path matches ``hold`` (a regular expression) is read whole and held, not forwarded,
+until the config no longer holds it; then it goes upstream whether or not its client is still there:
+a write delayed in the network that lands after its writer is gone (a partitioned node's), as a test
+of fenced writes needs it.
+
 Control (never throttled), for tests that change the store's mood between jobs:
 
-    GET  /__proxy__/stats    {"methods": {"PUT": {"requests", "throttled", "bytes_in", "bytes_out"}}, "config"}
+    GET  /__proxy__/stats    {"methods": {"PUT": {"requests", "throttled", "bytes_in", "bytes_out"}}, "config",
+                              "held": {"waiting": [path], "released": [[path, status]]}}
                              bytes_in: request bodies received, bytes_out: response bodies sent
     POST /__proxy__/config   a JSON object of config keys to change (the others keep their values)
     POST /__proxy__/reset    zeroes the counters
@@ -29,6 +35,7 @@ counters to ``--stats-file`` if given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import ipaddress
 import json
@@ -38,7 +45,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -78,6 +85,8 @@ class Config:
     """The ``Retry-After`` of a 503 SlowDown, in seconds (None: no header)."""
     latency: float = 0.0
     """Seconds added before each answer (throttled or not)."""
+    hold: str = ""
+    """PUTs whose path (with its query) matches this regular expression are held (empty: none)."""
 
     def updated(self, changes: Mapping[str, Any], where: str) -> Config:
         """This config with ``changes`` (JSON values); BadConfig naming ``where`` and the key if one is wrong."""
@@ -95,6 +104,10 @@ class Config:
         """Whether a request of ``method`` for ``path`` is one this config may throttle."""
         return (not self.methods or method in self.methods) and (not self.paths or re.search(self.paths, path)
                                                                  is not None)
+
+    def holds(self, method: str, path: str) -> bool:
+        """Whether a request of ``method`` for ``path`` is held."""
+        return method == "PUT" and bool(self.hold) and re.search(self.hold, path) is not None
 
 
 def _number(value: Any, where: str, low: float, high: float = float("inf")) -> float:
@@ -153,7 +166,7 @@ def _latency(value: Any, where: str) -> float:
 
 
 _PARSERS = {"share": _share, "rate": _rate, "burst": _burst, "methods": _methods, "paths": _paths,
-            "retry_after": _retry_after, "latency": _latency}
+            "retry_after": _retry_after, "latency": _latency, "hold": _paths}
 
 
 def parse_upstream(url: str) -> tuple[str, int]:
@@ -224,11 +237,18 @@ class Throttle:
         self.rng = random.Random(seed)
         self.buckets: dict[str, tuple[float, float]] = {}  # prefix -> (tokens, when)
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
 
     def set(self, config: Config) -> None:
         with self.lock:
             self.config = config
             self.buckets.clear()
+            self.changed.notify_all()
+
+    def wait_released(self, path: str) -> None:
+        """Return once the config no longer holds a PUT of ``path``."""
+        with self.changed:
+            self.changed.wait_for(lambda: not self.config.holds("PUT", path))
 
     def decide(self, method: str, path: str, now: float | None = None) -> bool:
         """Whether to answer this request 503 SlowDown."""
@@ -255,13 +275,30 @@ class Server(ThreadingHTTPServer):
     def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle, keep_requests: bool = False) -> None:
         super().__init__(("127.0.0.1", port), Handler)
         self.upstream, self.throttle, self.counters = upstream, throttle, Counters(keep_requests)
+        self.waiting: list[str] = []
+        self.released: list[tuple[str, int]] = []
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
     def stats(self) -> dict[str, Any]:
-        return {"methods": self.counters.snapshot(), "config": asdict(self.throttle.config)}
+        with self.counters.lock:
+            held = {"waiting": list(self.waiting), "released": [list(r) for r in self.released]}
+        return {"methods": self.counters.snapshot(), "config": asdict(self.throttle.config), "held": held}
+
+    def hold(self, path: str, body: bytes, forward: Callable[[list[bytes]], int]) -> None:
+        """Keep a PUT read whole (``body``) until the config releases it, then ``forward`` it."""
+        with self.counters.lock:
+            self.waiting.append(path)
+        self.throttle.wait_released(path)
+        with self.counters.lock:
+            self.waiting.remove(path)
+        status = 502
+        with contextlib.suppress(OSError):  # its client may be gone: the store gets the write, nobody is told
+            status = forward([body])
+        with self.counters.lock:
+            self.released.append((path, status))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -290,6 +327,9 @@ class Handler(BaseHTTPRequestHandler):
             throttled = self.server.throttle.decide(self.command, self.path)
         if throttled:
             self._slow_down(body_sent=True, bytes_in=self._drop_body())
+            return
+        if self.server.throttle.config.holds(self.command, self.path):
+            self.server.hold(self.path, b"".join(self._body_pieces()), self._forward)
             return
         self._delay()
         self._forward()
@@ -346,7 +386,8 @@ class Handler(BaseHTTPRequestHandler):
         return sum(len(p) for p in self._body_pieces())
 
     # -- forwarding ---------------------------------------------------------------------------------------
-    def _forward(self) -> None:
+    def _forward(self, body: Iterable[bytes] | None = None) -> int:
+        """Send the request upstream (its body read from the client, or ``body``) and relay the answer; its status."""
         up = http.client.HTTPConnection(*self.server.upstream, timeout=300)
         sent = received = 0
         try:
@@ -358,7 +399,7 @@ class Handler(BaseHTTPRequestHandler):
             if chunked:
                 up.putheader("Transfer-Encoding", "chunked")
             up.endheaders()
-            for piece in self._body_pieces():
+            for piece in self._body_pieces() if body is None else body:
                 up.send(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
                 sent += len(piece)
             if chunked:
@@ -368,12 +409,15 @@ class Handler(BaseHTTPRequestHandler):
             up.close()
             self.server.counters.answered(self.command, self.path, 502, sent)
             self._bad_gateway(e)
-            return
+            return 502
         try:
             received = self._relay(resp)
+        except OSError:  # the client is gone (a held request's may be): the store did answer
+            self.close_connection = True
         finally:
             up.close()
             self.server.counters.answered(self.command, self.path, resp.status, sent, received)
+        return resp.status
 
     def _relay(self, resp: http.client.HTTPResponse) -> int:
         """The upstream's answer to the client: its headers, then its body (chunked again when it had no length)."""

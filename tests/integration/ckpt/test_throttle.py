@@ -4,6 +4,9 @@ share of the requests 503 SlowDown. Outcomes and counts are checked, never durat
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,29 @@ def test_a_store_that_refuses_beyond_the_total_ends_the_restore_naming_the_objec
     throttled_s3.configure(share=0.0)
     assert [(i.step, i.complete) for i in list_checkpoints(open_store(location))] == [(7, True)]
     assert read_manifest(open_store(location), 7).world_size == 1
+
+
+def test_a_held_write_lands_after_its_writer_is_gone(throttled_s3, tmp_path):
+    # The proxy's hold (what the fenced-attempt e2e case uses): a PUT read whole and kept, its writer killed, the
+    # write released later still reaches the store, as a partitioned node's write delayed in the network would.
+    location = throttled_s3.fresh_url("held")
+    throttled_s3.configure(hold=r"/late\.bin")
+    writer = subprocess.Popen([sys.executable, "-c", "import sys; from slurm_titan.ckpt import open_store; "
+                               "open_store(sys.argv[1]).put_bytes('late.bin', b'L' * 4096)", location])
+    try:
+        deadline = time.monotonic() + 60
+        while not throttled_s3.held()["waiting"]:
+            assert writer.poll() is None and time.monotonic() < deadline, "the write never reached the proxy"
+            time.sleep(0.05)
+    finally:
+        writer.kill()
+        writer.wait()
+    store = open_store(location)
+    assert not store.exists("late.bin")
+    throttled_s3.configure(hold="")
+    deadline = time.monotonic() + 60
+    while not throttled_s3.held()["released"]:
+        assert time.monotonic() < deadline, "the held write was never released"
+        time.sleep(0.05)
+    assert [status for _, status in throttled_s3.held()["released"]] == [200]
+    assert store.cat("late.bin") == b"L" * 4096

@@ -17,7 +17,7 @@ def test_a_config_changes_only_the_keys_given():
 
 
 @pytest.mark.parametrize(("changes", "problem"), [
-    ({"shar": 0.5}, "POST /__proxy__/config: unknown key 'shar' (known: burst, latency, methods, paths, rate, "
+    ({"shar": 0.5}, "POST /__proxy__/config: unknown key 'shar' (known: burst, hold, latency, methods, paths, rate, "
                     "retry_after, share)"),
     ({"share": 1.5}, "POST /__proxy__/config: share: must be within [0, 1], got 1.5"),
     ({"share": True}, "POST /__proxy__/config: share: expected a number, got True"),
