@@ -13,6 +13,10 @@ Rules (:func:`plan_retention`):
 
 Each checkpoint goes by :func:`.commit.delete_checkpoint` (catalog entry, commit record, files:
 an interrupted deletion leaves an incomplete checkpoint, never a "complete" one with holes).
+
+With ``sweep``, the complete checkpoints kept lose what attempts other than the committing one left in them
+(:func:`stale_folders`: a failed attempt's receipts, a cut-off node's data that landed late): nothing reads those,
+restore and verify go through the record.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from slurm_titan.ckpt.catalog import CheckpointInfo, list_checkpoints
+from slurm_titan.ckpt import layout
+from slurm_titan.ckpt.catalog import CheckpointInfo, list_checkpoints, read_manifest
 from slurm_titan.ckpt.commit import delete_checkpoint
 from slurm_titan.ckpt.storage import Store
 
@@ -35,6 +40,8 @@ class PrunePlan:
     delete: list[int] = field(default_factory=list)
     reasons: dict[int, str] = field(default_factory=dict)
     """Why each step is kept or deleted."""
+    swept: dict[int, list[str]] = field(default_factory=dict)
+    """Of the complete steps kept (with ``sweep``): the folders of attempts that did not commit them, removed."""
 
 
 def plan_retention(infos: list[CheckpointInfo], keep_last: int, keep_every: int = 0,
@@ -72,16 +79,30 @@ def plan_retention(infos: list[CheckpointInfo], keep_last: int, keep_every: int 
     return plan
 
 
+def stale_folders(store: Store, step: int) -> list[str]:
+    """The attempt folders of committed step ``step`` (data and receipts) that its commit record does not name."""
+    named = read_manifest(store, step).data_dir
+    return [e.path for folder in (layout.step_dir(step), layout.receipt_dir(step, "")) for e in store.ls(folder)
+            if e.is_dir and e.name != named and e.name and layout.is_attempt_dir(e.name)]
+
+
 def prune(store: Store, keep_last: int, keep_every: int = 0, *, dry_run: bool = False,
           protected: Iterable[int] = (), grace: float = 0.0,
-          infos: list[CheckpointInfo] | None = None) -> PrunePlan:
-    """Apply :func:`plan_retention` to a location (nothing is deleted with ``dry_run``)."""
+          infos: list[CheckpointInfo] | None = None, sweep: bool = False) -> PrunePlan:
+    """Apply :func:`plan_retention` to a location (nothing is deleted with ``dry_run``); with ``sweep``, find (and
+    remove) the :func:`stale_folders` of the complete steps kept too."""
     infos = list_checkpoints(store) if infos is None else infos
     plan = plan_retention(infos, keep_last, keep_every, protected, grace)
+    by_step = {i.step: i for i in infos}
+    if sweep:
+        plan.swept = {s: found for s in plan.keep if by_step[s].complete and (found := stale_folders(store, s))}
     if dry_run:
         return plan
-    by_step = {i.step: i for i in infos}
     for s in plan.delete:
         log.info("deleting checkpoint step %d at %s (%s)", s, by_step[s].where, plan.reasons[s])
         delete_checkpoint(store, by_step[s])
+    for s, folders in plan.swept.items():
+        log.info("removing from step %d what attempts that did not commit it left: %s", s, ", ".join(folders))
+        for folder in folders:
+            store.rm_tree(folder)
     return plan

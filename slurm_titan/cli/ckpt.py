@@ -258,7 +258,8 @@ class Verify(SubCommand):
 
 class Prune(SubCommand):
     name = "prune"
-    help = "delete old checkpoints (keeps the newest complete one always)"
+    help = ("delete old checkpoints (keeps the newest complete one always), and what attempts that did not commit "
+            "a kept one left in it")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         _add_location(parser)
@@ -277,13 +278,16 @@ class Prune(SubCommand):
         if args.keep_every < 0:
             raise StorageError("--keep-every must be >= 0")
         store = _open(args)
-        plan = prune(store, args.keep, args.keep_every, dry_run=args.dry_run, grace=args.grace)
+        plan = prune(store, args.keep, args.keep_every, dry_run=args.dry_run, grace=args.grace, sweep=True)
         verb = "would delete" if args.dry_run else "deleted"
         for s in plan.delete:
             print(f"{verb} step {s}: {plan.reasons[s]}")
         for s in plan.keep:
             print(f"kept step {s}: {plan.reasons[s]}")
-        if not plan.delete:
+        for s, folders in plan.swept.items():
+            print(f"{'would remove' if args.dry_run else 'removed'} from step {s}: {', '.join(folders)} (attempts "
+                  "that did not commit it)")
+        if not plan.delete and not plan.swept:
             print(f"nothing to delete at {store.location}")
         return 0
 

@@ -1,7 +1,7 @@
 """Fenced attempts, on SeaweedFS with the real uploader processes: an uploader of attempt A frozen (SIGSTOP) while
 it uploads step 5, attempt B uploading and committing step 5, then A thawed (SIGCONT) and left to finish: A writes
-only into its own attempt's folder, so step 5 still verifies and restores byte for byte to B's data; pruning the
-step deletes both attempts' objects."""
+only into its own attempt's folder, so step 5 still verifies and restores byte for byte to B's data; a prune that
+keeps the step removes what A left in it, one that does not keep it deletes both attempts' objects."""
 
 from __future__ import annotations
 
@@ -69,6 +69,11 @@ def test_a_stale_attempt_thawed_after_a_newer_one_committed_the_step_overwrites_
     write_fake_step(tmp_path / "b", 6, world_size=1, size=4096, seed=3)
     b.submit(6)
     assert b.wait(6, timeout=120) and b.close(timeout=60)
+    swept = prune(store, keep_last=2, sweep=True).swept  # both kept: only what A left in step 5 goes
+    assert swept == {5: [layout.step_dir(5) + "/" + layout.attempt_dir(stale),
+                         layout.receipt_dir(5, stale)]}, swept
+    assert not store.exists(stale_shard) and store.exists(m.key("__0_0.distcp"))
+    assert verify(store, 5).ok and verify(store, 6).ok
     prune(store, keep_last=1)
     assert [i.step for i in list_checkpoints(store)] == [6]
     assert store.find(layout.step_dir(5)) == []  # both attempts' objects of the pruned step

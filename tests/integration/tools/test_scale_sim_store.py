@@ -18,7 +18,8 @@ def test_16_ranks_save_commit_restore_list_and_prune_through_a_throttling_store(
     row = store.measure(16, tmp_path, throttled_s=3.0)  # list and prune are checked inside: both steps, then one
     assert row["save_throttled"] > 0  # the throttled save was refused, and retried
     assert row["save_bytes_ratio"] <= 1.1  # a refused request's body is not sent again and again
-    assert row["receipt_gets_per_rank"] <= 3  # stale receipts are not read at every poll
+    assert row["receipt_gets_per_rank"] <= 3  # a receipt is read once (twice if rewritten meanwhile), not a poll
+    assert row["stale_requests"] == 0  # an earlier attempt's receipts for the step: never listed, never read
     assert row["restore_extra_gets"] <= 16  # a node's GETs beyond its own ranks' files
     assert row["budget_restored"] == 1  # every node restored at twice the store's budget
     assert row["refusal_named"] == 1  # a store refusing beyond the retry budget: the object and its answer named

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from tools.bench.llama3_70b import RANKS_PER_NODE, file_name, rank_files, reads
 from tools.bench.scale_sim.goals import Goal
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 SCALE = 4096
 """The files' sizes are divided by this (their blocks and items are not)."""
 STEPS = (1000, 2000)
+STALE_ATTEMPT = "sim-0"
+"""The earlier attempt that left a receipt of every rank for step 2000 (the throttled save is attempt sim-2's)."""
 THROTTLED_S = 10.0
 BUDGET_S = 60.0
 PER_WORKER = {"save": 128, "stale": 128, "restore": 8}
@@ -65,9 +68,12 @@ GOALS = (
     Goal("save at 50% SlowDown: bytes sent / bytes needed", "save_bytes_ratio", 1.1, kind="every"),
     Goal("save at 50% SlowDown: busiest 100 ms of retries / their mean", "save_peak_ratio", 2.0, kind="largest"),
     Goal("commit at 50% SlowDown / unthrottled", "commit_ratio", 2.0, kind="every"),
-    # read as an earlier attempt left it, as its rank rewrote it, once more if rewritten between listing and read;
-    # not once a poll (the code before read every receipt at every poll while stale ones were there)
-    Goal("commit over stale receipts: receipt GETs per rank", "receipt_gets_per_rank", 3.0, kind="every"),
+    # a receipt is read once, or twice when rewritten between the listing and the read; not once a poll
+    Goal("commit: receipt GETs per rank", "receipt_gets_per_rank", 3.0, kind="every"),
+    # an earlier attempt's receipts for the same step are in its own folder: the commit never lists or reads them
+    # (before fenced attempts every one of them was read at every poll)
+    Goal("commit beside an earlier attempt's receipts: requests into its folder", "stale_requests", 0,
+         kind="every"),
 )
 
 
@@ -142,6 +148,13 @@ def _workers(op: str, task: dict[str, Any], units: list[int], env: dict[str, str
     return start, out
 
 
+def _stale_dir() -> str:
+    """The folder of the earlier attempt's objects (its receipts): ``attempt-sim-0``."""
+    from slurm_titan.ckpt.layout import attempt_dir  # here: the parent sets the store's environment first
+
+    return attempt_dir(STALE_ATTEMPT)
+
+
 def _is_receipt(r: Request) -> bool:
     return "/.slurm-titan/receipts/" in r.path
 
@@ -199,10 +212,12 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
     needed = sum(r.bytes_in for r in requests if r.method in ("PUT", "POST") and r.status == 200)
     receipt_gets = sum(1 for r in requests
                        if _is_receipt(r) and r.method == "GET" and "list-type" not in r.path and r.status == 200)
+    stale_requests = sum(1 for r in requests if _stale_dir() in unquote(r.path))
     return {"save_s": committed - start_at, "commit_s": committed - last_receipt, "bytes_ratio": sent / needed,
             "peak_ratio": _peak_ratio(_retries(requests), start_at + throttle_s) if throttle_s else 0.0,
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
-            "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests))}
+            "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests)),
+            "stale_requests": stale_requests}
 
 
 def _restore(proxies: Proxies, task: dict[str, Any], nodes: int, tag: str, env: dict[str, str]) -> dict[str, Any]:
@@ -247,7 +262,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict
         task = {"url": f"s3://{server.bucket}/run", "endpoints": proxies.endpoints, "ranks": ranks, "nodes": nodes,
                 "workdir": str(workdir)}
         plain = _save(proxies, dict(task, attempt="sim-1"), ranks, STEPS[0], env)
-        _workers("stale", dict(task, step=STEPS[1], attempt="sim-0"), list(range(ranks)), env)
+        _workers("stale", dict(task, step=STEPS[1], attempt=STALE_ATTEMPT), list(range(ranks)), env)
         throttled = _save(proxies, dict(task, attempt="sim-2"), ranks, STEPS[1], env, throttle_s=throttled_s)
         restore = _restore(proxies, task, nodes, "plain", env)
         proxies.configure(rate=restore["rate"] / 2, burst=10, retry_after=1)
@@ -268,6 +283,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict
             "save_peak_ratio": throttled["peak_ratio"],
             "commit_ratio": throttled["commit_s"] / max(plain["commit_s"], 1e-3),
             "receipt_gets_per_rank": throttled["receipt_gets"] / ranks, "receipt_polls": throttled["receipt_polls"],
+            "stale_requests": throttled["stale_requests"],
             "restore_s": restore["took_s"], "restore_requests": restore["requests"],
             "restore_extra_gets": restore["extra_gets"], "budget_restore_s": budget["took_s"],
             "budget_restored": budget["ok"],
