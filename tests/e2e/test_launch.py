@@ -56,7 +56,9 @@ def test_crashing_training_ends_failed(cli: Cli, tmp_path: Path) -> None:
     broken = tmp_path / "broken-dataset"
     broken.mkdir()
     (broken / "train.jsonl").write_text("this is not json\n")
-    job = cli.submit("configs/debug_cpu.yaml", "--set", f"torchtitan.args.dataloader.dataset_path={broken}")
+    # no retry: a failure that repeats ends as a restart loop after three (test_recovery's restart-loop case)
+    job = cli.submit("configs/debug_cpu.yaml", "--set", f"torchtitan.args.dataloader.dataset_path={broken}",
+                     "--set", "preemption.max_failures=0")
     status = cli.wait(job)
     assert status["state"] == "FAILED", status
     assert "FAILED" in cli("status", job).stdout
