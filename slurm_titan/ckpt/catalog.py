@@ -174,9 +174,9 @@ def _pick_step(store: Store, step: int | None, infos: list[CheckpointInfo] | Non
 
 
 def check_listing(store: Store, m: Manifest) -> list[tuple[str, str]]:
-    """Missing or wrongly sized files of a checkpoint (the objects its record names), from one listing of its
-    folder."""
-    sizes = {e.path: e.size for e in store.find(layout.step_dir(m.step))}
+    """Missing or wrongly sized files of a checkpoint (the objects its record names), from one listing of the folder
+    they are in (not the step's: what other attempts left there is never listed)."""
+    sizes = {e.path: e.size for e in store.find(m.key("").rstrip("/"))}
     bad = []
     for f in m.files:
         got = sizes.get(m.key(f.path))

@@ -145,7 +145,9 @@ def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm:
     files = checked_files(receipts, step)
     parts = _parts(receipts, step)
     data_dir = layout.attempt_dir(attempt)
-    listing = retry("listing the step folder", lambda: store.find(layout.step_dir(step)))
+    # the folders the record will name, not the step's: what other attempts left there is never listed
+    folders = [layout.data_key(step, data_dir, "").rstrip("/")] + ([layout.parts_dir(step)] if parts else [])
+    listing = [e for folder in folders for e in retry(f"listing {folder}", lambda f=folder: store.find(f))]
     check_sizes(store, step, data_dir, files, listing, parts or [])
     manifest = Manifest(
         step=step, world_size=world_size, files=files, algorithm=algorithm,
@@ -279,7 +281,7 @@ def checked_files(receipts: list[Receipt], step: int) -> list[FileEntry]:
 
 def check_sizes(store: Store, step: int, data_dir: str, files: list[FileEntry], listing: list[Entry],
                 parts: list[PartRef]) -> None:
-    """StorageError unless each file (in ``data_dir``) and part is in the step folder's ``listing`` with its
+    """StorageError unless each file (in ``data_dir``) and part is in ``listing`` (of those folders) with its
     receipt's size."""
     sizes = {e.path: e.size for e in listing}
     wanted = [(layout.data_key(step, data_dir, f.path), f.size) for f in files]

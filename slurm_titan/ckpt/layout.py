@@ -99,8 +99,12 @@ def part_name(rank: int, token: str) -> str:
     return f"rank-{int(rank):05d}.{token}.json"
 
 
+def parts_dir(step: int) -> str:
+    return f"{step_dir(step)}/{META_DIR}/parts"
+
+
 def part_path(step: int, name: str) -> str:
-    return f"{step_dir(step)}/{META_DIR}/parts/{name}"
+    return f"{parts_dir(step)}/{name}"
 
 
 def parse_part_name(name: object) -> int | None:

@@ -270,12 +270,15 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict
         stop.start()
         budget = _restore(proxies, task, nodes, "budget", env)
         stop.cancel()
-        proxies.configure(share=1.0, paths=r"\.distcp", methods=["GET"])
+        # GETs of data files, not a listing whose query names one (a page's start-after)
+        proxies.configure(share=1.0, paths=r"^[^?]*\.distcp($|\?)", methods=["GET"])
         refused = _restore(proxies, dict(task, agree=False), 1, "refused",
                            dict(env, SLURM_TITAN_STORE_RETRY_S="4"))
         proxies.configure()
         listing = _list_and_prune(server, proxies, task)
     error = refused["errors"][0] if refused["errors"] else ""
+    if not ("SlowDown" in error and ".distcp" in error):
+        print(f"  store at {ranks} ranks: the refused restore ended with {error or 'no error'!r}", file=sys.stderr)
     return {"ranks": float(ranks), "nodes": float(nodes),
             "save_s": plain["save_s"], "commit_s": plain["commit_s"], "save_requests": plain["requests"],
             "throttled_save_s": throttled["save_s"], "throttled_commit_s": throttled["commit_s"],
