@@ -73,6 +73,7 @@ Collective contracts (who calls what):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -147,7 +148,7 @@ def commit(store: Store, step: int, *, world_size: int, attempt: str, algorithm:
     data_dir = layout.attempt_dir(attempt)
     # the folders the record will name, not the step's: what other attempts left there is never listed
     folders = [layout.data_key(step, data_dir, "").rstrip("/")] + ([layout.parts_dir(step)] if parts else [])
-    listing = [e for folder in folders for e in retry(f"listing {folder}", lambda f=folder: store.find(f))]
+    listing = [e for folder in folders for e in retry(f"listing {folder}", functools.partial(store.find, folder))]
     check_sizes(store, step, data_dir, files, listing, parts or [])
     manifest = Manifest(
         step=step, world_size=world_size, files=files, algorithm=algorithm,
