@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from slurm_titan.errors import StorageError
 from slurm_titan.node.spec import CheckpointPlan
 from slurm_titan.node.supervisor import restore as node_restore
 from tests.support.ckpt import write_fake_step
+from tests.support.cli import wait_for
 from tests.support.throttle import ThrottledS3
 
 pytestmark = pytest.mark.s3
@@ -114,19 +114,13 @@ def test_a_held_write_lands_after_its_writer_is_gone(throttled_s3, tmp_path):
     writer = subprocess.Popen([sys.executable, "-c", "import sys; from slurm_titan.ckpt import open_store; "
                                "open_store(sys.argv[1]).put_bytes('late.bin', b'L' * 4096)", location])
     try:
-        deadline = time.monotonic() + 60
-        while not throttled_s3.held()["waiting"]:
-            assert writer.poll() is None and time.monotonic() < deadline, "the write never reached the proxy"
-            time.sleep(0.05)
+        wait_for(lambda: throttled_s3.held()["waiting"], 60, "the write held at the proxy", 0.05)
     finally:
         writer.kill()
         writer.wait()
     store = open_store(location)
     assert not store.exists("late.bin")
     throttled_s3.configure(hold="")
-    deadline = time.monotonic() + 60
-    while not throttled_s3.held()["released"]:
-        assert time.monotonic() < deadline, "the held write was never released"
-        time.sleep(0.05)
-    assert [status for _, status in throttled_s3.held()["released"]] == [200]
+    released = wait_for(lambda: throttled_s3.held()["released"], 60, "the held write released", 0.05)
+    assert [status for _, status in released] == [200]
     assert store.cat("late.bin") == b"L" * 4096
