@@ -212,7 +212,8 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
     needed = sum(r.bytes_in for r in requests if r.method in ("PUT", "POST") and r.status == 200)
     receipt_gets = sum(1 for r in requests
                        if _is_receipt(r) and r.method == "GET" and "list-type" not in r.path and r.status == 200)
-    stale_requests = sum(1 for r in requests if _stale_dir() in unquote(r.path))
+    stale = _stale_dir()
+    stale_requests = sum(1 for r in requests if stale in unquote(r.path))
     return {"save_s": committed - start_at, "commit_s": committed - last_receipt, "bytes_ratio": sent / needed,
             "peak_ratio": _peak_ratio(_retries(requests), start_at + throttle_s) if throttle_s else 0.0,
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
