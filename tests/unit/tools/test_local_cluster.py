@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import wait_for
 from tests.support.cluster import TOOL
 from tools.local_cluster import cli, cpu_throttle, procs
 from tools.local_cluster.cluster import (
@@ -248,10 +249,8 @@ def test_a_paced_jobs_ranks_join_their_ranks_capped_group_once_they_log_a_step_a
             time.sleep(0.6)
             assert not pacer.throttles  # started, no step yet: full speed
             (tmp_path / "logs" / "rank-0.log").write_text("step:  1  loss: 7.0\n")
-            wait_until = time.monotonic() + 10
-            while not (group.is_dir() and (group / "cgroup.procs").read_text().split()) \
-                    and time.monotonic() < wait_until:
-                time.sleep(0.05)
+            wait_for(lambda: group.is_dir() and (group / "cgroup.procs").read_text().split(), 10,
+                     "rank 0 in its capped group", 0.05)
             assert pacer.throttles["0"].pids() == [ranks[0].pid] and "1" not in pacer.throttles
             assert pacer.throttles["0"].quota_us == 20_000  # 0.2 CPU of each 100 ms
         assert not group.exists() and ranks[0].poll() is None  # the group removed, its process left running
