@@ -83,6 +83,14 @@ CKPT_KEEP_EVERY = "SLURM_TITAN_CKPT_KEEP_EVERY"
 CKPT_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 """CPU list the uploader process runs on (checkpoint.upload_cpus; unset: training's CPUs, at a lower priority)."""
 
+# ---- the RAM tier's settings: node.supervisor.ram writes them, rank.ram_snapshot reads them (RamEnv) ----------
+RAM_ROOT = "SLURM_TITAN_RAM_ROOT"
+"""This job's snapshot folder in the node's memory (ram.layout.job_root); unset: no RAM tier."""
+RAM_INTERVAL = "SLURM_TITAN_RAM_INTERVAL"
+"""Steps between two RAM snapshots (checkpoint.memory.interval); 0: worked out by the ranks (auto)."""
+RAM_RUN = "SLURM_TITAN_RAM_RUN"
+"""What every snapshot of this run says it belongs to: the job id and the config digest (ram.snapshot.Manifest)."""
+
 # ---- the user's tuning knobs (environment.env); read in the rank and its uploader (and the node's restore) ---
 CKPT_CLOSE_TIMEOUT = "SLURM_TITAN_CKPT_CLOSE_TIMEOUT"
 """Seconds the checkpoint hook's close() waits for pending uploads (default: until done); rank.checkpointer."""
@@ -193,3 +201,23 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
     if value < 0:
         raise ConfigError("environment", name, f"must be >= 0, got {value}")
     return value
+
+
+@dataclass(frozen=True)
+class RamEnv:
+    """What the supervisor tells each rank of the RAM tier (slurm_titan.ram)."""
+
+    root: Path
+    interval: int
+    run: str
+
+    def to_env(self) -> dict[str, str]:
+        return {RAM_ROOT: str(self.root), RAM_INTERVAL: str(self.interval), RAM_RUN: self.run}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RamEnv | None:
+        """None without a RAM tier (RAM_ROOT unset). ConfigError (one line) for a malformed interval."""
+        root = env.get(RAM_ROOT, "").strip()
+        if not root:
+            return None
+        return cls(Path(root), _count(env, RAM_INTERVAL) or 0, env.get(RAM_RUN, ""))

@@ -57,7 +57,7 @@ from slurm_titan.ckpt.lease import take as take_lease
 from slurm_titan.ckpt.lease import verdict as lease_verdict
 from slurm_titan.ckpt.manifest import FileEntry, Manifest, Range, Receipt
 from slurm_titan.ckpt.parts import all_reads
-from slurm_titan.ckpt.restore import RestoreResult, prepare_resume, restore_checkpoint
+from slurm_titan.ckpt.restore import RestoreResult, hide_uncommitted, prepare_resume, restore_checkpoint
 from slurm_titan.ckpt.retention import PrunePlan, plan_retention, prune
 from slurm_titan.ckpt.share import SHARE_FILE, Share, is_data, merged, node_ranks
 from slurm_titan.ckpt.storage import Store, TransferConfig, open_store
@@ -92,6 +92,7 @@ __all__ = [
     "Wanted",
     "all_reads",
     "delete_checkpoint",
+    "hide_uncommitted",
     "is_committed",
     "is_data",
     "lease_verdict",

@@ -326,6 +326,14 @@ def _validate(config: JobConfig) -> None:
             raise ConfigError(where, "checkpoint.upload_cpus", str(error)) from None
     if config.checkpoint.interval < 1:
         raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
+    memory = config.checkpoint.memory
+    if memory.interval != "auto" and memory.interval < 1:
+        raise ConfigError(where, "checkpoint.memory.interval", f"must be >= 1 or auto, got {memory.interval}")
+    if memory.enable and not config.checkpoint.remote:
+        raise ConfigError(where, "checkpoint.memory.enable",
+                          "the RAM tier stands in front of the store: set checkpoint.remote too")
+    if memory.enable and not Path(memory.dir).is_absolute():
+        raise ConfigError(where, "checkpoint.memory.dir", f"must be an absolute path, got {memory.dir!r}")
     if config.checkpoint.expected_size_gb is not None and config.checkpoint.expected_size_gb < 1:
         raise ConfigError(where, "checkpoint.expected_size_gb",
                           f"must be >= 1, got {config.checkpoint.expected_size_gb}")

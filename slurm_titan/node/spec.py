@@ -11,7 +11,7 @@ environment of every rank) -> ckpt.UploadSettings (one JSON line to the rank's u
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +21,21 @@ from slurm_titan.envvars import RankCheckpointEnv
 from slurm_titan.node.budgets import Budgets
 from slurm_titan.records import run_folder
 from slurm_titan.retention import KEEP_ALL, Retention
+
+
+@dataclass
+class MemorySpec:
+    """The RAM tier (`checkpoint.memory`): every `interval` steps each rank snapshots its whole training state into
+    its node's memory (`dir`, a tmpfs), and the node copies it to a partner node; a crash, a hang or a lost node
+    inside the allocation then resumes from the newest snapshot every rank can get (slurm_titan.ram). The store stays
+    the durable tier. `interval: auto` is the smallest whose snapshots stop training for at most 2% of its time,
+    measured by the ranks at step 4. `required: false` lets a job whose nodes lack the memory run store-only, with a
+    warning."""
+
+    enable: bool = False
+    interval: int | Literal["auto"] = "auto"
+    dir: str = "/dev/shm"
+    required: bool = True
 
 
 @dataclass
@@ -55,6 +70,7 @@ class CheckpointSpec:
     expected_size_gb: int | None = None
     on_world_size_change: Literal["reshard", "restart_data"] = "reshard"
     allow_dataset_change: bool = False
+    memory: MemorySpec = field(default_factory=MemorySpec)
 
     @property
     def retention(self) -> Retention:
@@ -69,6 +85,15 @@ class CheckpointSpec:
         return str(run_folder.default_checkpoint_folder(Path(run_folder.JOB_DIR)))
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The RAM tier as the supervisors run it (`checkpoint.memory`; `interval` 0: auto)."""
+
+    interval: int
+    dir: str
+    required: bool = True
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointPlan:
     """Where a job's checkpoints live and what the uploader keeps (the `checkpoint:` settings of the same
@@ -81,6 +106,7 @@ class CheckpointPlan:
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
     config_digest: str = ""
     reshards_data: bool = False  # the resharding data loader is on (checkpoint.on_world_size_change: reshard)
+    memory: MemoryPlan | None = None  # the RAM tier (checkpoint.memory), None when off
 
     @classmethod
     def from_spec(cls, spec: CheckpointSpec, *, name: str, config_digest: str, reshards_data: bool) -> CheckpointPlan:
@@ -89,7 +115,10 @@ class CheckpointPlan:
                    remote=run_folder.planned(spec.remote, name) if spec.remote else None,
                    endpoint_url=spec.endpoint_url, retention=spec.retention,
                    upload_cpus=parse_cpu_list(spec.upload_cpus) if spec.upload_cpus else None,
-                   config_digest=config_digest, reshards_data=reshards_data)
+                   config_digest=config_digest, reshards_data=reshards_data,
+                   memory=MemoryPlan(0 if spec.memory.interval == "auto" else spec.memory.interval, spec.memory.dir,
+                                     spec.memory.required)
+                   if spec.memory.enable else None)
 
     def remote_for(self, job_id: str) -> str | None:
         """The job's remote location, None without one."""

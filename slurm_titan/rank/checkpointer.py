@@ -13,7 +13,9 @@ per-step duties, since ``save`` is what torchtitan calls after every step:
   it, with the chip's probe time on an accelerator: :mod:`slurm_titan.rank.device_probe`) and, from rank 0,
   to the run history (:mod:`slurm_titan.rank.progress`);
 - the restore gate: before loading, the rank waits for the node's restore and answers its plan
-  requests (:mod:`slurm_titan.rank.restore_gate`).
+  requests (:mod:`slurm_titan.rank.restore_gate`);
+- the RAM tier: every ``checkpoint.memory.interval`` steps a snapshot of the rank's state into node memory, and a
+  recovery that the node takes from memory loads it instead of a checkpoint (:mod:`slurm_titan.rank.ram_snapshot`).
 
 Settings come from the environment: what the node supervisor sets
 (:class:`slurm_titan.envvars.RankCheckpointEnv`; without a remote location nothing is uploaded;
@@ -27,15 +29,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint import Metadata
 from torch.distributed.checkpoint.stateful import Stateful
-from torchtitan.components.checkpointer import DATALOADER, AsyncMode, CheckpointManager
+from torchtitan.components.checkpointer import DATALOADER, MODEL, AsyncMode, CheckpointManager
 from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
 
@@ -43,8 +47,10 @@ from slurm_titan import envvars
 from slurm_titan.ckpt import Range, TransferConfig, Uploader, UploaderProcess, UploadSettings
 from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.errors import ConfigError
+from slurm_titan.ram import layout as ram_layout
 from slurm_titan.rank import device_probe, preemption, progress
 from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
+from slurm_titan.rank.ram_snapshot import BLOCKING_SHARE, RamSnapshots
 from slurm_titan.rank.replicated import shard_split_qkv, sharded
 from slurm_titan.rank.restore_gate import wait_for_restore
 from slurm_titan.records import rank_progress
@@ -88,6 +94,10 @@ class SyncedCheckpointManager(CheckpointManager):
         # asks what this rank's load will read (torchtitan's states to load exist from here on)
         verdict = wait_for_restore(self._plan_load)
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
+        rank, world = _rank_world()
+        ram = envvars.RamEnv.from_env() if self.enable and not self.load_only else None
+        self.ram = RamSnapshots(ram, rank, world) if ram else None
+        self._ram_restore = Path(verdict.memory) if verdict and verdict.memory and self.ram else None
         excluded = self._resharded_exclusions() if verdict and verdict.world_size_changed else None
         if excluded is not None and excluded != self.exclude_from_loading:
             self.exclude_from_loading = excluded
@@ -99,7 +109,6 @@ class SyncedCheckpointManager(CheckpointManager):
         if checkpoint is None:
             log.info("%s is not set: checkpoints stay in %s only", envvars.CKPT_REMOTE, self.folder)
             return
-        rank, world = _rank_world()
         uploader = UploaderProcess(UploadSettings.from_rank_env(checkpoint, local_folder=os.path.abspath(self.folder),
                                                                 rank=rank, world_size=world))
         self.sync = uploader
@@ -136,7 +145,10 @@ class SyncedCheckpointManager(CheckpointManager):
         rank_progress.step_done(curr_step, device_probe.tick())
         progress.note_step(curr_step, last_step)
         if last_step or not preemption.agreed_stop():
-            return super().save(curr_step, last_step)
+            saved = super().save(curr_step, last_step)
+            if self.ram is not None and not last_step and self.ram.due(curr_step):
+                self._snapshot(curr_step)
+            return saved
         request = preemption.stop_requested()
         reason = request.signal_name if request else "another rank's signal"
         logger.info(f"slurm-titan: stop requested ({reason}) during step {curr_step}: saving step {curr_step}")
@@ -166,11 +178,36 @@ class SyncedCheckpointManager(CheckpointManager):
         finally:
             self._force_save = False
 
+    def _snapshot(self, step: int) -> None:
+        """This rank's RAM snapshot of ``step`` (every rank at the same step: it agrees the safe step)."""
+        assert self.ram is not None
+        rank_progress.enter(Phase.SAVE, step)
+        try:
+            self.ram.save(sharded(self._flattened_model_states_sd()), step)
+        finally:
+            rank_progress.enter(Phase.STEP, step + 1)
+        logger.info(f"slurm-titan: RAM snapshot of step {step}: training stopped {self.ram.last_blocked_s:.3f} s "
+                    "(the copy to host memory); its write goes on in the background")
+        if interval := self.ram.settle_interval():
+            logger.info(f"slurm-titan: RAM tier: a snapshot every {interval} step(s) (checkpoint.memory.interval: "
+                        f"auto, the slowest rank's snapshot stopping training <= {BLOCKING_SHARE:.0%} of the time)")
+
     def _load(self, step: int = -1) -> bool:
-        loaded = super()._load(step)
+        loaded = self._load_snapshot(self._ram_restore) if self._ram_restore is not None else super()._load(step)
         trained = getattr(self.states.get("train_state"), "step", 0)  # the trainer: its step after the load
         rank_progress.enter(Phase.STEP, trained + 1)  # the attempt's first step begins (its own budget)
         return loaded
+
+    def _load_snapshot(self, step_folder: Path) -> bool:
+        """Load this rank's RAM snapshot from ``step_folder`` (the node's restore brought it there, complete)."""
+        assert self.ram is not None
+        begin = time.monotonic()
+        states = sharded(self._states_to_load(model_only=False))
+        self.ram.load(states, step_folder / ram_layout.rank_name(self.ram.rank))
+        if MODEL in self.states:  # torchtitan flattens the model's states: their load is the wrapper's
+            self.states[MODEL].load_state_dict(states)
+        logger.info(f"slurm-titan: loaded the RAM snapshot {step_folder} in {time.monotonic() - begin:.2f} s")
+        return True
 
     def dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection=False, to_hf=False):  # noqa: ANN001, ANN201
         """torchtitan's save, plus this rank's read map of it: which byte ranges its load on the same

@@ -22,6 +22,7 @@ class RestoreVerdict:
     """The restore's outcome as the ranks need it."""
 
     world_size_changed: bool = False  # saved by another world size: DCP reshards model and optimizer
+    memory: str = ""  # a RAM snapshot's step folder (ram.layout.step_dir): each rank loads its rank-R from there
 
     def to_line(self) -> bytes:
         return (json.dumps({"verdict": asdict(self)}) + "\n").encode()

@@ -186,6 +186,11 @@ def trained_step_file(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "trained-step"
 
 
+def ram_folder(job_dir: Path, attempt: int) -> Path:
+    """What each node of the attempt holds in memory and where its snapshot server listens (node-K.json)."""
+    return attempt_folder(job_dir, attempt) / "ram"
+
+
 def restore_verdicts(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "restore"
 

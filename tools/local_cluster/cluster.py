@@ -6,7 +6,8 @@ Layout: no network namespaces. All nodes share the host network and 127.0.0.1, o
   - its own hostname (n1..n4),
   - STATE/etc/hosts bind-mounted on /etc/hosts (n1..n4 and the controller -> 127.0.0.1),
   - STATE/etc bind-mounted on /etc/slurm (so jobs find slurm.conf even with --export=NONE),
-  - STATE/nodes/nX/scratch bind-mounted on /var/tmp/slurm-titan-local (node-local disk).
+  - STATE/nodes/nX/scratch bind-mounted on /var/tmp/slurm-titan-local (node-local disk),
+  - a tmpfs of its own on /dev/shm (the node's memory: it goes with the node's last process, as a lost machine's).
 Jobs run inside their node's namespaces. The host ("login node") is untouched: it only needs SLURM_CONF.
 Needs root (mount namespaces), util-linux and the Debian packages slurmctld slurmd slurm-client munge
 (Slurm 22.05). Standard library only: tools/setup runs `install-deps` before the venv exists.
@@ -51,13 +52,14 @@ LOCK_WAIT_S = 300
 ID_CYCLE = 10_000  # slurm-titan's default master-port window (node/supervisor/rendezvous.py) spans this many job ids
 SLOTS = 4  # clusters side by side (tools/test's workers): each starts its job ids in its own part of ID_CYCLE
 FREEZE_ROUNDS, FREEZE_WAIT_S = 20, 5.0  # kill_node: rounds of SIGSTOP for processes forked meanwhile; wait per round
-# A node: its hostname, /etc/hosts, /etc/slurm and node-local scratch are private to it (mount propagation is
+# A node: its hostname, /etc/hosts, /etc/slurm, node-local scratch and /dev/shm are private to it (mount propagation is
 # private under unshare); then slurmd, in place of this shell. $1 node, $2 state, $3 scratch, $4 /etc/slurm or "".
 NODE_SHELL = """
 hostname "$1"
 mount --bind "$2/etc/hosts" /etc/hosts
 [ -z "$4" ] || mount --bind "$2/etc" "$4"
 mount --bind "$2/nodes/$1/scratch" "$3"
+mount -t tmpfs -o mode=1777,size=25% tmpfs /dev/shm
 exec slurmd -D -N "$1" -f "$2/etc/slurm.conf"
 """
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_titan.node.spec import CheckpointPlan
+from slurm_titan.node.supervisor.ram import MemoryUnavailable, NodeMemory
 from slurm_titan.records.restore_verdict import RestoreVerdict
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
             ranks: list[int] | None = None, node: int = 0, nodes: int = 1,
             verdicts: str | os.PathLike | None = None,
-            planner: NodePlanner | None = None) -> RestoreVerdict:
+            planner: NodePlanner | None = None, memory: NodeMemory | None = None) -> RestoreVerdict:
     """Restore what this node needs; returns what the ranks' checkpoint hook must know of it.
     Raises StorageError (one line) when the remote location cannot be reached.
 
@@ -43,7 +44,9 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     the shared filesystem through which the ``nodes`` nodes agree on each candidate before any rank
     loads it (:class:`slurm_titan.ckpt.NodeAgreement`). A store that throttles is waited out (each
     operation up to SLURM_TITAN_STORE_RETRY_S seconds), the waits said through ``say`` at most every 30 s;
-    the StorageError when it still throttles then names the object and the store's answer."""
+    the StorageError when it still throttles then names the object and the store's answer. ``memory``: the RAM
+    tier, whose newest snapshot that every rank can get is taken when no store checkpoint is newer
+    (:meth:`NodeMemory.recover`); the store is then listed, never read."""
     remote = plan.remote_for(job_id)
     if not remote:
         return RestoreVerdict()
@@ -51,6 +54,8 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
 
     Path(local).mkdir(parents=True, exist_ok=True)
     agree = NodeAgreement(verdicts, node, nodes) if verdicts is not None and nodes > 1 else None
+    if memory is not None and (verdict := _from_memory(memory, plan, remote, local, agree, say)):
+        return verdict
     with open(Path(local) / ".slurm-titan-resume.lock", "w") as lock:  # one restore per folder at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         restored = prepare_resume(remote, local, wanted=Wanted(ranks, world_size, planner),
@@ -73,3 +78,22 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     say(f"resuming complete checkpoint step {step} from {remote}: model, optimizer, data position and RNG")
     return RestoreVerdict()
 
+
+
+def _from_memory(memory: NodeMemory, plan: CheckpointPlan, remote: str, local: str, agree, say,  # noqa: ANN001
+                 ) -> RestoreVerdict | None:
+    """The RAM tier's verdict, None when the store is the one to restore from (the line saying why is out). Newer
+    uncommitted local steps are moved aside as a store restore would."""
+    from slurm_titan.ckpt import hide_uncommitted, list_checkpoints, newest_complete, open_store
+
+    store = open_store(remote, endpoint_url=plan.endpoint_url, check=True, create=True)
+    newest = newest_complete(list_checkpoints(store))
+    stored = newest.step if newest is not None else None
+    try:
+        verdict = memory.recover(stored, agree)
+    except MemoryUnavailable as error:
+        say(f"RAM tier: {error}: restoring from the store")
+        return None
+    if verdict is not None:
+        hide_uncommitted(local, newer_than=stored)
+    return verdict

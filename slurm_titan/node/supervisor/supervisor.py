@@ -37,6 +37,7 @@ from slurm_titan.errors import ExitCode, SlurmTitanError
 from slurm_titan.node.node_log import say
 from slurm_titan.node.spec import NodeSpec
 from slurm_titan.node.supervisor import batch_host, rendezvous, restore
+from slurm_titan.node.supervisor.ram import NodeMemory
 from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
@@ -301,13 +302,18 @@ class NodeSupervisor:
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
         if spec.checkpoint:
             env |= spec.checkpoint.rank_env(job_id)
+        memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring else None
+        if memory:
+            env |= memory.rank_env()
         timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
                             learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes,
                             timing=timing) if spec.watchdog else None
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
-            self._restore(job_id, rdzv, run_folder.restore_verdicts(job_dir, attempt), report)
+            self._restore(job_id, rdzv, run_folder.restore_verdicts(job_dir, attempt), report, memory)
+        if memory:
+            memory.start_replicating()
         try:
             rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, ExitCode.HANG, {}, None, hang))
         finally:
@@ -315,6 +321,8 @@ class NodeSupervisor:
                 watchdog.close()
         hang = self.ranks.hang
         code = ExitCode.HANG if hang else node_exit_code(rank_codes)
+        if memory:  # kept for the next attempt after a failure; gone when the ranks finished or stopped to requeue
+            memory.close(keep=code not in (0, ExitCode.PREEMPTED))
         if self.terminated:
             lost = batch_host.requeue_orphaned(job_id)
         elif code not in (0, ExitCode.PREEMPTED):
@@ -329,7 +337,31 @@ class NodeSupervisor:
                                  cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
         self._finish(report, code, rank_codes, self.ranks.failed_first, hang)
 
-    def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path) -> None:
+    def _memory(self, job_id: str, rdzv: rendezvous.Rendezvous, job_dir: Path, attempt: int,
+                report: Path) -> NodeMemory | None:
+        """This node's RAM tier (checkpoint.memory), serving and published before its ranks start; None when off.
+        A memory folder that cannot be made ends the node when the tier is required, else the run goes on
+        store-only with a warning."""
+        checkpoint = self.spec.checkpoint
+        if checkpoint is None or checkpoint.memory is None:
+            return None
+        try:
+            requeue = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+            memory = NodeMemory(checkpoint.memory, job_id=job_id, requeue=requeue,
+                                run=f"{job_id}:{checkpoint.config_digest}", world_size=rdzv.world_size,
+                                node=rdzv.node_rank, nodes=rdzv.num_nodes, procs_per_node=rdzv.procs_per_node,
+                                job_dir=job_dir, attempt=attempt, host=rdzv.hosts[rdzv.node_rank], say=say)
+            memory.publish()
+        except OSError as error:
+            if checkpoint.memory.required:
+                say(f"ERROR before training: RAM tier (checkpoint.memory.dir {checkpoint.memory.dir}): {error}")
+                self._finish(report, ExitCode.PREFLIGHT, {})
+            say(f"WARNING: RAM tier off (checkpoint.memory.required is false): {checkpoint.memory.dir}: {error}")
+            return None
+        return memory
+
+    def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path,
+                 memory: NodeMemory | None) -> None:
         """Restore this node's share of the newest complete checkpoint (its ranks' reads: from the commit
         record, or from the ranks themselves on another world size), agreeing with the other nodes through
         `verdicts` (the attempt's folder) before any rank loads it."""
@@ -341,7 +373,7 @@ class NodeSupervisor:
         try:  # a failed restore kills the ranks: they have trained nothing yet
             ranks.release_after(lambda: restore.restore(checkpoint, local, job_id, rdzv.world_size, say,
                                                        ranks=node_ranks, node=rdzv.node_rank, nodes=rdzv.num_nodes,
-                                                       verdicts=verdicts, planner=ranks.plan))
+                                                       verdicts=verdicts, planner=ranks.plan, memory=memory))
         except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: node {rdzv.node_rank}: checkpoint restore: {error}")
             self._finish(report, ExitCode.STORAGE_UNREACHABLE, {})

@@ -1,0 +1,214 @@
+"""The node supervisor's side of the RAM tier (:mod:`slurm_titan.ram`): serve, replicate, recover, clean up.
+
+For one attempt, :class:`NodeMemory`:
+
+- serves the node's memory folder to the job's other nodes (:class:`slurm_titan.ram.transfer.SnapshotServer`) and
+  publishes what it holds, where it listens and its token in the attempt's folder (``ram/node-K.json``);
+- replicates: once every rank of the node has sealed a snapshot of a step, it pushes them to the partner (the next
+  node of the attempt, a ring) and writes ``replicated-R``; the ranks agree from those on the newest step every rank
+  holds twice and drop their older ones; the supervisor drops the partner's older ones it holds;
+- recovers: after a crash, a hang or a lost node inside the allocation, every node reads every node's holding, works
+  out the same :class:`slurm_titan.ram.choice.Choice` (the newest step every rank can get), fetches its ranks'
+  copies it lacks from the nodes that hold them, and the nodes agree on it in one round
+  (:class:`slurm_titan.ckpt.NodeAgreement`, stage ``ram``) before any rank loads it; a store checkpoint newer than
+  it, or a copy that cannot be had whole, sends every node to the store instead, and the log says why in one line;
+- cleans up: the folder goes when the node's ranks finished or stopped for a requeue (memory dies with the
+  allocation: a preemption is saved to the store), and the batch shell removes what a failed job left
+  (:mod:`slurm_titan.node.batch.finish`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from slurm_titan.envvars import RamEnv
+from slurm_titan.node.spec import MemoryPlan
+from slurm_titan.ram import layout, snapshot
+from slurm_titan.ram.choice import Choice, Holding, choose
+from slurm_titan.ram.transfer import SnapshotServer, TransferError, pull, push
+from slurm_titan.records import run_folder
+from slurm_titan.records.restore_verdict import RestoreVerdict
+from slurm_titan.records.whole_file import replace_text
+
+REPLICATE_POLL_S = 0.5
+HOLDINGS_TIMEOUT_S = 300.0
+HOLDINGS_POLL_S = 0.2
+Agreement = Callable[..., str]
+"""``agree(step, why, stage=...)``: every node's verdict on a step (slurm_titan.ckpt.NodeAgreement)."""
+
+
+class MemoryUnavailable(Exception):
+    """The RAM tier cannot recover this attempt (a node published nothing), in one line."""
+
+
+class NodeMemory:
+    """This node's RAM tier for one attempt of job ``job_id`` (``requeue``: Slurm's restart count)."""
+
+    def __init__(self, plan: MemoryPlan, *, job_id: str, requeue: int, run: str, world_size: int, node: int,
+                 nodes: int, procs_per_node: int, job_dir: Path, attempt: int, host: str,
+                 say: Callable[[str], None]) -> None:
+        self.plan, self.run, self.world_size = plan, run, world_size
+        self.node, self.nodes, self.procs_per_node = node, nodes, procs_per_node
+        self.ranks = list(range(node * procs_per_node, (node + 1) * procs_per_node))
+        self.root = layout.job_root(plan.dir, job_id, requeue)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.folder, self.host, self.say = run_folder.ram_folder(job_dir, attempt), host, say
+        self.server = SnapshotServer(self.root, run, world_size).start()
+        self.pushed = -1
+        self.stopping = threading.Event()
+        self.replicator: threading.Thread | None = None
+        self.partner: Holding | None = None
+        self.failed_push: int | None = None
+
+    def rank_env(self) -> dict[str, str]:
+        return RamEnv(self.root, self.plan.interval, self.run).to_env()
+
+    def _holding_file(self, node: int) -> Path:
+        return self.folder / f"node-{node}.json"
+
+    def publish(self) -> None:
+        """Say what this node holds and where its server listens (before its ranks start)."""
+        held = snapshot.holdings(self.root, run=self.run, world_size=self.world_size)
+        replace_text(self._holding_file(self.node),
+                     Holding(self.node, self.host, self.server.port, self.server.token, held).to_json())
+
+    def _holdings(self) -> list[Holding]:
+        """Every node's holding, once all are published. MemoryUnavailable when one is still missing after
+        HOLDINGS_TIMEOUT_S (that node died before its ranks started)."""
+        deadline = time.monotonic() + HOLDINGS_TIMEOUT_S
+        while True:
+            names = set(os.listdir(self.folder))
+            if all(self._holding_file(k).name in names for k in range(self.nodes)):
+                return [Holding.from_json(self._holding_file(k).read_text(), str(self._holding_file(k)))
+                        for k in range(self.nodes)]
+            if time.monotonic() > deadline:
+                missing = [k for k in range(self.nodes) if self._holding_file(k).name not in names]
+                raise MemoryUnavailable(f"node(s) {missing} said nothing of their memory within "
+                                        f"{HOLDINGS_TIMEOUT_S:.0f} s")
+            time.sleep(HOLDINGS_POLL_S)
+
+    # -- recovery -------------------------------------------------------------------------------------------
+    def recover(self, store_step: int | None, agree: Agreement | None) -> RestoreVerdict | None:
+        """The verdict of a recovery from memory, or None (the line saying why is out) when the store is the
+        one to restore from: no step that every rank can get, a newer store checkpoint (``store_step``), a copy
+        that some node could not get whole. Every node reaches the same answer (``agree``: one round)."""
+        holdings = self._holdings()
+        node_of = {rank: rank // self.procs_per_node for rank in range(self.world_size)}
+        choice = choose(holdings, self.world_size, node_of)
+        if choice is None:
+            steps = sorted({s for h in holdings for s in h.held}, reverse=True)[:3]
+            self.say("RAM tier: no snapshot that every rank can get (steps held: "
+                     f"{', '.join(map(str, steps)) or 'none'}): restoring from the store")
+            self._forget(None)
+            return None
+        why = f"the store's step {store_step} is newer" if store_step is not None and store_step > choice.step else ""
+        fetched = 0
+        if not why:
+            try:
+                fetched = self._fetch(choice, holdings)
+            except TransferError as error:
+                why = f"node {self.node}: {error}"
+        if agree is not None:
+            why = agree(choice.step, why, stage="ram")
+        if why:
+            self.say(f"RAM tier: snapshot step {choice.step} not taken ({why}): restoring from the store")
+            self._forget(None)
+            return None
+        self._forget(choice.step)
+        moved = choice.moved(node_of)
+        sources = sorted({holdings[k].host for r, k in moved.items() if node_of[r] == self.node})
+        self.say(f"resuming RAM snapshot step {choice.step}: "
+                 + (f"this node's ranks' copies from {', '.join(sources)}'s memory ({fetched} bytes)"
+                    if sources else "every rank's copy from this node's memory")
+                 + "; no checkpoint read from the store")
+        return RestoreVerdict(memory=str(layout.step_dir(self.root, choice.step)))
+
+    def _fetch(self, choice: Choice, holdings: list[Holding]) -> int:
+        """Bring this node's ranks' copies of ``choice.step`` it lacks from the nodes holding them; the bytes
+        fetched. TransferError when one cannot be had whole."""
+        fetched = 0
+        for rank in self.ranks:
+            source = holdings[choice.source[rank]]
+            if source.node == self.node:
+                if why := snapshot.problem(layout.rank_dir(self.root, choice.step, rank), run=self.run,
+                                           step=choice.step, rank=rank, world_size=self.world_size):
+                    raise TransferError(why)
+                continue
+            fetched += pull(source.host, source.port, source.token, self.root, run=self.run, step=choice.step,
+                            rank=rank, world_size=self.world_size)
+        return fetched
+
+    def _forget(self, kept: int | None) -> None:
+        """Drop every step but ``kept`` (all when None: the run goes on from the store), and what said which steps
+        were replicated: this attempt's ring starts over."""
+        snapshot.drop_steps(self.root, {kept} if kept is not None else set())
+        for rank in self.ranks:
+            layout.replicated_file(self.root, rank).unlink(missing_ok=True)
+        (self.root / layout.SAFE).unlink(missing_ok=True)
+
+    # -- replication ----------------------------------------------------------------------------------------
+    def start_replicating(self) -> None:
+        if self.nodes == 1:
+            self.say("RAM tier: a one-node job has no partner: its snapshots are kept in this node's memory only")
+        self.replicator = threading.Thread(target=self._replicate, name="ram-replicator", daemon=True)
+        self.replicator.start()
+
+    def _replicate(self) -> None:
+        while not self.stopping.wait(REPLICATE_POLL_S):
+            try:
+                self.replicate_once()
+            except (TransferError, OSError, ValueError) as error:
+                self.say(f"RAM tier: could not copy a snapshot to the partner node: {error}")
+
+    def replicate_once(self) -> None:
+        """Push this node's newest sealed step not yet pushed to the partner; drop the partner's older copies."""
+        for step in reversed(layout.steps(self.root)):
+            if step <= self.pushed:
+                break
+            folders = [layout.rank_dir(self.root, step, rank) for rank in self.ranks]
+            if any(snapshot.problem(f, run=self.run, step=step, rank=r, world_size=self.world_size)
+                   for f, r in zip(folders, self.ranks)):
+                continue
+            if self.nodes > 1:
+                partner = self._partner()
+                if not all(rank in partner.held.get(step, ()) for rank in self.ranks):
+                    for folder in folders:
+                        push(folder, partner.host, partner.port, partner.token)
+            for rank in self.ranks:
+                replace_text(layout.replicated_file(self.root, rank), str(step))
+            self.pushed = step
+            break
+        safe = layout.read_step(self.root / layout.SAFE)
+        if safe is not None:
+            for step in layout.steps(self.root):
+                if step >= safe:
+                    break
+                for entry in list(layout.step_dir(self.root, step).iterdir()):
+                    if layout.parse_rank(entry.name) not in self.ranks:
+                        shutil.rmtree(entry, ignore_errors=True)
+                with_ranks = list(layout.step_dir(self.root, step).iterdir())
+                if not with_ranks:
+                    layout.step_dir(self.root, step).rmdir()
+
+    def _partner(self) -> Holding:
+        """The next node of the attempt's ring (its holding as published at the attempt's start)."""
+        if self.partner is None:
+            path = self._holding_file((self.node + 1) % self.nodes)
+            self.partner = Holding.from_json(path.read_text(), str(path))
+        return self.partner
+
+    # -- the end --------------------------------------------------------------------------------------------
+    def close(self, keep: bool) -> None:
+        """Stop serving and replicating; the folder stays only when ``keep`` (the ranks failed: the next attempt
+        recovers from it)."""
+        self.stopping.set()
+        if self.replicator is not None:
+            self.replicator.join(30)
+        self.server.close()
+        if not keep:
+            shutil.rmtree(self.root, ignore_errors=True)

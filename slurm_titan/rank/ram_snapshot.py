@@ -1,0 +1,167 @@
+"""In each rank: the RAM tier's snapshots (:mod:`slurm_titan.ram`). Every ``checkpoint.memory.interval`` steps the
+rank saves its whole training state (model, optimizer, lr scheduler, data loader position, train state, RNG) into
+its node's memory folder, and on a recovery from memory loads it back.
+
+A snapshot is the rank's own state only (DCP with ``no_dist``: its shards of every DTensor and its own copy of the
+rest, its own ``.metadata``), so it needs no other rank's files and loads on the same world size only, which is
+all a recovery inside the allocation asks for. The node supervisor (:mod:`slurm_titan.node.supervisor.ram`) copies
+each complete snapshot to the partner node and says so in ``replicated-R``; at each snapshot the ranks agree (one
+all_reduce) on the newest step every rank holds twice, and drop their own older ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import statistics
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from slurm_titan.envvars import RamEnv
+from slurm_titan.ram import layout, snapshot
+
+log = logging.getLogger("slurm_titan.rank.ram_snapshot")
+RNG = "slurm_titan.rng"
+"""The key of the RNG states in a snapshot."""
+PROBE_STEP = 4
+"""With an automatic interval, the step whose snapshot measures what one costs (after the first steps' warm-up)."""
+BLOCKING_SHARE = 0.02
+"""The automatic interval keeps the time snapshots stop training at or below this share of training time."""
+
+"""The key of the RNG states in a snapshot."""
+
+
+def _device_rng() -> Any:
+    """The accelerator's RNG module (torch.cuda, torch.npu) when one is in use, else None."""
+    for name in ("npu", "cuda"):
+        module = getattr(torch, name, None)
+        if module is not None and module.is_available() and module.is_initialized():
+            return module
+    return None
+
+
+def _rng_states() -> dict[str, torch.Tensor]:
+    states = {"cpu": torch.get_rng_state()}
+    if (device := _device_rng()) is not None:
+        states["device"] = device.get_rng_state()
+    return states
+
+
+def _collective_device() -> str:
+    if dist.get_backend() == "gloo":
+        return "cpu"
+    from torchtitan.tools.utils import device_module, device_type
+
+    return f"{device_type}:{device_module.current_device()}"
+
+
+class RamSnapshots:
+    """This rank's snapshots in the node's memory folder (``env.root``).
+
+    A snapshot stops training for the copy of the state to host memory only (DCP's stager: into buffers kept from
+    one snapshot to the next, pinned on an accelerator); DCP writes the copy into the folder in a background thread,
+    and the folder is sealed there. One snapshot is written at a time: the next waits for the one before."""
+
+    def __init__(self, env: RamEnv, rank: int, world_size: int) -> None:
+        self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, set at PROBE_STEP
+        self.rank, self.world_size = rank, world_size
+        self.last_blocked_s = 0.0
+        self.step_s: list[float] = []  # the last steps' durations (auto interval)
+        self.last_step_at: float | None = None
+        accelerator = _device_rng() is not None
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
+                                                   use_async_staging=False, use_non_blocking_copy=accelerator))
+        self.pending: Future | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is snapshotted (every rank answers the same); called once per step, after it."""
+        now = time.monotonic()
+        if self.last_step_at is not None:
+            self.step_s = [*self.step_s[-4:], now - self.last_step_at]
+        self.last_step_at = now
+        if not self.interval:
+            return step == PROBE_STEP
+        return step > 0 and step % self.interval == 0
+
+    def settle_interval(self) -> int:
+        """With an automatic interval, after the probe snapshot: the smallest interval whose snapshots stop training
+        for at most BLOCKING_SHARE of its steps (the slowest rank's figures: one all_reduce MAX); 0 otherwise."""
+        if self.interval:
+            return 0
+        step_s = statistics.median(self.step_s) if self.step_s else 0.0
+        wanted = math.ceil(self.last_blocked_s / (BLOCKING_SHARE * step_s)) if step_s > 0 else 1
+        if dist.is_available() and dist.is_initialized():
+            value = torch.tensor([wanted], dtype=torch.int64, device=_collective_device())
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+            wanted = int(value.item())
+        self.interval = max(1, wanted)
+        return self.interval
+
+    def _safe_step(self) -> int:
+        """The newest step every rank's replica is complete of (all_reduce MIN of each rank's ``replicated-R``);
+        -1 when some rank has none yet. A collective: every rank calls it at the same step."""
+        mine = layout.read_step(layout.replicated_file(self.root, self.rank))
+        mine = -1 if mine is None else mine
+        if not dist.is_available() or not dist.is_initialized():
+            return mine
+        value = torch.tensor([mine], dtype=torch.int64, device=_collective_device())
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return int(value.item())
+
+    def save(self, states: dict[str, Any], step: int) -> None:
+        """Snapshot ``states`` (torchtitan's, flattened) as step ``step``: copied to host memory now, written and
+        sealed in the background. Every rank calls it at the same step (the safe step is agreed with one
+        all_reduce); own snapshots older than the step every rank holds twice are dropped."""
+        begin = time.monotonic()
+        self.wait()
+        safe = self._safe_step()
+        final = layout.rank_dir(self.root, step, self.rank)
+        staging = final.parent / f".rank-{self.rank}.{os.getpid()}"
+        staging.mkdir(parents=True, exist_ok=True)
+        writer = dcp.FileSystemWriter(str(staging), single_file_per_rank=True, sync_files=False)
+        written = dcp.async_save({**states, RNG: _rng_states()}, storage_writer=writer, no_dist=True,
+                                 async_stager=self.stager)
+        assert isinstance(written, Future)  # staging is synchronous: the future is the write's
+        self.last_blocked_s = time.monotonic() - begin
+
+        def seal(done: Future) -> None:
+            if done.exception() is not None:
+                return  # said by wait()
+            manifest = snapshot.Manifest.of_folder(staging, run=self.run, step=step, rank=self.rank,
+                                                   world_size=self.world_size)
+            snapshot.seal(staging, manifest, final)
+            if safe >= 0:
+                for older in layout.steps(self.root):
+                    if older < min(safe, step):
+                        shutil.rmtree(layout.rank_dir(self.root, older, self.rank), ignore_errors=True)
+                (self.root / layout.SAFE).write_text(str(safe))
+
+        self.pending = written
+        written.add_done_callback(seal)
+
+    def wait(self) -> None:
+        """Until the snapshot being written is sealed (or failed: the log says so, and it is not sealed)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception as error:  # noqa: BLE001 - a failed snapshot is not sealed; the next one may be
+                log.error("the RAM snapshot failed, not sealed: %s", error)
+
+    def load(self, states: dict[str, Any], folder: Path) -> None:
+        """Load this rank's snapshot in ``folder`` (``step-N/rank-R``, complete: the node checked it) into
+        ``states`` in place, the RNG states with them."""
+        rng = _rng_states()
+        dcp.load({**states, RNG: rng}, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+        torch.set_rng_state(rng["cpu"])
+        if "device" in rng and (device := _device_rng()) is not None:
+            device.set_rng_state(rng["device"])
