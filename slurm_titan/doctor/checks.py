@@ -33,6 +33,7 @@ _COLLECTED = {
     "npu-smi": "`npu-smi info` listing the chips",
     "firmware": "`npu-smi info -t board` with a Firmware Version",
     "CANN": "CANN's ascend_toolkit_install.info (source set_env.sh)",
+    "RAM tier": "checkpoint.memory.dir's free space and /proc/meminfo's MemAvailable",
     "CANN ops": "CANN's ops (kernels) package, the toolkit's version",
     "driver version": "the driver's version.info (mount it into containers)",
     "device count": "torch_npu imports and counts devices",
@@ -171,11 +172,34 @@ def node_findings(facts: NodeFacts, expect: DoctorExpectations, num_nodes: int =
     if free is not None and needed and free < needed:
         rows.append(("disk", f"{_gb(free)} free at {facts.disk_path}",
                      f">= {_gb(needed)} for a checkpoint ({expect.checkpoint_size_source})", FAIL))
+    rows += _memory_rows(facts, expect)
     if facts.interfaces is not None and (missing := [n for n in expect.socket_ifnames if n not in facts.interfaces]):
         rows.append(("network interface", f"no {', '.join(missing)} (has {', '.join(facts.interfaces)})",
                      f"{', '.join(expect.socket_ifnames)} (environment.npu.socket_ifname)", FAIL))
     rows += _port_rows(facts, expect)
     return [Finding(facts.label, check, found, expected, severity) for check, found, expected, severity in rows]
+
+
+MEMORY_CHECK = "RAM tier"
+HOST_COPIES = 5
+"""Host memory the RAM tier needs, in shares of a checkpoint: the 4 in its folder and the ranks' staging copy."""
+
+
+def _memory_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
+    """The RAM tier's budget: its folder's free space and the node's available memory against what it needs."""
+    needed = expect.memory_bytes
+    if not needed:
+        return []
+    severity = FAIL if expect.memory_required else WARN
+    rows = []
+    if facts.memory_free_bytes is not None and facts.memory_free_bytes < needed:
+        rows.append((MEMORY_CHECK, f"{_gb(facts.memory_free_bytes)} free at {facts.memory_path}",
+                     f">= {_gb(needed)} (4 snapshots of the node's share: {expect.checkpoint_size_source})", severity))
+    host = needed // 4 * HOST_COPIES
+    if facts.mem_available_bytes is not None and facts.mem_available_bytes < host:
+        rows.append((MEMORY_CHECK, f"{_gb(facts.mem_available_bytes)} of memory available",
+                     f">= {_gb(host)} (the snapshots and the ranks' staging copy)", severity))
+    return rows
 
 
 def _versions(name: str) -> Callable[[NodeFacts], str | None]:

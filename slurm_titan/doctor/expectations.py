@@ -33,6 +33,13 @@ class DoctorExpectations:
     checkpoint_dir: str | None = None
     checkpoint_bytes: int | None = None
     checkpoint_size_source: str = ""
+    memory_dir: str | None = None
+    memory_bytes: int | None = None
+    memory_required: bool = True
+    """The RAM tier (`checkpoint.memory`): its folder (a tmpfs), the bytes each node needs there (its share of one
+    checkpoint, own and partner's, for the step every rank holds twice and the one being written: 4x), and whether
+    too little fails the node (else a warning, and the run goes on store-only). Host memory must also hold the
+    ranks' staging copy (one more share): 5x of MemAvailable."""
     check_kernels: bool = False
     """`doctor.check_kernels`: run the override checks on this node's first NPU (`python -m
     slurm_titan.overrides.check`, a child process: the doctor never imports torch)."""

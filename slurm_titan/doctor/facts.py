@@ -77,6 +77,11 @@ class NodeFacts:
     """hccn_tool's view of every judged NPU's network port, by hccn_tool device id; None: no hccn_tool."""
     disk_path: str | None = None
     disk_free_bytes: int | None = None
+    memory_path: str | None = None
+    memory_free_bytes: int | None = None
+    """Free bytes of the RAM tier's file system (checkpoint.memory.dir)."""
+    mem_available_bytes: int | None = None
+    """/proc/meminfo's MemAvailable (the RAM tier on only)."""
     interfaces: list[str] | None = None
     ephemeral_range: tuple[int, int] | None = None
     reserved_ports: tuple[tuple[int, int], ...] | None = None
@@ -140,6 +145,15 @@ def free_space(path: str) -> tuple[str, int]:
     while not place.exists():
         place = place.parent
     return str(place), shutil.disk_usage(place).free
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int:
+    """The kernel's estimate of the memory available to new work (MemAvailable), in bytes."""
+    with open(meminfo) as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"{meminfo} has no MemAvailable")
 
 
 def cann_install(ascend_home: str, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
@@ -309,6 +323,11 @@ def collect_facts(expect: DoctorExpectations, node_rank: int) -> NodeFacts:
         place = _collect(facts, "disk", partial(free_space, expect.checkpoint_dir))
         if place is not None:
             facts.disk_path, facts.disk_free_bytes = place
+    if expect.memory_dir is not None:
+        place = _collect(facts, "RAM tier", partial(free_space, expect.memory_dir))
+        if place is not None:
+            facts.memory_path, facts.memory_free_bytes = place
+        facts.mem_available_bytes = _collect(facts, "RAM tier", mem_available)
     if expect.socket_ifnames:
         facts.interfaces = _collect(facts, "network interface", lambda: sorted(os.listdir(NET_DIR)))
     if expect.hccl_port_ranges:

@@ -288,7 +288,8 @@ def _batch_spec(config: JobConfig, take_over: bool = False) -> BatchSpec:
                                        max_failures_without_progress=policy.max_failures_without_progress),
                      signal_seconds=policy.signal_seconds, titan_module=config.torchtitan.module,
                      titan_config=config.torchtitan.config, straggler=_straggler_plan(config),
-                     lease=_lease_plan(config, take_over))
+                     lease=_lease_plan(config, take_over),
+                     memory_dir=config.checkpoint.memory.dir if config.checkpoint.memory.enable else None)
 
 
 def _lease_lines(batch: BatchSpec, python: str) -> str:

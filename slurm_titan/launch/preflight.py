@@ -20,8 +20,12 @@ def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> Doc
     against each node's ephemeral range are the host's (DoctorExpectations.hccl_port_ranges)."""
     slurm = config.slurm
     size, source = _checkpoint_size(config)
+    memory = config.checkpoint.memory
     expect = DoctorExpectations(device=config.environment.device, devices_per_node=slurm.devices_per_node,
-                                checkpoint_dir=checkpoint_dir, checkpoint_bytes=size, checkpoint_size_source=source)
+                                checkpoint_dir=checkpoint_dir, checkpoint_bytes=size, checkpoint_size_source=source,
+                                memory_dir=memory.dir if memory.enable else None,
+                                memory_bytes=4 * size if memory.enable and size else None,
+                                memory_required=memory.required)
     if expect.device != "npu":
         return expect
     spec = config.environment.npu

@@ -55,13 +55,15 @@ class BatchSpec:
     titan_config: str
     straggler: StragglerPlan  # the slow-node judge of the step watcher (node.batch.slow_watch)
     lease: LeasePlan | None = None  # the writer lease of the remote checkpoint location (none without one)
+    memory_dir: str | None = None  # checkpoint.memory.dir with the RAM tier on: what a failed job leaves is removed
 
     def to_json(self) -> str:
         """The file's text: `format`, then the fields in order, one per line (the dry run shows it); no `lease`
-        without one."""
+        or `memory_dir` without one."""
         fields_ = asdict(self)
-        if self.lease is None:
-            del fields_["lease"]
+        for optional in ("lease", "memory_dir"):
+            if fields_[optional] is None:
+                del fields_[optional]
         return json.dumps({"format": FORMAT, **fields_}, indent=1)
 
     @classmethod
@@ -90,6 +92,7 @@ class BatchSpec:
             lease=None if lease is None else LeasePlan(remote=_field(lease, "remote", str, "lease."),
                                                        endpoint_url=_optional(lease, "endpoint_url", str, "lease."),
                                                        take_over=_field(lease, "take_over", bool, "lease.")),
+            memory_dir=_optional(data, "memory_dir", str) if "memory_dir" in data else None,
         )
 
     @classmethod

@@ -181,11 +181,7 @@ class SyncedCheckpointManager(CheckpointManager):
     def _snapshot(self, step: int) -> None:
         """This rank's RAM snapshot of ``step`` (every rank at the same step: it agrees the safe step)."""
         assert self.ram is not None
-        rank_progress.enter(Phase.SAVE, step)
-        try:
-            self.ram.save(sharded(self._flattened_model_states_sd()), step)
-        finally:
-            rank_progress.enter(Phase.STEP, step + 1)
+        self.ram.save(sharded(self._flattened_model_states_sd()), step)  # within the step's budget: a copy only
         logger.info(f"slurm-titan: RAM snapshot of step {step}: training stopped {self.ram.last_blocked_s:.3f} s "
                     "(the copy to host memory); its write goes on in the background")
         if interval := self.ram.settle_interval():

@@ -4,7 +4,9 @@ spare, requeued without it, or left out on fewer nodes with preemption.allow_shr
 Faults are real SIGKILLs of the training processes and whole nodes killed by their own processes, from outside.
 
 Every run that completes is compared with one uninterrupted run of the same config: every step trained,
-every loss equal, the job COMPLETED.
+every loss equal, the job COMPLETED. Three run with the RAM tier on (issue 25): a node whose rank is killed and a
+node lost whole, each replaced by the spare, which resumes from the partner's memory; a lost node without a spare,
+requeued, which resumes from the store (memory dies with the allocation).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import pytest
 from slurm_titan import envvars
 from slurm_titan.ckpt import layout
 from tests.support.cli import Cli, run, wait_for
-from tests.support.references import SIXTEEN_STEPS, remote_of
-from tests.support.runs import assert_same_training, job_dir, job_field, step_losses, wait_for_log
+from tests.support.references import RAM_INTERVAL, RAM_TIER, SIXTEEN_STEPS, remote_of
+from tests.support.runs import assert_same_training, job_dir, job_field, node_log_text, step_losses, wait_for_log
 from tests.support.s3 import S3Server
 from tests.support.throttle import ThrottledS3
 from tools.local_cluster.cluster import LocalCluster
@@ -73,18 +75,24 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
     assert direct("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
 
 
-def test_a_node_that_fails_every_time_is_swapped_for_a_spare(cli: Cli, reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "slurm.spare_nodes=1", paced=True)
+def test_a_node_that_fails_every_time_is_swapped_for_a_spare_which_resumes_from_the_partners_memory(
+        cli: Cli, reference: dict[int, str]) -> None:
+    # And the RAM tier (issue 25): the bad node's rank is killed -9 in step 5; its snapshot of step 4 (or, were that
+    # one's copy to the partner cut short, of step 2) comes to the spare from the partner's memory
+    job = cli.submit(*CONFIG, *RAM_TIER, "--set", "slurm.spare_nodes=1", paced=True)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
-    bad = cli.status(job)["attempts"][0]["hosts"][1]
-    with SignalAtStep(folder, job, {"SLURMD_NODENAME": bad}, step_reached(3)) as fault:
+    good, bad = cli.status(job)["attempts"][0]["hosts"][:2]
+    with SignalAtStep(folder, job, {"SLURMD_NODENAME": bad}, step_reached(5)) as fault:
         status = cli.wait(job, timeout=900)
     assert status["state"] == "COMPLETED", status
     assert len(fault.signalled) == 1, "the bad node was used again"
     first, second = status["attempts"][:2]
     assert first["excluded"] == [bad] and bad not in second["hosts"]
     assert job_field(cli, job, "Restarts") == 0
+    assert second["first_step"] in (3, 5) and first["steps_retrained"] <= RAM_INTERVAL, (first, second)
+    assert (f"resuming RAM snapshot step {second['first_step'] - 1}: this node's ranks' copies from {good}'s memory"
+            in node_log_text(cli, job))
     assert_same_training(cli, job, reference)
 
 
@@ -113,12 +121,13 @@ def healed_cluster(cluster: LocalCluster, slurm_env: dict) -> Iterator[LocalClus
              120, "every node back")
 
 
-def _kill_a_node_at_step_7(cli: Cli, cluster: LocalCluster, node: int, *sets: str) -> tuple[str, Path, str, dict]:
-    """Submit CONFIG (plus `--set`s), kill attempt 0's node `node` whole once rank 0 logged step 7, wait for the
+def _kill_a_node(cli: Cli, cluster: LocalCluster, node: int, *args: str,
+                 step: int = 7) -> tuple[str, Path, str, dict]:
+    """Submit CONFIG (plus `args`), kill attempt 0's node `node` whole once rank 0 logged `step`, wait for the
     end: (job, its folder, the killed host, the final status)."""
-    job = cli.submit(*CONFIG, *(arg for value in sets for arg in ("--set", value)), paced=True)
+    job = cli.submit(*CONFIG, *args, paced=True)
     folder = job_dir(cli, job)
-    wait_for_log(folder / "logs/rank-0.log", "step:  7")
+    wait_for_log(folder / "logs/rank-0.log", f"step: {step:2d}")
     host = cli.status(job)["attempts"][0]["hosts"][node]
     assert cluster.kill_node(host) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
     status = cli.wait(job, timeout=600)  # ~2.5 min; within the test's own timeout, so that it says why
@@ -126,29 +135,40 @@ def _kill_a_node_at_step_7(cli: Cli, cluster: LocalCluster, node: int, *sets: st
     return job, folder, host, status
 
 
-def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(cli: Cli, healed_cluster: LocalCluster,
-                                                                    reference: dict[int, str]) -> None:
-    job, folder, lost, status = _kill_a_node_at_step_7(cli, healed_cluster, 1, "slurm.spare_nodes=1")
+def test_a_lost_node_is_replaced_by_the_spare_which_resumes_from_the_partners_memory(
+        cli: Cli, healed_cluster: LocalCluster, reference: dict[int, str]) -> None:
+    # The RAM tier (issue 25): the node is killed whole (its memory with it) once step 8 is trained, before its
+    # snapshot is taken: the spare takes the lost node's snapshot of step 6 from the partner's memory. Step 6 is in
+    # no store checkpoint (4, 8): the spare can have it from nowhere else.
+    job, folder, lost, status = _kill_a_node(cli, healed_cluster, 1, *RAM_TIER, "--set", "slurm.spare_nodes=1",
+                                             step=8)
     first, second = status["attempts"][:2]
     assert first["cause"] == f"node {lost} lost" and first["excluded"] == [lost]
     assert lost not in second["hosts"]
     assert job_field(cli, job, "Restarts") == 0
+    assert second["first_step"] in (7, 9) and first["steps_retrained"] <= RAM_INTERVAL, (first, second)
+    partner = status["attempts"][0]["hosts"][0]
+    assert (f"resuming RAM snapshot step {second['first_step'] - 1}: this node's ranks' copies from {partner}'s "
+            "memory") in node_log_text(cli, job)
     assert_same_training(cli, job, reference)
 
 
 def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: LocalCluster,
                                                                  reference: dict[int, str]) -> None:
-    job, folder, lost, status = _kill_a_node_at_step_7(cli, healed_cluster, 1)
+    # With the RAM tier on: memory dies with the allocation, so the requeued job resumes from the store, and says so
+    job, folder, lost, status = _kill_a_node(cli, healed_cluster, 1, *RAM_TIER)
     first, second = status["attempts"][:2]
     assert first["cause"] == f"node {lost} lost" and first["action"] == "requeue"
     assert lost not in second["hosts"]
     assert f"kept {lost} off the requeued job (ExcNodeList)" in (folder / f"{job}_0_log.out").read_text()
+    assert second["first_step"] == 5  # from the store's step 4
+    assert "RAM tier: no snapshot in memory (a new allocation): restoring from the store" in node_log_text(cli, job)
     assert_same_training(cli, job, reference)
 
 
 def test_a_lost_node_without_a_spare_shrinks_inside_the_allocation_when_allowed(cli: Cli,
                                                                              healed_cluster: LocalCluster) -> None:
-    job, folder, lost, status = _kill_a_node_at_step_7(cli, healed_cluster, 1, "preemption.allow_shrink=true")
+    job, folder, lost, status = _kill_a_node(cli, healed_cluster, 1, "--set", "preemption.allow_shrink=true")
     assert job_field(cli, job, "Restarts") == 0, "went through the queue instead of going on in the allocation"
     first, second = status["attempts"][:2]
     assert first["cause"] == f"node {lost} lost" and first["action"] == "restart"
@@ -163,7 +183,7 @@ def test_a_lost_node_without_a_spare_shrinks_inside_the_allocation_when_allowed(
 
 def test_the_batch_host_lost_whole_is_requeued_by_a_surviving_node(cli: Cli, healed_cluster: LocalCluster,
                                                                     reference: dict[int, str]) -> None:
-    job, folder, batch_host, status = _kill_a_node_at_step_7(cli, healed_cluster, 0)
+    job, folder, batch_host, status = _kill_a_node(cli, healed_cluster, 0)
     assert job_field(cli, job, "Restarts") >= 1
     assert status["attempts"][0]["cause"] == f"node {batch_host} lost (the batch host)"
     assert batch_host not in status["attempts"][-1]["hosts"]

@@ -39,6 +39,10 @@ TWELVE_STEPS = [*SMALL_STEPS, "--set", "checkpoint.interval=5", "--set",
 TWELVE_STEP_GROUP = pytest.mark.xdist_group("twelve-step-runs")
 SIXTEEN_STEPS = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=16", "--set", "checkpoint.interval=4"]
 """The 16-step run that test_recovery and test_hang fault and test_runs interrupts between jobs (one reference)."""
+RAM_INTERVAL = 2
+RAM_TIER = ["--set", "checkpoint.memory.enable=true", "--set", f"checkpoint.memory.interval={RAM_INTERVAL}"]
+"""The RAM tier on, a snapshot every 2 steps (test_recovery and test_hang add it to SIXTEEN_STEPS: it changes no
+loss, so they compare with the same reference)."""
 SIXTY_STEPS = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=60", "--set",
                "checkpoint.interval=100"]  # no checkpoint before the end: the preemption runs
 SLOW_NODE_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=60", "--set", "checkpoint.interval=100"]

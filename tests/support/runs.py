@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+from slurm_titan.records import run_folder
 from tests.support.cli import Cli, run, wait_for
 
 STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
@@ -19,6 +20,11 @@ def step_losses(log: Path) -> list[tuple[int, str]]:
 
 def job_dir(cli: Cli, job_id: str) -> Path:
     return Path(cli.status(job_id)["job_dir"])
+
+
+def node_log_text(cli: Cli, job_id: str) -> str:
+    """Every node log of the job (submitit's, where the supervisors say what they do), one after the other."""
+    return "\n".join(path.read_text(errors="replace") for path in run_folder.node_logs(job_dir(cli, job_id), job_id))
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 300) -> None:

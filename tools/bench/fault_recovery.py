@@ -11,7 +11,10 @@ Each fault kind runs once per repeat on configs/debug_cpu.yaml (2 nodes), inject
                 (the cluster is brought back whole afterwards: tools/local-cluster up)
 
 Reported per fault: detection (fault -> the node log's first word of it), fault -> next trained step, the
-attempts and whether Slurm requeued. With --soak-minutes M, one job then trains for M minutes while a crash
+steps trained twice, the attempts and whether Slurm requeued. With --memory-interval N|auto every job runs with
+the RAM tier on (checkpoint.memory): besides, what a snapshot costs (the time it stops training over the median
+step: `snapshot_blocking_ratio`, from the ranks' logs) and the bytes replicated per snapshot and node (the
+supervisors' first copy to the partner). With --soak-minutes M, one job then trains for M minutes while a crash
 or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = distinct steps
 trained in the soak x the uninterrupted time per step (the mean interval between consecutive steps of one
 attempt in the soak, its checkpoint saves included) / its wall time; `goodput_strict` takes the median interval
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -61,21 +65,42 @@ def node_log_lines(run: Run) -> list[tuple[float, str]]:
     return sorted(lines)
 
 
+BLOCKED = re.compile(r"RAM snapshot of step \d+: training stopped ([0-9.]+) s")
+REPLICATED = re.compile(r"RAM tier: step \d+ copied to the partner \S+: (\d+) bytes")
+
+
 def after_fault(run: Run, fault_at: float, kind: str) -> dict[str, Any]:
-    """Detection and recovery times of one fault, from the logs and the run history."""
+    """Detection and recovery times of one fault and the steps trained twice, from the logs and the run history."""
     steps = step_times(read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted))
     next_step = min((t for t in steps.values() if t > fault_at), default=None)
     detected = next((t for t, text in node_log_lines(run) if t > fault_at and DETECTION[kind] in text), None)
     attempts = history.read_attempts(run.job_dir)
     return {"state": run.state, "detect_s": rounded(detected - fault_at if detected else None),
             "to_next_step_s": rounded(next_step - fault_at if next_step else None),
+            "steps_retrained": sum(row.get("steps_retrained", 0) for row in history.as_dicts(attempts)),
             "attempts": len(attempts), "actions": [a.action for a in attempts],
-            "causes": [a.cause for a in attempts if a.cause]}
+            "causes": [a.cause for a in attempts if a.cause], **snapshot_figures(run)}
+
+
+def snapshot_figures(run: Run) -> dict[str, Any]:
+    """With the RAM tier on: the median time a snapshot stopped rank 0's training over its median step, and the
+    bytes each node copied to its partner per snapshot (empty without the tier)."""
+    lines = read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted)
+    blocked = [float(m.group(1)) for ln in lines if (m := BLOCKED.search(ln.text))]
+    if not blocked:
+        return {}
+    steps = sorted(step_times(lines).items())
+    intervals = [t1 - t0 for (s0, t0), (s1, t1) in zip(steps, steps[1:]) if s1 == s0 + 1]
+    copied = [int(m.group(1)) for _, text in node_log_lines(run) if (m := REPLICATED.search(text))]
+    return {"snapshot_blocked_s": rounded(statistics.median(blocked), 3),
+            "snapshot_blocking_ratio": rounded(statistics.median(blocked) / statistics.median(intervals), 3)
+            if intervals else None,
+            "replicated_bytes_per_snapshot": max(copied) if copied else None}
 
 
 def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
     """Submit, inject `kind` once rank 1 (or its node) reached `at_step`, wait for the end."""
-    sets = [f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=4"]
+    sets = [f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=4", *memory_sets(bench)]
     if kind == "node-spare":
         sets.append("slurm.spare_nodes=1")
     run = bench.submit(*sets)
@@ -103,7 +128,7 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
     rng = random.Random(seed)
     run = bench.submit(f"checkpoint.remote={bench.args.remote_base}/{{job_id}}",
                        f"checkpoint.interval={bench.args.soak_checkpoint_interval}",
-                       "torchtitan.args.training.steps=100000", "slurm.time=02:00:00")
+                       "torchtitan.args.training.steps=100000", "slurm.time=02:00:00", *memory_sets(bench))
     log = run.job_dir / "logs" / "rank-0.log"
     bench.wait(run, lambda: log.exists() and step_reached(1)({}, log.read_text(errors="replace")))
     start, faults = time.time(), []
@@ -135,7 +160,13 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
             "steps_retrained": len(trained) - distinct, "step_s": rounded(statistics.mean(per_step), 3),
             "median_step_s": rounded(statistics.median(per_step), 3),
             "goodput": rounded(distinct * statistics.mean(per_step) / wall, 3),
-            "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3)}
+            "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3), **snapshot_figures(run)}
+
+
+def memory_sets(bench: Bench) -> list[str]:
+    """The RAM tier's settings (--memory-interval), none when it is off."""
+    interval = bench.args.memory_interval
+    return [] if interval is None else ["checkpoint.memory.enable=true", f"checkpoint.memory.interval={interval}"]
 
 
 def uninterrupted_intervals(steps: list[tuple[int, float]], attempt_starts: list[float]) -> list[float]:
@@ -153,11 +184,12 @@ def one_repeat(bench: Bench, runs: list[Run], _index: int) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    rows = [f"{'fault':<14}{'detect s':>18}{'fault -> next step s':>24}  attempts / actions"]
+    rows = [f"{'fault':<14}{'detect s':>18}{'fault -> next step s':>24}{'retrained':>11}  attempts / actions"]
     for kind in results[0]:
         per = [r[kind] for r in results]
         rows.append(f"{kind:<14}{median_spread([p['detect_s'] for p in per]):>18}"
-                    f"{median_spread([p['to_next_step_s'] for p in per]):>24}  "
+                    f"{median_spread([p['to_next_step_s'] for p in per]):>24}"
+                    f"{median_spread([p['steps_retrained'] for p in per]):>11}  "
                     f"{per[0]['attempts']} / {','.join(a or '-' for a in per[0]['actions'])}")
     return "\n".join(rows)
 
@@ -172,6 +204,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--soak-checkpoint-interval", type=int, default=10,
                     help="the soak's checkpoint.interval (default 10)")
+    ap.add_argument("--memory-interval", default=None,
+                    help="turn the RAM tier on: checkpoint.memory.interval (a step count or auto; default off)")
     ap.set_defaults(remote="s3")
     args = ap.parse_args()
     code = 0

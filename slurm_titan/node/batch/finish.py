@@ -33,7 +33,7 @@ from slurm_titan import envvars, slurm
 from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node.batch import allocation, attribution, notify, step_watch
+from slurm_titan.node.batch import allocation, attribution, memory, notify, step_watch
 from slurm_titan.node.batch.outcome import REQUEUE, RESTART, SLOW_NODE, STOP, Outcome, RunSoFar, decide
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import BatchSpec, load_or_exit
@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
         if outcome.action == STOP:
+            if code != 0:
+                clear_memory(spec, env)
             return code
         if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec)):
             env |= plan.env()
@@ -273,7 +275,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
             history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
+            clear_memory(spec, env)
         return requeue_job(job_dir, job_id, attempt.number)
+
+
+def clear_memory(spec: BatchSpec, env: dict[str, str]) -> None:
+    """After a failure that ends the allocation: the RAM tier's snapshots off the allocation's healthy nodes."""
+    if spec.memory_dir is None:
+        return
+    hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
+    unhealthy = _unhealthy(hosts)
+    memory.clear(spec.memory_dir, env["SLURM_JOB_ID"], int(env.get("SLURM_RESTART_COUNT") or 0),
+                 [host for host in hosts if host not in unhealthy])
 
 
 def requeue_job(job_dir: Path, job_id: str, attempt: int) -> int:

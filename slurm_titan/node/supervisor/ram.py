@@ -55,7 +55,7 @@ class NodeMemory:
         self.plan, self.run, self.world_size = plan, run, world_size
         self.node, self.nodes, self.procs_per_node = node, nodes, procs_per_node
         self.ranks = list(range(node * procs_per_node, (node + 1) * procs_per_node))
-        self.root = layout.job_root(plan.dir, job_id, requeue)
+        self.root, self.requeue, self.attempt = layout.job_root(plan.dir, job_id, requeue), requeue, attempt
         self.root.mkdir(parents=True, exist_ok=True)
         self.folder, self.host, self.say = run_folder.ram_folder(job_dir, attempt), host, say
         self.server = SnapshotServer(self.root, run, world_size).start()
@@ -102,8 +102,12 @@ class NodeMemory:
         choice = choose(holdings, self.world_size, node_of)
         if choice is None:
             steps = sorted({s for h in holdings for s in h.held}, reverse=True)[:3]
-            self.say("RAM tier: no snapshot that every rank can get (steps held: "
-                     f"{', '.join(map(str, steps)) or 'none'}): restoring from the store")
+            if steps:
+                self.say(f"RAM tier: no snapshot that every rank can get (steps held: {', '.join(map(str, steps))}; "
+                         "a node and its partner lost?): restoring from the store")
+            elif self.requeue or self.attempt:
+                self.say("RAM tier: no snapshot in memory" + (" (a new allocation)" if self.requeue else "")
+                         + ": restoring from the store")
             self._forget(None)
             return None
         why = f"the store's step {store_step} is newer" if store_step is not None and store_step > choice.step else ""
@@ -177,8 +181,11 @@ class NodeMemory:
             if self.nodes > 1:
                 partner = self._partner()
                 if not all(rank in partner.held.get(step, ()) for rank in self.ranks):
-                    for folder in folders:
-                        push(folder, partner.host, partner.port, partner.token)
+                    begin = time.monotonic()
+                    sent = sum(push(folder, partner.host, partner.port, partner.token) for folder in folders)
+                    if self.pushed < 0:  # the attempt's first copy is said; the others are alike
+                        self.say(f"RAM tier: step {step} copied to the partner {partner.host}: {sent} bytes in "
+                                 f"{time.monotonic() - begin:.2f} s (the later copies are not said)")
             for rank in self.ranks:
                 replace_text(layout.replicated_file(self.root, rank), str(step))
             self.pushed = step

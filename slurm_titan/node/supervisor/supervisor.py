@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from slurm_titan import envvars
-from slurm_titan.doctor import PreflightFailed, run_preflight
+from slurm_titan.doctor import MEMORY_CHECK, PreflightFailed, run_preflight
 from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
 from slurm_titan.errors import ExitCode, SlurmTitanError
@@ -290,6 +290,7 @@ class NodeSupervisor:
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
         env |= envvars.RankAttemptEnv(job_dir, envvars.attempt_id(job_id, attempt), self.stop_file).to_env()
+        doctor_warnings = []
         if spec.preflight:
             try:
                 doctor_warnings = run_preflight(job_dir, attempt, rdzv.node_rank, rdzv.num_nodes,
@@ -302,7 +303,11 @@ class NodeSupervisor:
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
         if spec.checkpoint:
             env |= spec.checkpoint.rank_env(job_id)
-        memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring else None
+        short = [w for w in doctor_warnings if w.check == MEMORY_CHECK]  # checkpoint.memory.required: false
+        if short:
+            say("WARNING: RAM tier off for this attempt, the run goes on store-only: too little memory "
+                f"({short[0].found}; {short[0].expected})")
+        memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring and not short else None
         if memory:
             env |= memory.rank_env()
         timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])

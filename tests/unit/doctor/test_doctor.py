@@ -18,7 +18,7 @@ from slurm_titan.doctor import facts as facts_module
 from slurm_titan.doctor.checks import compare_nodes, node_findings
 from slurm_titan.doctor.facts import NodeFacts, collect_facts, run_tool
 from slurm_titan.doctor.npu_smi import parse_colon_fields, parse_key_values, parse_npu_smi_info
-from slurm_titan.doctor.report import WARN, Finding, format_table
+from slurm_titan.doctor.report import FAIL, WARN, Finding, format_table
 from slurm_titan.errors import ExitCode
 from slurm_titan.launch.config import load_config
 from slurm_titan.launch.plan import plan_job
@@ -166,6 +166,20 @@ def test_node_checks_against_the_config() -> None:
         "network interface": "no ib0 (has eth0, lo)",
         "HCCL ports": "61000-61127 overlaps this node's ephemeral ports 32768-65000 (61000-61127 not reserved)",
     }
+
+
+def test_the_ram_tier_needs_four_shares_in_its_folder_and_five_of_host_memory() -> None:
+    share = 100 * 10**9
+    expect = replace(NPU, memory_dir="/dev/shm", memory_bytes=4 * share, checkpoint_size_source="estimated / 8 node(s)")
+    enough = npu_facts(memory_path="/dev/shm", memory_free_bytes=400 * 10**9, mem_available_bytes=500 * 10**9)
+    assert [f for f in node_findings(enough, expect) if f.check == "RAM tier"] == []
+    short = replace(enough, memory_free_bytes=300 * 10**9, mem_available_bytes=450 * 10**9)
+    rows = [(f.found, f.expected, f.severity) for f in node_findings(short, expect) if f.check == "RAM tier"]
+    assert rows == [("300.0 GB free at /dev/shm",
+                     ">= 400.0 GB (4 snapshots of the node's share: estimated / 8 node(s))", FAIL),
+                    ("450.0 GB of memory available", ">= 500.0 GB (the snapshots and the ranks' staging copy)", FAIL)]
+    optional = replace(expect, memory_required=False)
+    assert {f.severity for f in node_findings(short, optional) if f.check == "RAM tier"} == {WARN}
 
 
 def test_mixed_drivers_chips_and_versions_are_named() -> None:
