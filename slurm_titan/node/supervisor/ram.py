@@ -63,7 +63,7 @@ class NodeMemory:
         self.stopping = threading.Event()
         self.replicator: threading.Thread | None = None
         self.partner: Holding | None = None
-        self.failed_push: int | None = None
+        self.last_error = ""  # said once, not at every retry
 
     def rank_env(self) -> dict[str, str]:
         return RamEnv(self.root, self.plan.interval, self.run).to_env()
@@ -167,7 +167,9 @@ class NodeMemory:
             try:
                 self.replicate_once()
             except (TransferError, OSError, ValueError) as error:
-                self.say(f"RAM tier: could not copy a snapshot to the partner node: {error}")
+                if str(error) != self.last_error:
+                    self.say(f"RAM tier: could not copy a snapshot to the partner node (retrying): {error}")
+                self.last_error = str(error)
 
     def replicate_once(self) -> None:
         """Push this node's newest sealed step not yet pushed to the partner; drop the partner's older copies."""
