@@ -8,5 +8,6 @@ supervisor's, which replicates and recovers, is :mod:`slurm_titan.node.superviso
 - :mod:`.choice`    the newest step every rank can get, and from which node
 - :mod:`.transfer`  a node's snapshot server (HTTP on the node's own port) and its clients: push to the partner,
                     pull on recovery, each file's size and CRC-32 checked
-- :mod:`.budget`    the memory a node needs, and whether it has it
+
+The memory a node needs is the preflight's (:mod:`slurm_titan.doctor.checks`, from the plan's checkpoint size).
 """

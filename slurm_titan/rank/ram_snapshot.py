@@ -33,7 +33,8 @@ log = logging.getLogger("slurm_titan.rank.ram_snapshot")
 RNG = "slurm_titan.rng"
 """The key of the RNG states in a snapshot."""
 PROBE_STEP = 4
-"""With an automatic interval, the step whose snapshot measures what one costs (after the first steps' warm-up)."""
+"""With an automatic interval, the snapshot that measures what one costs is taken at the attempt's 4th step (after
+its first steps' warm-up)."""
 BLOCKING_SHARE = 0.02
 """The automatic interval keeps the time snapshots stop training at or below this share of training time."""
 
@@ -77,6 +78,7 @@ class RamSnapshots:
         self.last_blocked_s = 0.0
         self.step_s: list[float] = []  # the last steps' durations (auto interval)
         self.last_step_at: float | None = None
+        self.steps_seen = 0  # steps trained by this process: the same on every rank
         accelerator = _device_rng() is not None
         self.stager = DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
                                                    use_async_staging=False, use_non_blocking_copy=accelerator))
@@ -88,8 +90,9 @@ class RamSnapshots:
         if self.last_step_at is not None:
             self.step_s = [*self.step_s[-4:], now - self.last_step_at]
         self.last_step_at = now
+        self.steps_seen += 1
         if not self.interval:
-            return step == PROBE_STEP
+            return self.steps_seen == PROBE_STEP
         return step > 0 and step % self.interval == 0
 
     def settle_interval(self) -> int:

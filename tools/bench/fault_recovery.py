@@ -67,9 +67,10 @@ def node_log_lines(run: Run) -> list[tuple[float, str]]:
 
 BLOCKED = re.compile(r"RAM snapshot of step \d+: training stopped ([0-9.]+) s")
 REPLICATED = re.compile(r"RAM tier: step \d+ copied to the partner \S+: (\d+) bytes")
+AUTO_INTERVAL = re.compile(r"RAM tier: a snapshot every (\d+) step")
 
 
-def after_fault(run: Run, fault_at: float, kind: str) -> dict[str, Any]:
+def after_fault(run: Run, fault_at: float, kind: str, memory_interval: str | None) -> dict[str, Any]:
     """Detection and recovery times of one fault and the steps trained twice, from the logs and the run history."""
     steps = step_times(read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted))
     next_step = min((t for t in steps.values() if t > fault_at), default=None)
@@ -79,22 +80,26 @@ def after_fault(run: Run, fault_at: float, kind: str) -> dict[str, Any]:
             "to_next_step_s": rounded(next_step - fault_at if next_step else None),
             "steps_retrained": sum(row.get("steps_retrained", 0) for row in history.as_dicts(attempts)),
             "attempts": len(attempts), "actions": [a.action for a in attempts],
-            "causes": [a.cause for a in attempts if a.cause], **snapshot_figures(run)}
+            "causes": [a.cause for a in attempts if a.cause], **snapshot_figures(run, memory_interval)}
 
 
-def snapshot_figures(run: Run) -> dict[str, Any]:
-    """With the RAM tier on: the median time a snapshot stopped rank 0's training over its median step, and the
-    bytes each node copied to its partner per snapshot (empty without the tier)."""
+def snapshot_figures(run: Run, interval: str | None) -> dict[str, Any]:
+    """With the RAM tier on: the median time a snapshot stopped rank 0's training over its median step
+    (`snapshot_blocking_ratio`), the same spread over the steps between two snapshots (`snapshot_share`: what
+    checkpoint.memory.interval auto keeps <= 0.02), the interval, and the bytes each node copied to its partner per
+    snapshot; empty without the tier."""
     lines = read_lines(run.job_dir / "logs" / "rank-0.log", run.submitted)
     blocked = [float(m.group(1)) for ln in lines if (m := BLOCKED.search(ln.text))]
     if not blocked:
         return {}
     steps = sorted(step_times(lines).items())
     intervals = [t1 - t0 for (s0, t0), (s1, t1) in zip(steps, steps[1:]) if s1 == s0 + 1]
+    chosen = [int(m.group(1)) for ln in lines if (m := AUTO_INTERVAL.search(ln.text))]
+    every = chosen[-1] if chosen else int(interval) if interval and interval.isdigit() else None
     copied = [int(m.group(1)) for _, text in node_log_lines(run) if (m := REPLICATED.search(text))]
-    return {"snapshot_blocked_s": rounded(statistics.median(blocked), 3),
-            "snapshot_blocking_ratio": rounded(statistics.median(blocked) / statistics.median(intervals), 3)
-            if intervals else None,
+    ratio = statistics.median(blocked) / statistics.median(intervals) if intervals else None
+    return {"snapshot_blocked_s": rounded(statistics.median(blocked), 3), "snapshot_blocking_ratio": rounded(ratio, 3),
+            "memory_interval": every, "snapshot_share": rounded(ratio / every, 3) if ratio and every else None,
             "replicated_bytes_per_snapshot": max(copied) if copied else None}
 
 
@@ -120,7 +125,7 @@ def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
     finally:
         if kind.startswith("node"):
             LocalCluster.from_env(bench.env).up()
-    return after_fault(run, fault_at, kind)
+    return after_fault(run, fault_at, kind, bench.args.memory_interval)
 
 
 def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, Any]:
@@ -160,7 +165,8 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
             "steps_retrained": len(trained) - distinct, "step_s": rounded(statistics.mean(per_step), 3),
             "median_step_s": rounded(statistics.median(per_step), 3),
             "goodput": rounded(distinct * statistics.mean(per_step) / wall, 3),
-            "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3), **snapshot_figures(run)}
+            "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3),
+            **snapshot_figures(run, bench.args.memory_interval)}
 
 
 def memory_sets(bench: Bench) -> list[str]:
