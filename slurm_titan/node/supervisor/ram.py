@@ -12,9 +12,9 @@ For one attempt, :class:`NodeMemory`:
   copies it lacks from the nodes that hold them, and the nodes agree on it in one round
   (:class:`slurm_titan.ckpt.NodeAgreement`, stage ``ram``) before any rank loads it; a store checkpoint newer than
   it, or a copy that cannot be had whole, sends every node to the store instead, and the log says why in one line;
-- cleans up: the folder goes when the node's ranks finished or stopped for a requeue (memory dies with the
-  allocation: a preemption is saved to the store), and the batch shell removes what a failed job left
-  (:mod:`slurm_titan.node.batch.finish`).
+- cleans up: the folder goes at Slurm's stop signal (memory dies with the allocation: a preemption, a time limit or
+  a cancel is saved to the store) and when the node's ranks finished; an earlier allocation's of the same job goes
+  when the job lands here again; the batch shell removes what a failed job left (:mod:`slurm_titan.node.batch.memory`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class NodeMemory:
         self.node, self.nodes, self.procs_per_node = node, nodes, procs_per_node
         self.ranks = list(range(node * procs_per_node, (node + 1) * procs_per_node))
         self.root, self.requeue, self.attempt = layout.job_root(plan.dir, job_id, requeue), requeue, attempt
+        for earlier in range(requeue):  # what an earlier allocation of this job left here, killed outright
+            shutil.rmtree(layout.job_root(plan.dir, job_id, earlier), ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.folder, self.host, self.say = run_folder.ram_folder(job_dir, attempt), host, say
         self.server = SnapshotServer(self.root, run, world_size).start()
@@ -212,6 +214,13 @@ class NodeMemory:
         return self.partner
 
     # -- the end --------------------------------------------------------------------------------------------
+    def discard(self) -> None:
+        """Slurm's stop signal: the run saves to the store and the allocation ends, so the snapshots go now (in a
+        thread: this runs in a signal handler), not after the ranks' save, which Slurm may cut short."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            threading.Thread(target=shutil.rmtree, args=(self.root, True), name="ram-discard", daemon=True).start()
+
     def close(self, keep: bool) -> None:
         """Stop serving and replicating; the folder stays only when ``keep`` (the ranks failed: the next attempt
         recovers from it)."""

@@ -257,6 +257,7 @@ class NodeSupervisor:
         self.stop_file: Path | None = None
         self.terminated = False  # Slurm sent SIGTERM: the job may have lost its batch host (node.supervisor.batch_host)
         self.ranks: RankGroup | None = None
+        self.memory: NodeMemory | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
@@ -268,6 +269,8 @@ class NodeSupervisor:
             self.stop_file.write_text(name)
         if self.ranks:
             self.ranks.signal_all(signum)
+        if self.memory:  # the run stops to requeue (or is cancelled): memory dies with the allocation, now
+            self.memory.discard()
 
     def __call__(self) -> None:
         spec, env = self.spec, dict(os.environ)
@@ -310,6 +313,7 @@ class NodeSupervisor:
         memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring and not short else None
         if memory:
             env |= memory.rank_env()
+            self.memory = memory
         timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
                             learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes,

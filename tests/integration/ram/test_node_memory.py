@@ -114,3 +114,14 @@ def test_a_partner_that_answers_with_another_runs_snapshot_is_named_and_the_stor
     assert any(line.startswith("c: RAM tier: snapshot step 4 not taken (node 1: ") and "a snapshot of another run "
                "(999:other, not 4711:abc)" in line and line.endswith("restoring from the store") for line in lines)
     assert not layout.steps(spare.memory.root)  # nothing of it kept
+
+
+def test_a_one_node_job_says_it_has_no_partner_and_keeps_its_own_copy(tmp_path: Path) -> None:
+    lines: list[str] = []
+    only = Node(tmp_path, "a", 0, 1, 0, lines)
+    only.snapshot(4, 0, b"rank 0 of step 4")
+    only.memory.start_replicating()
+    only.memory.close(keep=True)
+    assert lines == ["a: RAM tier: a one-node job has no partner: its snapshots are kept in this node's memory only"]
+    only.memory.replicate_once()
+    assert layout.read_step(layout.replicated_file(only.memory.root, 0)) == 4  # held once: the most it can be
