@@ -21,7 +21,15 @@ from slurm_titan import envvars
 from slurm_titan.ckpt import layout
 from tests.support.cli import Cli, run, wait_for
 from tests.support.references import RAM_INTERVAL, RAM_TIER, SIXTEEN_STEPS, remote_of
-from tests.support.runs import assert_same_training, job_dir, job_field, node_log_text, step_losses, wait_for_log
+from tests.support.runs import (
+    assert_same_training,
+    job_dir,
+    job_field,
+    memory_left,
+    node_log_text,
+    step_losses,
+    wait_for_log,
+)
 from tests.support.s3 import S3Server
 from tests.support.throttle import ThrottledS3
 from tools.local_cluster.cluster import LocalCluster
@@ -76,7 +84,7 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
 
 
 def test_a_node_that_fails_every_time_is_swapped_for_a_spare_which_resumes_from_the_partners_memory(
-        cli: Cli, reference: dict[int, str]) -> None:
+        cli: Cli, cluster: LocalCluster, reference: dict[int, str]) -> None:
     # And the RAM tier (issue 25): the bad node's rank is killed -9 in step 5; its snapshot of step 4 (or, were that
     # one's copy to the partner cut short, of step 2) comes to the spare from the partner's memory
     job = cli.submit(*CONFIG, *RAM_TIER, "--set", "slurm.spare_nodes=1", paced=True)
@@ -93,6 +101,7 @@ def test_a_node_that_fails_every_time_is_swapped_for_a_spare_which_resumes_from_
     assert second["first_step"] in (3, 5) and first["steps_retrained"] <= RAM_INTERVAL, (first, second)
     assert (f"resuming RAM snapshot step {second['first_step'] - 1}: this node's ranks' copies from {good}'s memory"
             in node_log_text(cli, job))
+    assert memory_left(cluster, job) == []  # the bad node's kept snapshots too (the batch shell's, at the end)
     assert_same_training(cli, job, reference)
 
 
@@ -150,6 +159,7 @@ def test_a_lost_node_is_replaced_by_the_spare_which_resumes_from_the_partners_me
     partner = status["attempts"][0]["hosts"][0]
     assert (f"resuming RAM snapshot step {second['first_step'] - 1}: this node's ranks' copies from {partner}'s "
             "memory") in node_log_text(cli, job)
+    assert memory_left(healed_cluster, job) == []
     assert_same_training(cli, job, reference)
 
 
@@ -163,6 +173,7 @@ def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, heale
     assert f"kept {lost} off the requeued job (ExcNodeList)" in (folder / f"{job}_0_log.out").read_text()
     assert second["first_step"] == 5  # from the store's step 4
     assert "RAM tier: no snapshot in memory (a new allocation): restoring from the store" in node_log_text(cli, job)
+    assert memory_left(healed_cluster, job) == []  # the first allocation's: cleared by its batch shell
     assert_same_training(cli, job, reference)
 
 

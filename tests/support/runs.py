@@ -8,6 +8,7 @@ from pathlib import Path
 
 from slurm_titan.records import run_folder
 from tests.support.cli import Cli, run, wait_for
+from tools.local_cluster.cluster import NODES, LocalCluster
 
 STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
 FETCHED = re.compile(r"this node's share \(ranks (\d+)-(\d+)\) fetched: (\d+) of (\d+) bytes")  # a node log's restore
@@ -25,6 +26,11 @@ def job_dir(cli: Cli, job_id: str) -> Path:
 def node_log_text(cli: Cli, job_id: str) -> str:
     """Every node log of the job (submitit's, where the supervisors say what they do), one after the other."""
     return "\n".join(path.read_text(errors="replace") for path in run_folder.node_logs(job_dir(cli, job_id), job_id))
+
+
+def memory_left(cluster: LocalCluster, job_id: str) -> list[str]:
+    """The nodes whose memory still holds a RAM tier folder of the job (each node's own /dev/shm)."""
+    return [node for node in NODES if (shm := cluster.node_memory(node)) and list(shm.glob(f"slurm-titan-{job_id}.*"))]
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 300) -> None:

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
         if outcome.action == STOP:
-            if code != 0:
+            if code != 0 or attempt.number > 0:  # a failure kept snapshots somewhere: a node left out, say
                 clear_memory(spec, env)
             return code
         if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec)):
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def clear_memory(spec: BatchSpec, env: dict[str, str]) -> None:
-    """After a failure that ends the allocation: the RAM tier's snapshots off the allocation's healthy nodes."""
+    """When the allocation ends after a failure: the RAM tier's snapshots off its healthy nodes (the last attempt's
+    supervisors removed theirs if it finished; a node left out after a failure kept its own)."""
     if spec.memory_dir is None:
         return
     hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))

@@ -1,8 +1,10 @@
-"""The batch shell's part of the RAM tier: a job that ends failed, or is requeued after a failure, leaves its
-snapshots in the memory of the nodes whose supervisors kept them for a restart; one srun step removes them.
+"""The batch shell's part of the RAM tier: an allocation that ends after a failure (the job failed, was requeued, or
+finished on other nodes than a failed attempt's) may leave snapshots in the memory of nodes whose supervisors kept
+them for a restart; one srun step removes them.
 
-(A job that finished or stopped for a preemption has none left: each supervisor removed its own. A job killed whole,
-its batch shell with it, leaves them to the node's own cleanup: Slurm's job_container/tmpfs, or the epilog.)
+(A job that ran one attempt to its end or stopped for a preemption has none left: each supervisor removed its own. A
+job killed outright, its batch shell with it, leaves them to the node's own cleanup: Slurm's job_container/tmpfs, or
+the epilog.)
 """
 
 from __future__ import annotations
