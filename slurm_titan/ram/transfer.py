@@ -108,9 +108,8 @@ class SnapshotServer:
             return
         step, rank, name = parsed
         staging = _staging(self.root, step, rank)
-        if name != layout.MANIFEST and not staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
+        if name != layout.MANIFEST:
+            staging.mkdir(parents=True, exist_ok=True)
         try:
             length, crc = int(request.headers["Content-Length"]), int(request.headers["X-Crc32"])
             data = request.rfile.read(length) if name == layout.MANIFEST else None
