@@ -16,6 +16,7 @@ import re
 import select
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from tests.support.cli import Cli, wait_for
 from tests.support.paths import REPO
 from tests.support.references import RAM_INTERVAL, RAM_TIER, SIXTEEN_STEPS
 from tests.support.runs import assert_same_training, job_dir, node_log_text, uninterrupted_losses
+from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -84,16 +86,22 @@ def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers_from_memory(cli: 
     assert_same_training(cli, job, reference)
 
 
-def _saving(env: dict[str, str], log: str) -> bool:
-    """The rank is inside a checkpoint save (its progress record says so), at step 8 or later."""
-    record = rank_progress.read(Path(env.get(PROGRESS_FILE, "/nonexistent")))
-    return record is not None and record.phase == Phase.SAVE and record.step >= 8
+def _saving(cluster: LocalCluster) -> Callable[[dict[str, str], str], bool]:
+    """The rank is inside a checkpoint save (its progress record, in its node's own /dev/shm, says so), at step 8 or
+    later."""
+    def ready(env: dict[str, str], log: str) -> bool:
+        path = cluster.node_path(env["SLURMD_NODENAME"], env.get(PROGRESS_FILE, "/nonexistent"))
+        record = rank_progress.read(path) if path else None
+        return record is not None and record.phase == Phase.SAVE and record.step >= 8
+
+    return ready
 
 
-def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, reference: dict[int, str]) -> None:
+def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, cluster: LocalCluster,
+                                                                   reference: dict[int, str]) -> None:
     job = cli.submit(*CONFIG, "--set", "watchdog.save_s=60", paced=True)  # the default (600 s) suits 70B checkpoints
     folder = job_dir(cli, job)
-    with SignalAtStep(folder, job, {"RANK": "1"}, _saving, signal.SIGSTOP, times=1, poll_s=0.005) as fault:
+    with SignalAtStep(folder, job, {"RANK": "1"}, _saving(cluster), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
     assert fault.signalled
     assert status["state"] == "COMPLETED", status

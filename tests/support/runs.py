@@ -30,7 +30,8 @@ def node_log_text(cli: Cli, job_id: str) -> str:
 
 def memory_left(cluster: LocalCluster, job_id: str) -> list[str]:
     """The nodes whose memory still holds a RAM tier folder of the job (each node's own /dev/shm)."""
-    return [node for node in NODES if (shm := cluster.node_memory(node)) and list(shm.glob(f"slurm-titan-{job_id}.*"))]
+    return [node for node in NODES
+            if (shm := cluster.node_path(node, "/dev/shm")) and list(shm.glob(f"slurm-titan-{job_id}.*"))]
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 300) -> None:

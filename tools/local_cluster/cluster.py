@@ -207,10 +207,11 @@ class LocalCluster:
     def alive(self) -> bool:
         return all(self.pid_of(daemon) is not None for daemon in self.daemons())
 
-    def node_memory(self, node: str) -> Path | None:
-        """`node`'s own /dev/shm as this host sees it (through its slurmd's root), None while the node is down."""
+    def node_path(self, node: str, path: str) -> Path | None:
+        """`path` as `node` sees it (its mounts: node-local scratch, /dev/shm), from this host through its slurmd's
+        root; None while the node is down."""
         pid = self.pid_of(f"slurmd-{node}")
-        return None if pid is None else Path(f"/proc/{pid}/root/dev/shm")
+        return None if pid is None else Path(f"/proc/{pid}/root") / path.lstrip("/")
 
     def node_processes(self, node: str | None = None) -> list[int]:
         """The processes living in a node's namespaces (its slurmd, slurmstepd, job tasks): of `node`, or of

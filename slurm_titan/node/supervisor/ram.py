@@ -12,9 +12,10 @@ For one attempt, :class:`NodeMemory`:
   copies it lacks from the nodes that hold them, and the nodes agree on it in one round
   (:class:`slurm_titan.ckpt.NodeAgreement`, stage ``ram``) before any rank loads it; a store checkpoint newer than
   it, or a copy that cannot be had whole, sends every node to the store instead, and the log says why in one line;
-- cleans up: the folder goes at Slurm's stop signal (memory dies with the allocation: a preemption, a time limit or
-  a cancel is saved to the store) and when the node's ranks finished; an earlier allocation's of the same job goes
-  when the job lands here again; the batch shell removes what a failed job left (:mod:`slurm_titan.node.batch.memory`).
+- cleans up: the folder goes at Slurm's warning signal (memory dies with the allocation: a preemption or the time
+  limit is saved to the store) and when the node's ranks finished or stopped for a requeue; an earlier allocation's
+  of the same job goes when the job lands here again; the batch shell removes what a failed job left
+  (:mod:`slurm_titan.node.batch.memory`).
 """
 
 from __future__ import annotations
@@ -215,8 +216,9 @@ class NodeMemory:
 
     # -- the end --------------------------------------------------------------------------------------------
     def discard(self) -> None:
-        """Slurm's stop signal: the run saves to the store and the allocation ends, so the snapshots go now (in a
-        thread: this runs in a signal handler), not after the ranks' save, which Slurm may cut short."""
+        """Slurm's warning (a preemption, the time limit): the run saves to the store and requeues, so the snapshots
+        go now (in a thread: this runs in a signal handler), not after the ranks' save, which Slurm may cut short.
+        Not on SIGTERM: srun sends it to the other nodes when one fails, and their snapshots are the recovery's."""
         if not self.stopping.is_set():
             self.stopping.set()
             threading.Thread(target=shutil.rmtree, args=(self.root, True), name="ram-discard", daemon=True).start()

@@ -269,8 +269,8 @@ class NodeSupervisor:
             self.stop_file.write_text(name)
         if self.ranks:
             self.ranks.signal_all(signum)
-        if self.memory:  # the run stops to requeue (or is cancelled): memory dies with the allocation, now
-            self.memory.discard()
+        if self.memory and signum == signal.SIGUSR2:  # a preemption or the time limit: the run saves to the store
+            self.memory.discard()  # and requeues; memory dies with the allocation (SIGTERM may be srun's, on a failure)
 
     def __call__(self) -> None:
         spec, env = self.spec, dict(os.environ)
