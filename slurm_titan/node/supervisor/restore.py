@@ -79,7 +79,6 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     return RestoreVerdict()
 
 
-
 def _from_memory(memory: NodeMemory, plan: CheckpointPlan, remote: str, local: str, agree, say,  # noqa: ANN001
                  ) -> RestoreVerdict | None:
     """The RAM tier's verdict, None when the store is the one to restore from (the line saying why is out). Newer
