@@ -122,11 +122,16 @@ class RamSnapshots:
 
     def save(self, states: dict[str, Any], step: int) -> None:
         """Snapshot ``states`` (torchtitan's, flattened) as step ``step``: copied to host memory now, written and
-        sealed in the background. Every rank calls it at the same step (the safe step is agreed with one
-        all_reduce); own snapshots older than the step every rank holds twice are dropped."""
+        sealed in the background. Every rank calls it at the same step (the safe step, the newest every rank holds
+        twice, is agreed with one all_reduce); own snapshots older than it are dropped first."""
         begin = time.monotonic()
         self.wait()
         safe = self._safe_step()
+        if safe >= 0:  # before the new one is written: a node holds the safe step and the one being written, no more
+            for older in layout.steps(self.root):
+                if older < safe:
+                    shutil.rmtree(layout.rank_dir(self.root, older, self.rank), ignore_errors=True)
+            (self.root / layout.SAFE).write_text(str(safe))  # the supervisor drops the partner's older copies
         final = layout.rank_dir(self.root, step, self.rank)
         staging = final.parent / f".rank-{self.rank}.{os.getpid()}"
         staging.mkdir(parents=True, exist_ok=True)
@@ -142,11 +147,6 @@ class RamSnapshots:
             manifest = snapshot.Manifest.of_folder(staging, run=self.run, step=step, rank=self.rank,
                                                    world_size=self.world_size)
             snapshot.seal(staging, manifest, final)
-            if safe >= 0:
-                for older in layout.steps(self.root):
-                    if older < min(safe, step):
-                        shutil.rmtree(layout.rank_dir(self.root, older, self.rank), ignore_errors=True)
-                (self.root / layout.SAFE).write_text(str(safe))
 
         self.pending = written
         written.add_done_callback(seal)
