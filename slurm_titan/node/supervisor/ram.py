@@ -96,10 +96,11 @@ class NodeMemory:
             time.sleep(HOLDINGS_POLL_S)
 
     # -- recovery -------------------------------------------------------------------------------------------
-    def recover(self, store_step: int | None, agree: Agreement | None) -> RestoreVerdict | None:
+    def recover(self, store_step: int | None, agree: Agreement | None, refuse: str = "") -> RestoreVerdict | None:
         """The verdict of a recovery from memory, or None (the line saying why is out) when the store is the
         one to restore from: no step that every rank can get, a newer store checkpoint (``store_step``), a copy
-        that some node could not get whole. Every node reaches the same answer (``agree``: one round)."""
+        that some node could not get whole, or this node's ``refuse`` (why it cannot judge). Every node reaches the
+        same answer (``agree``: one round)."""
         holdings = self._holdings()
         node_of = {rank: rank // self.procs_per_node for rank in range(self.world_size)}
         choice = choose(holdings, self.world_size, node_of)
@@ -113,7 +114,8 @@ class NodeMemory:
                          + ": restoring from the store")
             self._forget(None)
             return None
-        why = f"the store's step {store_step} is newer" if store_step is not None and store_step > choice.step else ""
+        newer = store_step is not None and store_step > choice.step
+        why = refuse or (f"the store's step {store_step} is newer" if newer else "")
         fetched = 0
         if not why:
             try:

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slurm_titan.errors import StorageError
 from slurm_titan.node.spec import CheckpointPlan
 from slurm_titan.node.supervisor.ram import MemoryUnavailable, NodeMemory
 from slurm_titan.records.restore_verdict import RestoreVerdict
@@ -85,11 +86,14 @@ def _from_memory(memory: NodeMemory, plan: CheckpointPlan, remote: str, local: s
     uncommitted local steps are moved aside as a store restore would."""
     from slurm_titan.ckpt import hide_uncommitted, list_checkpoints, newest_complete, open_store
 
-    store = open_store(remote, endpoint_url=plan.endpoint_url, check=True, create=True)
-    newest = newest_complete(list_checkpoints(store))
-    stored = newest.step if newest is not None else None
+    try:  # a node that cannot list the store still takes part in the round (as a rejection): none waits for it
+        newest = newest_complete(list_checkpoints(open_store(remote, endpoint_url=plan.endpoint_url, check=True,
+                                                             create=True)))
+        stored, unlisted = (newest.step if newest is not None else None), ""
+    except StorageError as error:
+        stored, unlisted = None, f"the store cannot be listed ({error})"
     try:
-        verdict = memory.recover(stored, agree)
+        verdict = memory.recover(stored, agree, refuse=unlisted)
     except MemoryUnavailable as error:
         say(f"RAM tier: {error}: restoring from the store")
         return None

@@ -310,10 +310,9 @@ class NodeSupervisor:
         if short:
             say("WARNING: RAM tier off for this attempt, the run goes on store-only: too little memory "
                 f"({short[0].found}; {short[0].expected})")
-        memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring and not short else None
+        self.memory = memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring and not short else None
         if memory:
             env |= memory.rank_env()
-            self.memory = memory
         timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
                             learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes,

@@ -39,13 +39,15 @@ class Node:
                       layout.rank_dir(self.memory.root, step, rank))
 
 
-def recover_all(tmp: Path, nodes: list[Node], attempt: int, store_step: int | None = None) -> list:
-    """Every node's recovery at once, agreeing through the attempt's folder, as the supervisors do."""
+def recover_all(tmp: Path, nodes: list[Node], attempt: int, store_step: int | None = None,
+                refuse: tuple[str, ...] = ()) -> list:
+    """Every node's recovery at once, agreeing through the attempt's folder, as the supervisors do (`refuse`: each
+    node's reason not to judge, "" for none)."""
     verdicts: list = [None] * len(nodes)
 
     def one(k: int) -> None:
         agree = NodeAgreement(run_folder.restore_verdicts(tmp / "job", attempt), k, len(nodes), timeout_s=30)
-        verdicts[k] = nodes[k].memory.recover(store_step, agree)
+        verdicts[k] = nodes[k].memory.recover(store_step, agree, refuse[k] if refuse else "")
 
     threads = [threading.Thread(target=one, args=(k,)) for k in range(len(nodes))]
     for thread in threads:
@@ -99,6 +101,12 @@ def test_a_node_lost_with_its_partner_or_a_newer_store_checkpoint_sends_every_no
     assert recover_all(tmp_path, [f, g], 3, store_step=8) == [None, None]
     assert "RAM tier: snapshot step 4 not taken (node 0: the store's step 8 is newer): restoring from the store" in \
         lines[-1]
+    # a node that cannot list the store rejects in the round: the other does not wait for it
+    h, i = Node(tmp_path, "h", 0, 2, 4, lines), Node(tmp_path, "i", 1, 2, 4, lines)
+    h.snapshot(4, 0, b"x"), i.snapshot(4, 1, b"y")
+    h.memory.publish(), i.memory.publish()
+    assert recover_all(tmp_path, [h, i], 4, refuse=("", "the store cannot be listed (503)")) == [None, None]
+    assert "RAM tier: snapshot step 4 not taken (node 1: the store cannot be listed (503))" in lines[-1]
 
 
 def test_a_partner_that_answers_with_another_runs_snapshot_is_named_and_the_store_is_used(tmp_path: Path) -> None:
