@@ -205,15 +205,16 @@ def _report_round(fs: SlowFs, run: Callable[..., list[Result]], job_dirs: list[P
 
 @contextmanager
 def _watching(fs: SlowFs, job_dir: Path, nodes: int, shims: Path) -> Iterator[str]:
-    """The batch shell's step watcher over the attempt (in a process of its own), from its first heartbeat on;
-    gives the heartbeat's path as the file system's stats name it."""
+    """The batch shell's step watcher over the attempt (in a process of its own), from its second heartbeat on (the
+    first creates the file, and the kernel's release of it comes later: counted in no round); gives the heartbeat's
+    path as the file system's stats name it."""
     context = multiprocessing.get_context("spawn")
     done = context.Event()
     shell = context.Process(target=_batch_shell, args=(job_dir, nodes, str(shims), done))
     shell.start()
     beat = run_folder.batch_shell_beat(job_dir, ATTEMPT).relative_to(fs.mountpoints[0])
     try:
-        while not (fs.backing / beat).exists():  # seen beside the mounts: not counted
+        while not fs.stats()["touches"].get(f"/{beat}"):  # a touch of the file, not its creation
             if not shell.is_alive():
                 raise RuntimeError(f"the batch shell's step watcher ended with code {shell.exitcode}")
             time.sleep(0.05)
