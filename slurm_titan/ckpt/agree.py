@@ -4,7 +4,7 @@ Each node restores its share of a candidate checkpoint, verifies it, and only th
 publishing it under ``step-N``, says what it found in ``<folder>/step-N/`` and waits for every node's
 verdict. An acceptance is a name, ``node-K.ok``; a rejection is ``node-K.json`` with its reason (whole, then
 renamed into place, as the preflight exchange does: slurm_titan/doctor/exchange.py). So one listing a poll
-decides (through a descriptor of the folder opened once a round: no path lookups), and only rejections are
+decides (through the round's folder held open: no path walks), and only rejections are
 read: on a shared file system, reading every node's verdict on every node cost M^2 reads of ~13 metadata
 operations each (tools/bench/scale_sim/folder.py). If any node rejects the candidate (a bad range: file and
 bytes named), every node falls back to the previous complete checkpoint; a node that does not report within
@@ -21,14 +21,12 @@ over the data-parallel mesh; slurm_titan.ckpt.restore).
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 from slurm_titan.ckpt.storage import Backoff
 from slurm_titan.errors import StorageError
 from slurm_titan.records import run_folder
-from slurm_titan.records.whole_file import replace_text
+from slurm_titan.records.held_folder import HeldFolder
 
 DEFAULT_TIMEOUT_S = 900.0
 """How long a node waits for the others' verdicts, on top of the time each operation of a restore may spend
@@ -44,63 +42,52 @@ STAGES = ("plan", "step")
 class NodeAgreement:
     """``agree(step, why)`` for :func:`.catalog.restore`: this node's verdict out, the nodes' in.
 
-    ``folder``: one per job attempt (``<job_dir>/restore/attempt-A``), so that verdicts of an
-    earlier attempt are never read."""
+    ``verdicts``: one folder per job attempt (``<job_dir>/attempts/<A>/restore``), held open by the caller, so that
+    verdicts of an earlier attempt are never read and a round's folder is a lookup of one name."""
 
-    def __init__(self, folder: str | os.PathLike, node: int, nodes: int, timeout_s: float | None = None,
+    def __init__(self, verdicts: HeldFolder, node: int, nodes: int, timeout_s: float | None = None,
                  poll_s: float = POLL_S) -> None:
         if not 0 <= node < nodes:
             raise ValueError(f"node {node} is not one of {nodes}")
-        self.folder, self.node, self.nodes = Path(folder), node, nodes
+        self.verdicts, self.node, self.nodes = verdicts, node, nodes
         self.timeout_s = DEFAULT_TIMEOUT_S + Backoff.from_env().total if timeout_s is None else timeout_s
         self.poll_s = poll_s
 
-    def _open(self, step: int, stage: str) -> tuple[Path, int]:
-        """The round's folder (made when missing) and a descriptor of it: one path walk for the whole round."""
-        d = self.folder / f"{stage}-{int(step)}"
-        try:
-            return d, os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            d.mkdir(parents=True, exist_ok=True)
-            return d, os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    def _round(self, step: int, stage: str) -> HeldFolder:
+        """The round's folder (made when missing), held open for the round."""
+        return self.verdicts.sub(f"{stage}-{int(step)}")
 
-    def _say(self, d: Path, fd: int, verdict: dict) -> None:
-        """This node's verdict: ``node-K.ok`` when it accepts (its name alone, made through the folder's
-        descriptor), else ``node-K.json`` with the reason."""
+    def _say(self, round_dir: HeldFolder, verdict: dict) -> None:
+        """This node's verdict: ``node-K.ok`` when it accepts (its name alone), else ``node-K.json`` with the
+        reason."""
         if verdict.get("ok"):
-            os.close(os.open(f"node-{self.node}{ACCEPTED}", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+            round_dir.create(f"node-{self.node}{ACCEPTED}")
         else:
-            replace_text(d / f"node-{self.node}{REJECTED}", json.dumps(dict(verdict, node=self.node)))
+            round_dir.replace_text(f"node-{self.node}{REJECTED}", json.dumps(dict(verdict, node=self.node)))
 
     def abort(self, step: int, why: str) -> None:
         """This node cannot restore at all (the store is unreachable, the disk is full): every node
         waiting on ``step``, in either round, stops at once instead of at the timeout."""
         for stage in STAGES:
-            d, fd = self._open(step, stage)
-            try:
-                self._say(d, fd, {"ok": False, "fatal": True, "why": why})
-            finally:
-                os.close(fd)
+            with self._round(step, stage) as round_dir:
+                self._say(round_dir, {"ok": False, "fatal": True, "why": why})
 
     def __call__(self, step: int, why: str, stage: str = "step") -> str:
         """Why some node rejects ``step`` in round ``stage`` ("node K: ..."), or "" when every node accepts it."""
-        d, fd = self._open(step, stage)
-        try:
-            self._say(d, fd, {"ok": not why, "why": why})
-            return self._wait(step, d, fd)
-        finally:
-            os.close(fd)
+        with self._round(step, stage) as round_dir:
+            self._say(round_dir, {"ok": not why, "why": why})
+            return self._wait(step, round_dir)
 
-    def _wait(self, step: int, d: Path, fd: int) -> str:
+    def _wait(self, step: int, round_dir: HeldFolder) -> str:
         deadline = time.monotonic() + self.timeout_s
         rejected: dict[int, dict] = {}
         poll_s = self.poll_s
         while True:
-            names = os.listdir(fd)  # one listing a poll; acceptances are names, only rejections are read
+            names = round_dir.names()  # one listing a poll; acceptances are names, only rejections are read
             accepted = run_folder.node_numbers(names, ACCEPTED)
             for k in run_folder.node_numbers(names, REJECTED) - rejected.keys():
                 try:
-                    rejected[k] = json.loads((d / f"node-{k}{REJECTED}").read_text(encoding="utf-8"))
+                    rejected[k] = json.loads(round_dir.read_text(f"node-{k}{REJECTED}"))
                 except (FileNotFoundError, ValueError):
                     pass
             fatal = sorted(k for k, v in rejected.items() if v.get("fatal"))
@@ -114,9 +101,8 @@ class NodeAgreement:
                 return ""
             if time.monotonic() > deadline:
                 missing = [k for k in range(self.nodes) if k not in accepted]
-                raise StorageError(f"{d}: node(s) {missing} gave no verdict on checkpoint step {step} within "
-                                   f"{self.timeout_s:.0f} s (died or cut off): no rank loads it; the restore "
+                raise StorageError(f"{round_dir.path}: node(s) {missing} gave no verdict on checkpoint step {step} "
+                                   f"within {self.timeout_s:.0f} s (died or cut off): no rank loads it; the restore "
                                    f"ends on every node")
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, MAX_POLL_S)  # a long wait (a slow node's restore) polls less and less
-

@@ -12,7 +12,6 @@ warnings are returned.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -24,6 +23,7 @@ from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.facts import FactError, NodeFacts, collect_facts, ping_device
 from slurm_titan.doctor.report import Finding, PreflightFailed, failures
 from slurm_titan.records.run_folder import doctor_folder
+from slurm_titan.records.whole_file import replace_text
 
 DEFAULT_TIMEOUT_S = 600.0
 VERDICT_GRACE_S = 120.0
@@ -35,9 +35,7 @@ Pinger = Callable[[str, str, str], tuple[int, int]]
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(partial, path)
+    replace_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,14 @@ class Holding:
     def from_json(cls, text: str, where: str) -> Holding:
         try:
             data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{where}: not a RAM holding ({e})") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Holding:
+        """The holding of :meth:`to_json`'s fields (read back from JSON: the steps are strings)."""
+        try:
             return cls(node=int(data["node"]), host=str(data["host"]), port=int(data["port"]), token=str(data["token"]),
                        held={int(s): [int(r) for r in ranks] for s, ranks in data["held"].items()})
         except (ValueError, KeyError, TypeError, AttributeError) as e:

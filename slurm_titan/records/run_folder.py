@@ -142,7 +142,12 @@ def attempt_numbers(job_dir: Path) -> list[int]:
 
 
 def node_report(job_dir: Path, attempt: int, node: int) -> Path:
-    return attempt_folder(job_dir, attempt) / f"node-{node}.json"
+    return attempt_folder(job_dir, attempt) / node_report_name(node)
+
+
+def node_report_name(node: int) -> str:
+    """The name of node `node`'s report in its attempt's folder."""
+    return f"node-{node}.json"
 
 
 def node_files(folder: Path) -> set[int]:
@@ -169,13 +174,17 @@ def stop_file(job_dir: Path, attempt: int, node: int) -> Path:
     return attempt_folder(job_dir, attempt) / f"stop-node-{node}"
 
 
+BATCH_SHELL_BEAT = "batch-shell-alive"
+"""The batch shell's heartbeat, in its attempt's folder."""
+
+
 def batch_shell_beat(job_dir: Path, attempt: int) -> Path:
-    return attempt_folder(job_dir, attempt) / "batch-shell-alive"
+    return attempt_folder(job_dir, attempt) / BATCH_SHELL_BEAT
 
 
-def batch_host_probe(job_dir: Path, attempt: int, claim: int = 0) -> Path:
-    """The claim of the batch host's check (`claim`: the take-overs before it)."""
-    return attempt_folder(job_dir, attempt) / ("batch-host-probe" + (f"-{claim}" if claim else ""))
+def batch_host_probe_name(claim: int = 0) -> str:
+    """The name of the claim of the batch host's check in its attempt's folder (`claim`: the take-overs before it)."""
+    return "batch-host-probe" + (f"-{claim}" if claim else "")
 
 
 def lost_nodes(job_dir: Path, attempt: int) -> Path:
@@ -191,8 +200,12 @@ def ram_folder(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "ram"
 
 
+RESTORE_VERDICTS = "restore"
+"""The nodes' verdicts on restore candidates, in their attempt's folder (slurm_titan.ckpt.NodeAgreement)."""
+
+
 def restore_verdicts(job_dir: Path, attempt: int) -> Path:
-    return attempt_folder(job_dir, attempt) / "restore"
+    return attempt_folder(job_dir, attempt) / RESTORE_VERDICTS
 
 
 def stacks_folder(job_dir: Path, attempt: int) -> Path:

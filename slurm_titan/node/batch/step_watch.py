@@ -9,9 +9,10 @@ some node has reported and others stay silent for `grace_s`, the silent ones are
 probing again (:func:`found_lost`: one probe round per failure). Beside that it judges the nodes' speed
 (node.batch.slow_watch): a slow node to swap gets srun Slurm's warning signal (USR2, which srun passes on to
 every node's supervisor): the ranks save the current step and stop, and `finish` restarts without the node.
-While it watches, it touches the
-attempt's batch-shell heartbeat (:func:`beat`), which tells the other nodes' supervisors
-(`node.supervisor.batch_host`) that the batch shell still lives to decide what follows a failure. The first
+While it watches, it touches the attempt's batch-shell heartbeat (``run_folder.BATCH_SHELL_BEAT``), which tells the
+other nodes' supervisors (`node.supervisor.batch_host`) that the batch shell still lives to decide what follows a
+failure. It lists the reports and touches the heartbeat through the attempt's folder held open
+(``records.held_folder``: a lookup of one name, not of every name of the path, on a shared file system). The first
 attempt's watcher is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the
 batch shell's children); `finish` watches the steps it starts itself with :func:`watch`.
 """
@@ -34,6 +35,7 @@ from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 
 GRACE_S = 3.0  # a probe of a node that is only slow to report costs one `srun true`; waiting costs the run
 POLL_S = 1.0
@@ -48,16 +50,6 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def beat(job_dir: Path, attempt: int) -> None:
-    """The batch shell is alive (touched by its step watcher while the attempt's step runs)."""
-    path = run_folder.batch_shell_beat(job_dir, attempt)
-    try:
-        path.touch()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def record_lost(job_dir: Path, attempt: int, hosts: list[str]) -> None:
@@ -77,14 +69,14 @@ class _Beating:
     """Touches the attempt's batch-shell heartbeat every `period_s` from a thread of its own, so that the beat never
     waits on the watcher's reads of the job folder (slow on a busy shared file system)."""
 
-    def __init__(self, job_dir: Path, attempt: int, period_s: float) -> None:
+    def __init__(self, attempt_dir: HeldFolder, period_s: float) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(job_dir, attempt, period_s), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(attempt_dir, period_s), daemon=True,
                                         name="batch-shell-beat")
 
-    def _run(self, job_dir: Path, attempt: int, period_s: float) -> None:
+    def _run(self, attempt_dir: HeldFolder, period_s: float) -> None:
         while not self._stop.is_set():
-            beat(job_dir, attempt)
+            attempt_dir.touch(run_folder.BATCH_SHELL_BEAT)
             self._stop.wait(period_s)
 
     def __enter__(self) -> _Beating:
@@ -108,12 +100,12 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     waiting_since: float | None = None
     wait_s = grace_s
     swapping = False
-    with _Beating(job_dir, attempt, poll_s):
+    with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s):
         while alive(srun_pid):
             if slow and not swapping and slow.poll():
                 swapping = True
                 os.kill(srun_pid, signal.SIGUSR2)
-            reported = run_folder.reported_nodes(job_dir, attempt)  # one listing a pass: no report is read
+            reported = run_folder.node_numbers(attempt_dir.names(), ".json")  # one listing a pass: no report is read
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
@@ -34,6 +33,7 @@ from slurm_titan.hostlist import expand_hostlist
 from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import PROBE_TIMEOUT_S, STEP_CREATION_S, probe_failures
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 
 BEAT_STALE_S = 10.0  # the watcher touches every second; ten missed beats on a loaded node mean gone
 POLL_S = 0.5
@@ -80,17 +80,18 @@ def requeue_orphaned(job_id: str) -> str | None:
     return host if _requeue(job_id) else None
 
 
-def requeue_if_batch_shell_gone(job_dir: Path, attempt: int, job_id: str, failed_at: float, this_host: str,
+def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed_at: float, this_host: str,
                                 stale_s: float = BEAT_STALE_S) -> str | None:
     """After this node's ranks failed at `failed_at`: wait for the batch shell's heartbeat; if none comes, check
     the batch host (:func:`_check`), or wait for the supervisor that claimed that check. Returns the lost batch
     host when this call requeued the job, else None (the batch shell lives and decides, this is the batch host,
-    or another supervisor checked)."""
-    if _beat_after(run_folder.batch_shell_beat(job_dir, attempt), failed_at, failed_at + stale_s):
+    or another supervisor checked). The heartbeat and the claims are names in `attempt_dir`, the attempt's folder
+    held open: a poll is a lookup of one name."""
+    if _beat_after(attempt_dir, failed_at, failed_at + stale_s):
         return None
     claim = 0
-    while (fd := _claim(run_folder.batch_host_probe(job_dir, attempt, claim))) is None:
-        if _outcome_written(run_folder.batch_host_probe(job_dir, attempt, claim)):
+    while (fd := attempt_dir.create_exclusive(run_folder.batch_host_probe_name(claim))) is None:
+        if _outcome_written(attempt_dir, run_folder.batch_host_probe_name(claim)):
             return None
         claim += 1
     with os.fdopen(fd, "w") as outcome:
@@ -100,39 +101,25 @@ def requeue_if_batch_shell_gone(job_dir: Path, attempt: int, job_id: str, failed
     return host
 
 
-def _beat_after(path: Path, failed_at: float, deadline: float) -> bool:
+def _beat_after(attempt_dir: HeldFolder, failed_at: float, deadline: float) -> bool:
     """Whether the batch shell touches its heartbeat after `failed_at`, waited for until `deadline`."""
     while True:
-        try:
-            if os.stat(path).st_mtime > failed_at:
-                return True
-        except FileNotFoundError:
-            pass
+        if (beat := attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)) and beat.st_mtime > failed_at:
+            return True
         if time.time() >= deadline:
             return False
         time.sleep(POLL_S)
 
 
-def _claim(path: Path) -> int | None:
-    """This supervisor's claim of the batch host's check: `path` made exclusively (its descriptor), or None when
-    another supervisor made it first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return None
-
-
-def _outcome_written(path: Path) -> bool:
-    """Wait for the claimant's outcome in its claim `path`: True once written, False when none came within
+def _outcome_written(attempt_dir: HeldFolder, claim: str) -> bool:
+    """Wait for the claimant's outcome in its `claim`: True once written, False when none came within
     CLAIM_STALE_S (the claimant died: the caller takes over)."""
     deadline = time.monotonic() + CLAIM_STALE_S
     while time.monotonic() < deadline:
-        try:
-            if os.stat(path).st_size:
-                return True
-        except FileNotFoundError:
+        if (found := attempt_dir.stat(claim)) is None:
             return False
+        if found.st_size:
+            return True
         time.sleep(POLL_S)
     return False
 

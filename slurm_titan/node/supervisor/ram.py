@@ -3,13 +3,14 @@
 For one attempt, :class:`NodeMemory`:
 
 - serves the node's memory folder to the job's other nodes (:class:`slurm_titan.ram.transfer.SnapshotServer`) and
-  publishes what it holds, where it listens and its token in the attempt's folder (``ram/node-K.json``);
+  publishes what it holds, where it listens and its token in the attempt's folder (``ram/node-K.json``, collected by
+  node 0 into one file: :mod:`slurm_titan.ram.exchange`);
 - replicates: once every rank of the node has sealed a snapshot of a step, it pushes them to the partner (the next
   node of the attempt, a ring) and writes ``replicated-R``; the ranks agree from those on the newest step every rank
   holds twice and drop their older ones; the supervisor drops the partner's older ones it holds;
-- recovers: after a crash, a hang or a lost node inside the allocation, every node reads every node's holding, works
-  out the same :class:`slurm_titan.ram.choice.Choice` (the newest step every rank can get), fetches its ranks'
-  copies it lacks from the nodes that hold them, and the nodes agree on it in one round
+- recovers: after a crash, a hang or a lost node inside the allocation, every node reads every node's holding (the
+  collected file), works out the same :class:`slurm_titan.ram.choice.Choice` (the newest step every rank can get),
+  fetches its ranks' copies it lacks from the nodes that hold them, and the nodes agree on it in one round
   (:class:`slurm_titan.ckpt.NodeAgreement`, stage ``ram``) before any rank loads it; a store checkpoint newer than
   it, or a copy that cannot be had whole, sends every node to the store instead, and the log says why in one line;
 - cleans up: the folder goes at Slurm's warning signal (memory dies with the allocation: a preemption or the time
@@ -20,7 +21,6 @@ For one attempt, :class:`NodeMemory`:
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -31,20 +31,16 @@ from slurm_titan.envvars import RamEnv
 from slurm_titan.node.spec import MemoryPlan
 from slurm_titan.ram import layout, snapshot
 from slurm_titan.ram.choice import Choice, Holding, choose
+from slurm_titan.ram.exchange import HoldingsExchange
 from slurm_titan.ram.transfer import SnapshotServer, TransferError, pull, push
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from slurm_titan.records.whole_file import replace_text
 
 REPLICATE_POLL_S = 0.5
-HOLDINGS_TIMEOUT_S = 300.0
-HOLDINGS_POLL_S = 0.2
 Agreement = Callable[..., str]
 """``agree(step, why, stage=...)``: every node's verdict on a step (slurm_titan.ckpt.NodeAgreement)."""
-
-
-class MemoryUnavailable(Exception):
-    """The RAM tier cannot recover this attempt (a node published nothing), in one line."""
 
 
 class NodeMemory:
@@ -60,7 +56,9 @@ class NodeMemory:
         for earlier in range(requeue):  # what an earlier allocation of this job left here, killed outright
             shutil.rmtree(layout.job_root(plan.dir, job_id, earlier), ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.folder, self.host, self.say = run_folder.ram_folder(job_dir, attempt), host, say
+        self.folder = HeldFolder(run_folder.ram_folder(job_dir, attempt))
+        self.exchange = HoldingsExchange(self.folder, node, nodes)
+        self.host, self.say = host, say
         self.server = SnapshotServer(self.root, run, world_size).start()
         self.pushed = -1
         self.stopping = threading.Event()
@@ -71,29 +69,10 @@ class NodeMemory:
     def rank_env(self) -> dict[str, str]:
         return RamEnv(self.root, self.plan.interval, self.run).to_env()
 
-    def _holding_file(self, node: int) -> Path:
-        return self.folder / f"node-{node}.json"
-
     def publish(self) -> None:
         """Say what this node holds and where its server listens (before its ranks start)."""
         held = snapshot.holdings(self.root, run=self.run, world_size=self.world_size)
-        replace_text(self._holding_file(self.node),
-                     Holding(self.node, self.host, self.server.port, self.server.token, held).to_json())
-
-    def _holdings(self) -> list[Holding]:
-        """Every node's holding, once all are published. MemoryUnavailable when one is still missing after
-        HOLDINGS_TIMEOUT_S (that node died before its ranks started)."""
-        deadline = time.monotonic() + HOLDINGS_TIMEOUT_S
-        while True:
-            names = set(os.listdir(self.folder))
-            if all(self._holding_file(k).name in names for k in range(self.nodes)):
-                return [Holding.from_json(self._holding_file(k).read_text(), str(self._holding_file(k)))
-                        for k in range(self.nodes)]
-            if time.monotonic() > deadline:
-                missing = [k for k in range(self.nodes) if self._holding_file(k).name not in names]
-                raise MemoryUnavailable(f"node(s) {missing} said nothing of their memory within "
-                                        f"{HOLDINGS_TIMEOUT_S:.0f} s")
-            time.sleep(HOLDINGS_POLL_S)
+        self.exchange.publish(Holding(self.node, self.host, self.server.port, self.server.token, held))
 
     # -- recovery -------------------------------------------------------------------------------------------
     def recover(self, store_step: int | None, agree: Agreement | None, refuse: str = "") -> RestoreVerdict | None:
@@ -101,7 +80,7 @@ class NodeMemory:
         one to restore from: no step that every rank can get, a newer store checkpoint (``store_step``), a copy
         that some node could not get whole, or this node's ``refuse`` (why it cannot judge). Every node reaches the
         same answer (``agree``: one round)."""
-        holdings = self._holdings()
+        holdings = self.exchange.gather()
         node_of = {rank: rank // self.procs_per_node for rank in range(self.world_size)}
         choice = choose(holdings, self.world_size, node_of)
         if choice is None:
@@ -212,8 +191,7 @@ class NodeMemory:
     def _partner(self) -> Holding:
         """The next node of the attempt's ring (its holding as published at the attempt's start)."""
         if self.partner is None:
-            path = self._holding_file((self.node + 1) % self.nodes)
-            self.partner = Holding.from_json(path.read_text(), str(path))
+            self.partner = self.exchange.read((self.node + 1) % self.nodes)
         return self.partner
 
     # -- the end --------------------------------------------------------------------------------------------
@@ -232,5 +210,6 @@ class NodeMemory:
         if self.replicator is not None:
             self.replicator.join(30)
         self.server.close()
+        self.folder.close()
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -18,13 +18,14 @@ node fetches only those.
 from __future__ import annotations
 
 import fcntl
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_titan.errors import StorageError
 from slurm_titan.node.spec import CheckpointPlan
-from slurm_titan.node.supervisor.ram import MemoryUnavailable, NodeMemory
+from slurm_titan.node.supervisor.ram import NodeMemory
+from slurm_titan.ram.exchange import MemoryUnavailable
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
             ranks: list[int] | None = None, node: int = 0, nodes: int = 1,
-            verdicts: str | os.PathLike | None = None,
+            verdicts: HeldFolder | None = None,
             planner: NodePlanner | None = None, memory: NodeMemory | None = None) -> RestoreVerdict:
     """Restore what this node needs; returns what the ranks' checkpoint hook must know of it.
     Raises StorageError (one line) when the remote location cannot be reached.
@@ -42,7 +43,7 @@ def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say,
     share is fetched (whole checkpoint otherwise, or without them). ``planner``: on another world
     size, what these ranks' loads read of a candidate (the supervisor's ``RankGroup.plan``): only
     that is fetched (the whole checkpoint without it). ``verdicts``: a folder of the job attempt on
-    the shared filesystem through which the ``nodes`` nodes agree on each candidate before any rank
+    the shared filesystem (held open) through which the ``nodes`` nodes agree on each candidate before any rank
     loads it (:class:`slurm_titan.ckpt.NodeAgreement`). A store that throttles is waited out (each
     operation up to SLURM_TITAN_STORE_RETRY_S seconds), the waits said through ``say`` at most every 30 s;
     the StorageError when it still throttles then names the object and the store's answer. ``memory``: the RAM

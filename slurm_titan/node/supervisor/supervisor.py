@@ -41,13 +41,24 @@ from slurm_titan.node.supervisor.ram import NodeMemory
 from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
-from slurm_titan.records.whole_file import replace_text
 from slurm_titan.signals import ignore_signals, take_stop_signals
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
 PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
+
+
+def write_report(attempt_dir: HeldFolder, node: int, code: int, rank_codes: dict[int, int],
+                 failed_first: dict[str, float | int] | None = None, hang: Hang | None = None) -> None:
+    """Write node `node`'s report for the batch script's decision: the node's first failing rank, its exit code and
+    when it was seen, or its hang (rank, step, phase, since, time), for the attribution. Replaced at once (tmp +
+    rename, through the attempt's folder held open): a reader sees the old report or the new one."""
+    attempt_dir.replace_text(run_folder.node_report_name(node), json.dumps({
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "exit_code": code,
+        "ranks": {str(r): c for r, c in rank_codes.items()}, "first_failure": failed_first,
+        "hang": hang and hang.as_dict()}))
 
 
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
@@ -258,6 +269,8 @@ class NodeSupervisor:
         self.terminated = False  # Slurm sent SIGTERM: the job may have lost its batch host (node.supervisor.batch_host)
         self.ranks: RankGroup | None = None
         self.memory: NodeMemory | None = None
+        self.attempt_dir: HeldFolder | None = None  # the attempt's folder, held for life: reports, heartbeat, verdicts
+        self.node = 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
@@ -277,13 +290,15 @@ class NodeSupervisor:
         job_id = env["SLURM_JOB_ID"]
         attempt = int(env.get(envvars.ATTEMPT_INDEX) or env.get("SLURM_RESTART_COUNT", "0"))
         job_dir, argv = spec.resolve(job_id)
+        self.attempt_dir = attempt_dir = HeldFolder(run_folder.attempt_folder(job_dir, attempt))
+        self.node = int(env.get("SLURM_NODEID", "0"))
         try:
             rdzv = rendezvous.from_slurm_env(env, spec.procs_per_node, spec.port_window,
                                              read_ephemeral_range())
         except rendezvous.RendezvousError as error:
             say(f"ERROR before training: {error}")
-            self._finish(run_folder.node_report(job_dir, attempt, int(env.get("SLURM_NODEID", "0"))), 1, {})
-        report = run_folder.node_report(job_dir, attempt, rdzv.node_rank)
+            self._finish(1, {})
+        self.node = rdzv.node_rank
         self.stop_file = run_folder.stop_file(job_dir, attempt, rdzv.node_rank)
         take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
         first = rdzv.node_rank * rdzv.procs_per_node
@@ -300,7 +315,7 @@ class NodeSupervisor:
                                          spec.preflight.for_job(lambda text: spec.fill(text, job_id)))
             except PreflightFailed as failure:  # the same table on every node
                 say(f"ERROR before training: {failure}")
-                self._finish(report, ExitCode.PREFLIGHT, {})
+                self._finish(ExitCode.PREFLIGHT, {})
             if doctor_warnings:
                 say(f"preflight warnings (training goes on):\n{format_table(doctor_warnings)}")
         restoring = bool(spec.checkpoint and spec.checkpoint.remote)
@@ -310,7 +325,7 @@ class NodeSupervisor:
         if short:
             say("WARNING: RAM tier off for this attempt, the run goes on store-only: too little memory "
                 f"({short[0].found}; {short[0].expected})")
-        self.memory = memory = self._memory(job_id, rdzv, job_dir, attempt, report) if restoring and not short else None
+        self.memory = memory = self._memory(job_id, rdzv, job_dir, attempt) if restoring and not short else None
         if memory:
             env |= memory.rank_env()
         timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
@@ -319,11 +334,11 @@ class NodeSupervisor:
                             timing=timing) if spec.watchdog else None
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog)
         if restoring:  # while the ranks import torch and build the model
-            self._restore(job_id, rdzv, run_folder.restore_verdicts(job_dir, attempt), report, memory)
+            self._restore(job_id, rdzv, attempt_dir.sub(run_folder.RESTORE_VERDICTS), memory)
         if memory:
             memory.start_replicating()
         try:
-            rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(report, ExitCode.HANG, {}, None, hang))
+            rank_codes = self.ranks.wait(on_hang=lambda hang: self._report(ExitCode.HANG, {}, None, hang))
         finally:
             if watchdog:
                 watchdog.close()
@@ -335,7 +350,7 @@ class NodeSupervisor:
             lost = batch_host.requeue_orphaned(job_id)
         elif code not in (0, ExitCode.PREEMPTED):
             failed_at = float((self.ranks.failed_first or {}).get("time", time.time()))
-            lost = batch_host.requeue_if_batch_shell_gone(job_dir, attempt, job_id, failed_at,
+            lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, job_id, failed_at,
                                                           os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         else:
             lost = None
@@ -343,10 +358,9 @@ class NodeSupervisor:
             say(f"the job's batch host {lost} is lost: requeued the job from this node")
             history.append_event(job_dir, "end", attempt, exit_code=None, reason="failed", action="requeue",
                                  cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
-        self._finish(report, code, rank_codes, self.ranks.failed_first, hang)
+        self._finish(code, rank_codes, self.ranks.failed_first, hang)
 
-    def _memory(self, job_id: str, rdzv: rendezvous.Rendezvous, job_dir: Path, attempt: int,
-                report: Path) -> NodeMemory | None:
+    def _memory(self, job_id: str, rdzv: rendezvous.Rendezvous, job_dir: Path, attempt: int) -> NodeMemory | None:
         """This node's RAM tier (checkpoint.memory), serving and published before its ranks start; None when off.
         A memory folder that cannot be made ends the node when the tier is required, else the run goes on
         store-only with a warning."""
@@ -363,16 +377,17 @@ class NodeSupervisor:
         except OSError as error:
             if checkpoint.memory.required:
                 say(f"ERROR before training: RAM tier (checkpoint.memory.dir {checkpoint.memory.dir}): {error}")
-                self._finish(report, ExitCode.PREFLIGHT, {})
+                self._finish(ExitCode.PREFLIGHT, {})
             say(f"WARNING: RAM tier off (checkpoint.memory.required is false): {checkpoint.memory.dir}: {error}")
             return None
         return memory
 
-    def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: Path, report: Path,
+    def _restore(self, job_id: str, rdzv: rendezvous.Rendezvous, verdicts: HeldFolder,
                  memory: NodeMemory | None) -> None:
         """Restore this node's share of the newest complete checkpoint (its ranks' reads: from the commit
         record, or from the ranks themselves on another world size), agreeing with the other nodes through
-        `verdicts` (the attempt's folder) before any rank loads it."""
+        `verdicts` (a folder of the attempt's, held for the supervisor's life: an abandoned restore's thread may
+        still use it) before any rank loads it."""
         checkpoint, ranks = self.spec.checkpoint, self.ranks
         assert checkpoint is not None and ranks is not None
         local = self.spec.fill(checkpoint.local, job_id)
@@ -384,23 +399,18 @@ class NodeSupervisor:
                                                        verdicts=verdicts, planner=ranks.plan, memory=memory))
         except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: node {rdzv.node_rank}: checkpoint restore: {error}")
-            self._finish(report, ExitCode.STORAGE_UNREACHABLE, {})
+            self._finish(ExitCode.STORAGE_UNREACHABLE, {})
 
-    @staticmethod
-    def _report(report: Path, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None,
-                hang: Hang | None) -> None:
-        """Write the node's report for the batch script's decision: the node's first failing rank, its exit
-        code and when it was seen, or its hang (rank, step, phase, since, time), for the attribution.
-        Replaced at once (tmp + rename): a reader sees the old report or the new one."""
-        replace_text(report, json.dumps({"host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-                                         "exit_code": code, "ranks": {str(r): c for r, c in rank_codes.items()},
-                                         "first_failure": failed_first, "hang": hang and hang.as_dict()}))
+    def _report(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
+                hang: Hang | None = None) -> None:
+        """This node's report of the attempt (:func:`write_report`)."""
+        assert self.attempt_dir is not None
+        write_report(self.attempt_dir, self.node, code, rank_codes, failed_first, hang)
 
-    @classmethod
-    def _finish(cls, report: Path, code: int, rank_codes: dict[int, int],
-                failed_first: dict[str, float | int] | None = None, hang: Hang | None = None) -> None:
+    def _finish(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
+                hang: Hang | None = None) -> None:
         """Write the node's report (:meth:`_report`); exit non-zero only on failure."""
-        cls._report(report, code, rank_codes, failed_first, hang)
+        self._report(code, rank_codes, failed_first, hang)
         say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == ExitCode.PREEMPTED else ""))
         if code not in (0, ExitCode.PREEMPTED):
             sys.exit(code)

@@ -22,7 +22,6 @@ attribution does not blame.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -37,6 +36,7 @@ from slurm_titan.node.culprit import culprit_key
 from slurm_titan.node.supervisor import stacks
 from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.records import rank_progress, run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.rank_progress import Progress
 
 PEER_WAIT_S = 15.0
@@ -74,6 +74,7 @@ class Watchdog:
                  say: Callable[[str], None], nodes: int = 1, timing: TimingReport | None = None) -> None:
         self.limits, self.job_dir, self.attempt, self.say, self.learns = limits, job_dir, attempt, say, learns
         self.nodes, self.timing = nodes, timing
+        self.attempt_dir = HeldFolder(run_folder.attempt_folder(job_dir, attempt))  # the peers' reports
         self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
         self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
         self.dumper = stacks.StackDumper({rank: self.folder / f"rank-{rank}.stack" for rank in ranks})
@@ -166,18 +167,14 @@ class Watchdog:
         `timeout_s`. The first node to see a hang must not end its ranks at once: its exit makes srun
         SIGCONT and SIGTERM the other nodes' tasks, which wakes a stopped rank before its own node's
         watchdog could see it stopped (the strongest sign of the stuck rank). One listing a poll, the polls
-        growing from `poll_s` to 1 s (every node waits at once: on a shared file system, M nodes' polls)."""
+        growing from `poll_s` to 1 s (every node waits at once: on a shared file system, M nodes' polls), through the
+        attempt's folder held open (no walk of the whole path at each poll)."""
         deadline = time.monotonic() + timeout_s
-        attempt_folder = run_folder.attempt_folder(self.job_dir, self.attempt)
-        attempt_folder.mkdir(parents=True, exist_ok=True)
-        folder = os.open(attempt_folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:  # listed through the folder's descriptor: no walk of the whole path at each poll
-            while time.monotonic() < deadline and len(run_folder.node_numbers(os.listdir(folder), ".json")) < \
-                    self.nodes:
-                time.sleep(poll_s)
-                poll_s = min(poll_s * 1.5, PEER_POLL_MAX_S)
-        finally:
-            os.close(folder)
+        while time.monotonic() < deadline and len(run_folder.node_numbers(self.attempt_dir.names(), ".json")) < \
+                self.nodes:
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, PEER_POLL_MAX_S)
 
     def close(self) -> None:
+        self.attempt_dir.close()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -31,6 +31,7 @@ from slurm_titan.node.supervisor import restore as node_restore
 from slurm_titan.node.supervisor.rendezvous import Rendezvous
 from slurm_titan.node.supervisor.supervisor import RankGroup
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from tests.support import dcp_share_worker
 from tests.support.paths import repo_pythonpath
@@ -197,9 +198,10 @@ def test_another_world_size_each_node_fetches_what_its_new_ranks_dcp_load_reads(
 
     def node(k: int) -> None:
         def restore_node() -> RestoreVerdict:
-            verdicts[k] = node_restore.restore(plan, str(tmp_path / f"node{k}"), "job", new_world, said[k].append,
-                                               ranks=node_ranks(k, nodes, new_world), node=k, nodes=nodes,
-                                               verdicts=tmp_path / "verdicts", planner=groups[k].plan)
+            with HeldFolder(tmp_path / "verdicts") as folder:
+                verdicts[k] = node_restore.restore(plan, str(tmp_path / f"node{k}"), "job", new_world,
+                                                   said[k].append, ranks=node_ranks(k, nodes, new_world), node=k,
+                                                   nodes=nodes, verdicts=folder, planner=groups[k].plan)
             return verdicts[k]
         try:
             groups[k].release_after(restore_node)

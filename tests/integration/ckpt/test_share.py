@@ -25,6 +25,7 @@ from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync
 from slurm_titan.cli.main import main as ckpt_main
 from slurm_titan.errors import StorageError
+from slurm_titan.records.held_folder import HeldFolder
 from tests.support.ckpt import committed_key, write_fake_step
 
 BLOCK = 8192
@@ -176,9 +177,9 @@ def _restore_on_nodes(tmp_path, locations, options):
 
     def node(k):
         try:
-            agree = NodeAgreement(tmp_path / "job" / "restore", k, len(locations), timeout_s=60)
-            results[k] = restore_checkpoint(open_store(locations[k]), str(tmp_path / f"node{k}"), **options(k),
-                                            agree=agree)
+            with HeldFolder(tmp_path / "job" / "restore") as verdicts:
+                results[k] = restore_checkpoint(open_store(locations[k]), str(tmp_path / f"node{k}"), **options(k),
+                                                agree=NodeAgreement(verdicts, k, len(locations), timeout_s=60))
         except Exception as e:  # noqa: BLE001
             errors[k] = e
 
@@ -207,32 +208,34 @@ def test_a_bad_range_on_one_node_makes_every_node_fall_back(location, tmp_path, 
 
 
 def test_an_acceptance_is_a_name_so_that_one_listing_decides(tmp_path):
-    agrees = [NodeAgreement(tmp_path / "v", k, 3, timeout_s=30, poll_s=0.01) for k in range(3)]
-    with ThreadPoolExecutor(3) as pool:
+    with HeldFolder(tmp_path / "v") as verdicts, ThreadPoolExecutor(3) as pool:
+        agrees = [NodeAgreement(verdicts, k, 3, timeout_s=30, poll_s=0.01) for k in range(3)]
         assert list(pool.map(lambda agree: agree(7, ""), agrees)) == ["", "", ""]
     assert sorted(os.listdir(tmp_path / "v" / "step-7")) == ["node-0.ok", "node-1.ok", "node-2.ok"]  # none to read
 
 
 def test_a_node_that_gives_no_verdict_ends_the_restore_everywhere(tmp_path):
-    agree = NodeAgreement(tmp_path / "verdicts", 0, 2, timeout_s=0.5, poll_s=0.05)
-    with pytest.raises(StorageError, match=r"node\(s\) \[1\] gave no verdict on checkpoint step 5"):
-        agree(5, "")
-    NodeAgreement(tmp_path / "verdicts", 1, 2).abort(6, "the store is unreachable")
-    with pytest.raises(StorageError, match="node 1 could not restore checkpoint step 6: the store is unreachable"):
-        agree(6, "")
+    with HeldFolder(tmp_path / "verdicts") as verdicts:
+        agree = NodeAgreement(verdicts, 0, 2, timeout_s=0.5, poll_s=0.05)
+        with pytest.raises(StorageError, match=r"node\(s\) \[1\] gave no verdict on checkpoint step 5"):
+            agree(5, "")
+        NodeAgreement(verdicts, 1, 2).abort(6, "the store is unreachable")
+        with pytest.raises(StorageError, match="node 1 could not restore checkpoint step 6: the store is unreachable"):
+            agree(6, "")
 
 
 def test_a_node_that_cannot_restore_at_all_tells_the_others_at_once(tmp_path, monkeypatch):
     location = str(tmp_path / "remote")
     _commit(location, tmp_path / "local", [12], monkeypatch=monkeypatch)
     (tmp_path / "dest").write_text("a file where the destination folder goes")  # the disk side fails
-    agree = NodeAgreement(tmp_path / "v", 0, 2, timeout_s=30)
-    with pytest.raises(OSError):
-        restore_checkpoint(open_store(location), str(tmp_path / "dest"), wanted=Wanted([0], 2), agree=agree)
-    verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())  # a rejection holds its reason
-    assert verdict["fatal"] and not verdict["ok"]
-    with pytest.raises(StorageError, match="node 0 could not restore checkpoint step 12"):
-        NodeAgreement(tmp_path / "v", 1, 2, timeout_s=30)(12, "")
+    with HeldFolder(tmp_path / "v") as verdicts:
+        with pytest.raises(OSError):
+            restore_checkpoint(open_store(location), str(tmp_path / "dest"), wanted=Wanted([0], 2),
+                               agree=NodeAgreement(verdicts, 0, 2, timeout_s=30))
+        verdict = json.loads((tmp_path / "v" / "step-12" / "node-0.json").read_text())  # a rejection holds its reason
+        assert verdict["fatal"] and not verdict["ok"]
+        with pytest.raises(StorageError, match="node 0 could not restore checkpoint step 12"):
+            NodeAgreement(verdicts, 1, 2, timeout_s=30)(12, "")
 
 
 def test_cli_restores_one_nodes_share(tmp_path, monkeypatch, capsys):

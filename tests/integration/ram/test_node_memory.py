@@ -13,6 +13,7 @@ from slurm_titan.node.spec import MemoryPlan
 from slurm_titan.node.supervisor.ram import NodeMemory
 from slurm_titan.ram import layout, snapshot
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 
 RUN = "4711:abc"
@@ -46,8 +47,9 @@ def recover_all(tmp: Path, nodes: list[Node], attempt: int, store_step: int | No
     verdicts: list = [None] * len(nodes)
 
     def one(k: int) -> None:
-        agree = NodeAgreement(run_folder.restore_verdicts(tmp / "job", attempt), k, len(nodes), timeout_s=30)
-        verdicts[k] = nodes[k].memory.recover(store_step, agree, refuse[k] if refuse else "")
+        with HeldFolder(run_folder.restore_verdicts(tmp / "job", attempt)) as folder:
+            agree = NodeAgreement(folder, k, len(nodes), timeout_s=30)
+            verdicts[k] = nodes[k].memory.recover(store_step, agree, refuse[k] if refuse else "")
 
     threads = [threading.Thread(target=one, args=(k,)) for k in range(len(nodes))]
     for thread in threads:

@@ -40,6 +40,8 @@ def test_four_nodes_agree_and_report_through_the_slow_file_system(tmp_path):
     assert row["agree_open"] <= 2 * 4  # each node's acceptance created (a name), none read by the others
     assert row["agree_list"] >= 3 * 4  # one listing a poll: opendir, readdir, releasedir
     assert row["agree_lookup"] > row["agree_open"]  # a lookup per name of each path
+    assert row["ram_ok"] == 4  # every node gathered every holding
+    assert row["ram_open"] <= 6 * 4  # each publishes one; node 0 reads them and writes one; the others read that one
     assert row["report_ops"] > 0 and row["report_list"] >= 3 * 4  # reports written, peers waited for
     assert row["report_requeued"] == 0  # the batch shell lived (the probe answers in any case)
     assert row["heartbeat_touches"] >= 2 and 0 < row["heartbeat_gap_max_s"] < float("inf")  # measured

@@ -9,26 +9,33 @@ The job folder is ``<mount>/runs/sim/1``, each node with a mount of its own (a c
 own), the batch shell with node 0's; a node is a thread of one of up to ``PROCESSES`` worker processes (they wait on
 the file system, not on the CPU). Throughout, the batch shell's step watcher (``step_watch.watch``, heartbeat thread
 and all, in a process of its own) watches the attempt's reports, as it does while the step runs; its stand-in for
-srun (a ``sleep``) is ended after the rounds. Two rounds, each counted apart (the watcher's operations included):
+srun (a ``sleep``) is ended after the rounds. Three rounds, each counted apart (the watcher's operations included):
 
 - ``agree``: every node's :class:`~slurm_titan.ckpt.agree.NodeAgreement` on one restore candidate (the supervisor's
   restore round), all at once but the last node, ``LATE_S`` late;
+- ``ram``: the RAM tier's holdings (:class:`~slurm_titan.ram.exchange.HoldingsExchange`): every node publishes its
+  own, node 0 collects them, every node reads the collection (``NodeMemory.publish`` and ``recover``);
 - ``report``: a hang that every node's watchdog sees within ``SPREAD_S``. Each node, as the supervisor's ``_hung`` and
-  ``__call__`` do: its report written twice (``NodeSupervisor._report``: the first view, then the one with the
+  ``__call__`` do: its report written twice (``supervisor.write_report``: the first view, then the one with the
   stacks), ``Watchdog.wait_for_peers``, the batch shell's heartbeat checked
-  (``batch_host.requeue_if_batch_shell_gone``), its final report. Not simulated: the stack dumps (they need the
-  ranks' processes).
+  (``batch_host.requeue_if_batch_shell_gone``), its final report, through the attempt's folder that the node holds
+  open from its start. Not simulated: the stack dumps (they need the ranks' processes).
+
+A node's supervisor opens the attempt's folder (and the verdicts' and the RAM tier's in it) once at its start and
+holds it, and builds its watchdog: here each node does so before each round, all nodes then start together, and
+only the round is counted.
 
 scontrol and srun shims on every process's PATH name node 0 the batch host and answer every probe.
 
 Figures (ops: the file system's metadata operations): ``<round>_ops``, ``_s`` (the round's time), ``_ops_per_s``,
 ``_peak_ops_per_s`` (its busiest second), ``_lookup``, ``_list`` and ``_open`` (ops by what they were: getattr and
-access; opendir, readdir and releasedir; open, create and release); ``agree_ok`` (nodes that agreed); the longest
+access; opendir, readdir and releasedir; open, create and release); ``agree_ok`` (nodes that agreed), ``ram_ok``
+(nodes that gathered every holding); the longest
 ``report_write_max_s`` (a node's two reports), ``report_peer_wait_max_s`` (``report_peer_timeouts``: waits that ran
 out) and ``report_beat_check_max_s``; ``report_requeued`` (nodes that found the batch shell gone);
 ``report_read_s``: one read of all the reports after the round (the watcher's every pass does it, and ``finish``);
-``heartbeat_gap_max_s``: the longest time between two touches of the heartbeat over both rounds, as the file system
-saw them; ``folder_ops`` and ``folder_ops_per_s``: both rounds' ops, the busier round's rate; ``load_avg``: the
+``heartbeat_gap_max_s``: the longest time between two touches of the heartbeat over the rounds, as the file system
+saw them; ``folder_ops`` and ``folder_ops_per_s``: the rounds' ops, the busiest round's rate; ``load_avg``: the
 machine's 1-minute load average at the end (the times are this machine's: far above its core count, they stretch).
 """
 
@@ -46,18 +53,22 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from slurm_titan.ckpt import NodeAgreement
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch import attribution, step_watch
 from slurm_titan.node.budgets import Budgets, WatchdogSpec
 from slurm_titan.node.supervisor import batch_host
-from slurm_titan.node.supervisor.supervisor import NodeSupervisor
+from slurm_titan.node.supervisor.supervisor import write_report
 from slurm_titan.node.supervisor.watchdog import PEER_WAIT_S, Hang, Watchdog
+from slurm_titan.ram.choice import Holding
+from slurm_titan.ram.exchange import HoldingsExchange
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from tools.bench.scale_sim.goals import Goal, judge
 from tools.local_fs.slow_fs import SlowFs
 
@@ -70,6 +81,7 @@ LATE_S = 2.0
 SPREAD_S = 1.0
 AGREE_TIMEOUT_S = 600.0
 ATTEMPT, JOB_ID, STEP = 0, "1", 100
+ROUNDS = ("agree", "ram", "report")
 KINDS = {"lookup": ("getattr", "access"), "list": ("opendir", "readdir", "releasedir"),
          "open": ("open", "create", "release")}
 SHIMS = {
@@ -81,11 +93,12 @@ SHIMS = {
 }
 
 GOALS = (
-    Goal("shared file system: metadata ops of both rounds, growth exponent in nodes", "folder_ops", 1.2,
+    Goal("shared file system: metadata ops of the rounds, growth exponent in nodes", "folder_ops", 1.2,
          kind="growth", x="nodes"),
-    Goal("shared file system: metadata ops/s growth exponent in nodes", "folder_ops_per_s", 1.2, kind="growth",
-         x="nodes"),
-    Goal("shared file system: metadata ops/s at 512 nodes", "folder_ops_per_s", 10_000, at=4096),
+    *(Goal(f"shared file system: metadata ops/s of the {name} round, growth exponent in nodes", f"{name}_ops_per_s",
+           1.2, kind="growth", x="nodes") for name in ROUNDS),
+    *(Goal(f"shared file system: metadata ops/s of the {name} round at 512 nodes", f"{name}_ops_per_s", 10_000,
+           at=4096) for name in ROUNDS),
     Goal("batch shell heartbeat: longest gap between touches with 20 ms lookups (s)", "heartbeat_gap_max_s", 2.0,
          kind="every"),
 )
@@ -101,10 +114,33 @@ def _on_path(shims: str) -> None:
     os.environ["PATH"] = f"{shims}{os.pathsep}{os.environ['PATH']}"
 
 
-def _ready(shims: str, started: Barrier) -> None:
+class _Sync(NamedTuple):
+    """A round's start, shared by the harness and the workers: the nodes set up, then all start together."""
+    ready: Synchronized[int]  # nodes set up
+    go: Event  # set by the harness once every node is set up (and the round's counts taken)
+    go_at: Synchronized[float]  # the round's start (time.time())
+
+
+_SYNC: _Sync | None = None
+"""A worker process's :class:`_Sync`."""
+
+
+def _ready(shims: str, started: Barrier, sync: _Sync) -> None:
     """A worker process's start: the shims on its PATH, then it waits for the others (and the harness)."""
+    global _SYNC
     _on_path(shims)
+    _SYNC = sync
     started.wait()
+
+
+def _all_set_up() -> float:
+    """This node is set up (its supervisor's start: not counted in the round): counted, then it waits for every
+    node; the round's start."""
+    assert _SYNC is not None
+    with _SYNC.ready.get_lock():
+        _SYNC.ready.value += 1
+    _SYNC.go.wait()
+    return _SYNC.go_at.value
 
 
 def _run_group(task: Callable[..., Result], group: list[int], args: tuple[Any, ...]) -> list[Result]:
@@ -113,32 +149,47 @@ def _run_group(task: Callable[..., Result], group: list[int], args: tuple[Any, .
         return list(threads.map(lambda node: task(node, *args), group))
 
 
-def _agree_node(node: int, nodes: int, job_dirs: list[Path], start_at: float) -> Result:
-    agree = NodeAgreement(run_folder.restore_verdicts(job_dirs[node], ATTEMPT), node, nodes,
-                          timeout_s=AGREE_TIMEOUT_S)
-    _sleep_until(start_at + (LATE_S if node == nodes - 1 else 0.0))
-    return {"ok": agree(STEP, "") == "", "end": time.time()}
+def _agree_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
+    with HeldFolder(run_folder.attempt_folder(job_dirs[node], ATTEMPT)) as attempt_dir, \
+            attempt_dir.sub(run_folder.RESTORE_VERDICTS) as verdicts:  # as the supervisor holds them
+        agree = NodeAgreement(verdicts, node, nodes, timeout_s=AGREE_TIMEOUT_S)
+        _sleep_until(_all_set_up() + (LATE_S if node == nodes - 1 else 0.0))
+        return {"ok": agree(STEP, "") == "", "end": time.time()}
 
 
-def _report_node(node: int, nodes: int, job_dirs: list[Path], start_at: float) -> Result:
+def _ram_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
+    """A node's RAM holding published and every node's gathered (``NodeMemory.publish``, then ``recover``'s
+    gather): two steps of its ranks and its partner's."""
+    ranks = list(range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE))
+    partner = [rank + RANKS_PER_NODE for rank in ranks] if node < nodes - 1 else list(range(RANKS_PER_NODE))
+    with HeldFolder(run_folder.ram_folder(job_dirs[node], ATTEMPT)) as folder:
+        exchange = HoldingsExchange(folder, node, nodes)
+        _sleep_until(_all_set_up())
+        exchange.publish(Holding(node, f"n{node}", 40000 + node, "t" * 32, {STEP: ranks + partner,
+                                                                             STEP - 4: ranks + partner}))
+        return {"ok": len(exchange.gather()) == nodes, "end": time.time()}
+
+
+def _report_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
     job_dir, ranks = job_dirs[node], list(range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE))
     watchdog = Watchdog(Budgets.from_spec(WatchdogSpec(), 600), ranks, job_dir, ATTEMPT, learns=False,
                         say=lambda text: None, nodes=nodes)
-    report = run_folder.node_report(job_dir, ATTEMPT, node)
+    attempt_dir = HeldFolder(run_folder.attempt_folder(job_dir, ATTEMPT))
     try:
-        _sleep_until(start_at + SPREAD_S * node / nodes)
+        _sleep_until(_all_set_up() + SPREAD_S * node / nodes)
         times = [time.time()]  # the hang seen, reported, peers waited for, batch shell checked
         hang = Hang(ranks[0], STEP, "step", times[0] - 60, times[0], 45.0, "S", False, True)
         for _view in ("first", "with stacks"):
-            NodeSupervisor._report(report, ExitCode.HANG, {}, None, hang)
+            write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang)
         times.append(time.time())
         watchdog.wait_for_peers()
         times.append(time.time())
-        lost = batch_host.requeue_if_batch_shell_gone(job_dir, ATTEMPT, JOB_ID, times[0], f"n{node}")
+        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, times[0], f"n{node}")
         times.append(time.time())
-        NodeSupervisor._report(report, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang)
+        write_report(attempt_dir, node, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang)
     finally:
         watchdog.close()
+        attempt_dir.close()
     write_s, peer_wait_s, beat_check_s = (b - a for a, b in zip(times, times[1:]))
     return {"write_s": write_s, "peer_wait_s": peer_wait_s, "beat_check_s": beat_check_s,
             "requeued": lost is not None}
@@ -158,19 +209,35 @@ def _batch_shell(job_dir: Path, nodes: int, shims: str, done: Event) -> None:
     srun.wait()
 
 
+Run = Callable[..., list[Result]]
+"""``run(task, start, *args)``: ``task(node, *args)`` on every node; once every node is set up (:func:`_all_set_up`),
+``start()`` gives the round's start."""
+
+
 @contextmanager
-def _workers(nodes: int, shims: Path) -> Iterator[Callable[..., list[Result]]]:
-    """``run(task, *args)``: ``task(node, *args)`` on every node, the nodes spread as threads over worker
-    processes, started (and ready) before it is given."""
+def _workers(nodes: int, shims: Path) -> Iterator[Run]:
+    """:data:`Run` over every node, the nodes spread as threads over worker processes, started (and ready) before
+    it is given."""
     context = multiprocessing.get_context("spawn")
     count = min(nodes, PROCESSES)
     groups = [list(range(first, nodes, count)) for first in range(count)]
     started = context.Barrier(count + 1)
-    with context.Pool(count, initializer=_ready, initargs=(str(shims), started)) as pool:
+    sync = _Sync(context.Value("i", 0), context.Event(), context.Value("d", 0.0))
+    with context.Pool(count, initializer=_ready, initargs=(str(shims), started, sync)) as pool:
         started.wait()
 
-        def run(task: Callable[..., Result], *args: Any) -> list[Result]:
-            return [result for group in pool.starmap(_run_group, [(task, g, args) for g in groups]) for result in group]
+        def run(task: Callable[..., Result], start: Callable[[], float], *args: Any) -> list[Result]:
+            sync.ready.value = 0
+            sync.go.clear()
+            pending = pool.starmap_async(_run_group, [(task, g, args) for g in groups])
+            while sync.ready.value < nodes:
+                if pending.ready():
+                    pending.get()  # a node failed before it was set up: its error
+                    raise RuntimeError(f"{task.__name__}: the nodes ended before all were set up")
+                time.sleep(0.01)
+            sync.go_at.value = start()
+            sync.go.set()
+            return [result for group in pending.get() for result in group]
 
         yield run
 
@@ -185,17 +252,32 @@ def _counted(before: dict[str, Any], after: dict[str, Any], prefix: str, seconds
         f"{prefix}_{name}": float(sum(ops.get(kind, 0) for kind in kinds)) for name, kinds in KINDS.items()}
 
 
-def _agree_round(fs: SlowFs, run: Callable[..., list[Result]], job_dirs: list[Path]) -> dict[str, float]:
-    before, start_at = fs.stats(), time.time() + START_S
-    results = run(_agree_node, len(job_dirs), job_dirs, start_at)
+def _starter(fs: SlowFs) -> tuple[Callable[[], float], dict[str, Any]]:
+    """A round's ``start`` for :data:`Run`, and what it took when called: the file system's stats then
+    (``before``) and the round's start (``at``, ``START_S`` later)."""
+    taken: dict[str, Any] = {}
+
+    def start() -> float:
+        taken.update(before=fs.stats(), at=time.time() + START_S)
+        return float(taken["at"])
+
+    return start, taken
+
+
+def _outcome_round(fs: SlowFs, run: Run, task: Callable[..., Result], name: str,
+                   job_dirs: list[Path]) -> dict[str, float]:
+    """A round whose nodes each say whether it ended as it should (``ok``) and when (``end``)."""
+    start, taken = _starter(fs)
+    results = run(task, start, len(job_dirs), job_dirs)
     end = max(r["end"] for r in results)
-    return _counted(before, fs.stats(), "agree", end - start_at) | {"agree_ok": float(sum(r["ok"] for r in results))}
+    return _counted(taken["before"], fs.stats(), name, end - taken["at"]) | {
+        f"{name}_ok": float(sum(r["ok"] for r in results))}
 
 
-def _report_round(fs: SlowFs, run: Callable[..., list[Result]], job_dirs: list[Path]) -> dict[str, float]:
-    before, start_at = fs.stats(), time.time() + START_S
-    results = run(_report_node, len(job_dirs), job_dirs, start_at)
-    return _counted(before, fs.stats(), "report", time.time() - start_at) | {
+def _report_round(fs: SlowFs, run: Run, job_dirs: list[Path]) -> dict[str, float]:
+    start, taken = _starter(fs)
+    results = run(_report_node, start, len(job_dirs), job_dirs)
+    return _counted(taken["before"], fs.stats(), "report", time.time() - taken["at"]) | {
         "report_write_max_s": max(r["write_s"] for r in results),
         "report_peer_wait_max_s": max(r["peer_wait_s"] for r in results),
         "report_peer_timeouts": float(sum(r["peer_wait_s"] >= PEER_WAIT_S for r in results)),
@@ -256,11 +338,13 @@ def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S, cache_s: float 
         job_dirs = [mount / "runs" / "sim" / JOB_ID for mount in fs.mountpoints]
         run_folder.attempt_folder(job_dirs[0], ATTEMPT).mkdir(parents=True)
         with _watching(fs, job_dirs[0], nodes, shims) as beat:
-            row = {"ranks": float(ranks), "nodes": float(nodes)} | _agree_round(fs, run, job_dirs)
+            row = {"ranks": float(ranks), "nodes": float(nodes)}
+            row |= _outcome_round(fs, run, _agree_node, "agree", job_dirs)
+            row |= _outcome_round(fs, run, _ram_node, "ram", job_dirs)
             row |= _report_round(fs, run, job_dirs) | _heartbeat(fs.stats()["touches"].get(beat, []))
         row |= _read_all(job_dirs[0], nodes)
-    return row | {"folder_ops": row["agree_ops"] + row["report_ops"],
-                  "folder_ops_per_s": max(row["agree_ops_per_s"], row["report_ops_per_s"]),
+    return row | {"folder_ops": sum(row[f"{name}_ops"] for name in ROUNDS),
+                  "folder_ops_per_s": max(row[f"{name}_ops_per_s"] for name in ROUNDS),
                   "load_avg": os.getloadavg()[0]}
 
 

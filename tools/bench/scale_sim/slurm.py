@@ -38,6 +38,7 @@ from slurm_titan.node.batch.outcome import RESTART, Outcome
 from slurm_titan.node.supervisor import batch_host
 from slurm_titan.records import jobs as registry
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from tools.bench.scale_sim import hangs, slurm_shims
 from tools.bench.scale_sim.goals import Goal
 from tools.bench.scale_sim.slurm_shims import Call, Cluster, Job, most_in_flight, read_calls, starts
@@ -144,8 +145,9 @@ def _srun_step() -> Iterator[subprocess.Popen[bytes]]:
 def _supervisors(job_dir: Path, failed_at: float, hosts: list[str]) -> Iterator[list[Future[str | None]]]:
     """Every surviving node supervisor's check of the batch host after its ranks failed at `failed_at`: a thread
     each; each future is the batch host it requeued the job for (None: it did not)."""
-    with ThreadPoolExecutor(len(hosts)) as pool:
-        yield [pool.submit(batch_host.requeue_if_batch_shell_gone, job_dir, hangs.ATTEMPT, JOB_ID, failed_at, host)
+    with HeldFolder(run_folder.attempt_folder(job_dir, hangs.ATTEMPT)) as attempt_dir, \
+            ThreadPoolExecutor(len(hosts)) as pool:
+        yield [pool.submit(batch_host.requeue_if_batch_shell_gone, attempt_dir, JOB_ID, failed_at, host)
                for host in hosts]
 
 

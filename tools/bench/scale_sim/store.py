@@ -362,10 +362,11 @@ def _node(task: dict[str, Any], k: int) -> dict[str, Any]:
     from slurm_titan.ckpt import NodeAgreement, Wanted, prepare_resume
     from slurm_titan.ckpt.share import node_ranks
     from slurm_titan.errors import StorageError
+    from slurm_titan.records.held_folder import HeldFolder
 
     work = Path(task["workdir"])
-    agree = (NodeAgreement(work / "job" / task["tag"], k, task["nodes"], timeout_s=600)
-             if task.get("agree", True) else None)
+    verdicts = HeldFolder(work / "job" / task["tag"])
+    agree = NodeAgreement(verdicts, k, task["nodes"], timeout_s=600) if task.get("agree", True) else None
     try:
         prepare_resume(task["url"], str(work / "restored" / task["tag"] / f"node-{k}"),
                        wanted=Wanted(node_ranks(k, task["nodes"], task["ranks"]), task["ranks"]),
@@ -375,6 +376,8 @@ def _node(task: dict[str, Any], k: int) -> dict[str, Any]:
         return {"unit": k, "error": str(e)}
     except Exception as e:  # noqa: BLE001 - the harness's fault: said, not a restore that failed
         return {"unit": k, "error": f"harness: {type(e).__name__}: {e}"}
+    finally:
+        verdicts.close()
 
 
 def _in_threads(fns: list[Callable[[], Any]]) -> list[Any]:
