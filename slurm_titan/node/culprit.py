@@ -1,9 +1,9 @@
 """Which of several hung ranks is the stuck one: the order the supervisor's watchdog and the batch shell's
 attribution share. A rank that does not run comes first, then one not waiting in a collective, then the one
 that got least far (its step, then its phase within the step: counted, so no clock decides), and only then the
-oldest progress. Only that last key compares wall clocks, and across nodes it decides only between ranks
-alike in all the others: in synchronous training those stopped within the same step, where a node's clock off
-by seconds may pick either."""
+oldest progress. Only that last key compares clocks, and across nodes it decides only between ranks alike in all
+the others (in synchronous training those stopped within the same step): the batch shell compares them on its own
+clock (node.batch.attribution.on_one_clock), to the resolution of its sightings of the reports."""
 
 from __future__ import annotations
 

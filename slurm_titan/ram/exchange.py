@@ -4,7 +4,8 @@ node 0 collects them all into one file, which the others read.
 Every node's recovery needs every node's holding (the steps it holds, where its snapshot server listens). Read by
 every node, that is M^2 reads of the job folder (262,144 at 512 nodes, several metadata operations each, at every
 attempt's start); collected, it is 2M: node 0 reads the M holdings (``READERS`` at a time) and writes them whole as
-``holdings.json``; the others wait for that one name (polls growing to ``MAX_POLL_S``) and read it once.
+``holdings.json``; the others wait for that name in the folder's listing (polls growing to ``MAX_POLL_S``) and read it
+once.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class HoldingsExchange:
 
     def _wait_for_collected(self) -> dict:
         deadline, poll_s = time.monotonic() + self.timeout_s + COLLECT_S, self.poll_s
-        while self.folder.stat(COLLECTED) is None:
+        while COLLECTED not in self.folder.names():
             if time.monotonic() > deadline:
                 return {"why": f"node {COLLECTOR} collected no holdings within {self.timeout_s + COLLECT_S:.0f} s"}
             time.sleep(poll_s)

@@ -4,6 +4,11 @@ On a shared file system every path walk costs a lookup per name, none cached on 
 Lustre): a node that writes its report three times, lists its peers' reports and checks the batch shell's heartbeat
 by full paths made ~78 metadata operations in a hang's round, 16,300/s fitted at 512 nodes
 (tools/bench/scale_sim/folder.py). Through a held descriptor each is a lookup of one name.
+
+A listing opens the folder again by its name in its (held) parent: an NFS client revalidates a folder it opens by
+name (close-to-open), where a listing through a descriptor held open may be served from its cache until the
+folder's attributes time out (``acdirmax``, 60 s by default): a peer's report, a verdict or a collected file would
+be seen late.
 """
 
 from __future__ import annotations
@@ -11,32 +16,45 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+FOLDER = os.O_RDONLY | os.O_DIRECTORY
+
+
+def _open_in(parent: int, name: str) -> int:
+    """A descriptor of the folder ``name`` in ``parent``, made when missing."""
+    try:
+        return os.open(name, FOLDER, dir_fd=parent)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, dir_fd=parent)
+        except FileExistsError:  # made by another node meanwhile
+            pass
+        return os.open(name, FOLDER, dir_fd=parent)
+
 
 class HeldFolder:
     """``path``, made with its parents when missing, opened until :meth:`close` (or the ``with`` block's end);
-    ``fd``: a descriptor of ``path`` opened already, which it takes over."""
+    ``parent``: a descriptor of its parent folder, which it takes over (opened by path at the first listing when not
+    given)."""
 
-    def __init__(self, path: Path, fd: int | None = None) -> None:
-        self.path = path
-        if fd is None:
+    def __init__(self, path: Path, parent: int | None = None) -> None:
+        self.path, self.parent = path, parent
+        if parent is not None:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            except FileNotFoundError:
-                path.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        self.fd = fd
+                self.fd = _open_in(parent, path.name)
+            except OSError:
+                os.close(parent)
+                raise
+            return
+        try:
+            self.fd = os.open(path, FOLDER)
+        except FileNotFoundError:
+            path.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(path, FOLDER)
 
     def sub(self, name: str) -> HeldFolder:
         """The folder ``name`` in this one, made when missing, held open apart (closed on its own): a lookup of
         one name, where a path would walk them all again."""
-        try:
-            return HeldFolder(self.path / name, os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd))
-        except FileNotFoundError:
-            try:
-                os.mkdir(name, dir_fd=self.fd)
-            except FileExistsError:  # made by another node meanwhile
-                pass
-            return HeldFolder(self.path / name, os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd))
+        return HeldFolder(self.path / name, os.dup(self.fd))
 
     def replace_text(self, name: str, text: str) -> None:
         """Write ``text`` to a temporary file in the folder and rename it over ``name``: a reader sees the old file
@@ -77,13 +95,20 @@ class HeldFolder:
             return None
 
     def names(self) -> list[str]:
-        """The folder's entries now (one listing through the descriptor)."""
-        return os.listdir(self.fd)
+        """The folder's entries now: the folder opened again by its name in its parent, listed, closed."""
+        if self.parent is None:
+            self.parent = os.open(self.path.parent, FOLDER)
+        fresh = os.open(self.path.name, FOLDER, dir_fd=self.parent)
+        try:
+            return os.listdir(fresh)
+        finally:
+            os.close(fresh)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for fd in (self.fd, self.parent):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self.fd, self.parent = -1, None
 
     def __enter__(self) -> HeldFolder:
         return self

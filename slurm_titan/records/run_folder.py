@@ -187,6 +187,14 @@ def batch_host_probe_name(claim: int = 0) -> str:
     return "batch-host-probe" + (f"-{claim}" if claim else "")
 
 
+REPORT_SIGHTINGS = "report-sightings.json"
+"""When the batch shell's step watcher first saw each node's report, on its clock (node.batch.step_watch)."""
+
+
+def report_sightings(job_dir: Path, attempt: int) -> Path:
+    return attempt_folder(job_dir, attempt) / REPORT_SIGHTINGS
+
+
 def lost_nodes(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "lost-nodes.json"
 

@@ -7,8 +7,10 @@ ranks fail or hang because it vanished. Else the attempt's failure is the earlie
 that died first, not the peers that died after it in a collective. Which came first is not left to the
 nodes' clocks alone (one node's clock seconds off would decide): a crash whose rank log shows only a peer's or
 the network's symptom (failure_kinds.NETWORK: a connection reset or closed by the peer, HCCL's heartbeat lost)
-comes after every crash that shows something else (`symptom_nodes`); the time orders crashes alike in that. A
-crash seen before any node's
+comes after every crash that shows something else (`symptom_nodes`); the time orders crashes alike in that. The
+times are compared on one clock, the batch shell's: a node's are moved onto it by when the step watcher first saw
+its report (`on_one_clock`: the report says when the node first wrote it, so the moves are durations on the node's
+own clock); the nodes' own clocks only when a report was not sighted. A crash seen before any node's
 watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
 rank that stopped making progress first is blamed (node.culprit.culprit_key: a rank that does not run
 at all, then one that does not wait in a collective, then the one least far in steps and phases, then the
@@ -115,18 +117,47 @@ def symptom_nodes(reports: dict[int, dict], job_dir: Path) -> set[int]:
             == failure_kinds.NETWORK}
 
 
+def read_sightings(job_dir: Path, attempt: int) -> dict[int, float]:
+    """When the batch shell's step watcher first saw each node's report, on its clock ({} without a record)."""
+    try:
+        return {int(node): float(at) for node, at in
+                json.loads(run_folder.report_sightings(job_dir, attempt).read_text()).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def on_one_clock(reports: dict[int, dict], sightings: dict[int, float]) -> dict[int, float]:
+    """What to add to each node's times to put them on the batch shell's clock: its report's sighting (the
+    watcher's clock) minus the report's first write (the node's), so that an event `first_written - t` before that
+    write, a duration on one clock, happened `sighting - (first_written - t)`: a node's clock seconds off then
+    decides nothing (the sightings' resolution: the watcher's listing, step_watch.FAST_POLL_S). Nothing is added
+    (0 for every node: the nodes' own clocks) unless every report has both."""
+    try:
+        return {node: sightings[node] - float(report["first_written"]) for node, report in reports.items()}
+    except (KeyError, TypeError, ValueError):
+        return dict.fromkeys(reports, 0.0)
+
+
+def _shifted(hang: dict, by: float) -> dict:
+    return hang | {"since": float(hang["since"]) + by, "time": float(hang["time"]) + by}
+
+
 def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str],
-                  symptoms: set[int] | frozenset[int] = frozenset()) -> NodeFailure | None:
+                  symptoms: set[int] | frozenset[int] = frozenset(),
+                  sightings: dict[int, float] | None = None) -> NodeFailure | None:
     """A node of the attempt that was lost (`lost`: silent and not answering), else the earliest rank
     failure any node saw (a crash before any hang was seen, else the stuck rank's hang); a crash of one of the
-    `symptoms` nodes (:func:`symptom_nodes`) after those of every other node, whatever their clocks say."""
+    `symptoms` nodes (:func:`symptom_nodes`) after those of every other node, whatever their clocks say. The times
+    are compared on the batch shell's clock when every report was sighted (:func:`on_one_clock`), else on the
+    nodes' own."""
     if gone := [host for host in silent_nodes(reports, hosts) if host in lost]:
         return NodeFailure(gone[0], LOST)
-    hangs = [(node, report["hang"]) for node, report in reports.items() if report.get("hang")]
+    shift = on_one_clock(reports, sightings or {})
+    hangs = [(node, _shifted(report["hang"], shift[node])) for node, report in reports.items() if report.get("hang")]
     first_hang_seen = min((hang["time"] for _, hang in hangs), default=float("inf"))
-    seen = [(report["first_failure"]["time"], node, report["first_failure"])
-            for node, report in reports.items()
-            if report.get("first_failure") and report["first_failure"]["time"] < first_hang_seen]
+    crashes = [(float(report["first_failure"]["time"]) + shift[node], node, report["first_failure"])
+               for node, report in reports.items() if report.get("first_failure")]
+    seen = [crash for crash in crashes if crash[0] < first_hang_seen]
     if hangs and not seen:
         node, hang = min(hangs, key=lambda item: culprit_key(item[1]))
         return NodeFailure(reports[node].get("host") or hosts[node], HUNG, int(hang["rank"]),

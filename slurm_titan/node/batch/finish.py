@@ -185,7 +185,8 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
     found = step_watch.found_lost(job_dir, attempt.number)
     lost |= probe_failures([host for host in silent if host not in unhealthy]) if found is None else found
     unhealthy |= lost
-    failure = attribution.first_failure(reports, attempt.hosts, lost, attribution.symptom_nodes(reports, job_dir))
+    failure = attribution.first_failure(reports, attempt.hosts, lost, attribution.symptom_nodes(reports, job_dir),
+                                        attribution.read_sightings(job_dir, attempt.number))
     if failure is None:
         return None, []
     failure = attribution.classified(failure, job_dir, attempt.hosts)

@@ -12,7 +12,9 @@ every node's supervisor): the ranks save the current step and stop, and `finish`
 While it watches, it touches the attempt's batch-shell heartbeat (``run_folder.BATCH_SHELL_BEAT``), which tells the
 other nodes' supervisors (`node.supervisor.batch_host`) that the batch shell still lives to decide what follows a
 failure. It lists the reports and touches the heartbeat through the attempt's folder held open
-(``records.held_folder``: a lookup of one name, not of every name of the path, on a shared file system). The first
+(``records.held_folder``: a lookup of one name, not of every name of the path, on a shared file system), and records
+when each report first appeared on its own clock (``report-sightings.json``), the one clock on which `finish` orders
+the nodes' failures (``attribution.on_one_clock``). The first
 attempt's watcher is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the
 batch shell's children); `finish` watches the steps it starts itself with :func:`watch`.
 """
@@ -20,6 +22,7 @@ batch shell's children); `finish` watches the steps it starts itself with :func:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 from slurm_titan import envvars
 from slurm_titan.node.batch import attribution
@@ -39,6 +43,8 @@ from slurm_titan.records.held_folder import HeldFolder
 
 GRACE_S = 3.0  # a probe of a node that is only slow to report costs one `srun true`; waiting costs the run
 POLL_S = 1.0
+FAST_POLL_S = 0.1
+"""How often the reports are listed once one has appeared: the resolution of the one clock of their sightings."""
 REPROBE_MAX_S = 60.0
 FIND_SRUN_S = 120.0
 
@@ -65,27 +71,75 @@ def found_lost(job_dir: Path, attempt: int) -> set[str] | None:
         return None
 
 
-class _Beating:
-    """Touches the attempt's batch-shell heartbeat every `period_s` from a thread of its own, so that the beat never
-    waits on the watcher's reads of the job folder (slow on a busy shared file system)."""
+class _Background:
+    """A thread of its own for the ``with`` block: :meth:`_run` until the block ends (``self._stop`` set)."""
 
-    def __init__(self, attempt_dir: HeldFolder, period_s: float) -> None:
+    def __init__(self, name: str) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(attempt_dir, period_s), daemon=True,
-                                        name="batch-shell-beat")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
 
-    def _run(self, attempt_dir: HeldFolder, period_s: float) -> None:
-        while not self._stop.is_set():
-            attempt_dir.touch(run_folder.BATCH_SHELL_BEAT)
-            self._stop.wait(period_s)
+    def _run(self) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> _Beating:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class _Beating(_Background):
+    """Touches the attempt's batch-shell heartbeat every `period_s` from a thread of its own, so that the beat never
+    waits on the watcher's reads of the job folder (slow on a busy shared file system)."""
+
+    def __init__(self, attempt_dir: HeldFolder, period_s: float) -> None:
+        super().__init__("batch-shell-beat")
+        self.attempt_dir, self.period_s = attempt_dir, period_s
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError):  # the file system's hiccup: the next beat
+                self.attempt_dir.touch(run_folder.BATCH_SHELL_BEAT)
+            self._stop.wait(self.period_s)
+
+
+class _Sightings(_Background):
+    """When each node's report first appeared, on this (the batch shell's) clock: one clock for every node's events
+    (:func:`attribution.on_one_clock`). Listed from a thread of its own, every ``FAST_POLL_S`` once some node has
+    reported (a failure in progress), so that a probe the watcher waits on delays no sighting; written to
+    ``run_folder.REPORT_SIGHTINGS`` as they come."""
+
+    def __init__(self, attempt_dir: HeldFolder, period_s: float) -> None:
+        super().__init__("report-sightings")
+        self.attempt_dir, self.period_s = attempt_dir, period_s
+        self.seen: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def nodes(self) -> set[int]:
+        """The nodes whose report has appeared (as of the last listing)."""
+        with self._lock:
+            return set(self.seen)
+
+    def _look(self) -> None:
+        try:
+            reported = run_folder.node_numbers(self.attempt_dir.names(), ".json")  # one listing: no report is read
+        except OSError:  # the file system's hiccup: the next listing
+            return
+        now = time.time()
+        with self._lock:
+            if new := reported - self.seen.keys():
+                self.seen |= dict.fromkeys(new, now)
+                with contextlib.suppress(OSError):  # written again with the next report
+                    self.attempt_dir.replace_text(run_folder.REPORT_SIGHTINGS, json.dumps(self.seen))
+
+    def _run(self) -> None:
+        while True:
+            self._look()
+            if self._stop.wait(FAST_POLL_S if self.seen else self.period_s):
+                self._look()  # the reports written as the step ended
+                return
 
 
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
@@ -100,12 +154,13 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     waiting_since: float | None = None
     wait_s = grace_s
     swapping = False
-    with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s):
+    with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s), \
+            _Sightings(attempt_dir, poll_s) as sightings:
         while alive(srun_pid):
             if slow and not swapping and slow.poll():
                 swapping = True
                 os.kill(srun_pid, signal.SIGUSR2)
-            reported = run_folder.node_numbers(attempt_dir.names(), ".json")  # one listing a pass: no report is read
+            reported = sightings.nodes()
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s

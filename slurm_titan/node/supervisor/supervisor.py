@@ -51,14 +51,17 @@ PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
 
 
 def write_report(attempt_dir: HeldFolder, node: int, code: int, rank_codes: dict[int, int],
-                 failed_first: dict[str, float | int] | None = None, hang: Hang | None = None) -> None:
+                 failed_first: dict[str, float | int] | None = None, hang: Hang | None = None, *,
+                 first_written: float) -> None:
     """Write node `node`'s report for the batch script's decision: the node's first failing rank, its exit code and
-    when it was seen, or its hang (rank, step, phase, since, time), for the attribution. Replaced at once (tmp +
-    rename, through the attempt's folder held open): a reader sees the old report or the new one."""
+    when it was seen, or its hang (rank, step, phase, since, time), for the attribution, and when the node wrote its
+    first report of the attempt (`first_written`, its clock: the batch shell's watcher saw it then, on its own).
+    Replaced at once (tmp + rename, through the attempt's folder held open): a reader sees the old report or the new
+    one."""
     attempt_dir.replace_text(run_folder.node_report_name(node), json.dumps({
         "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "exit_code": code,
         "ranks": {str(r): c for r, c in rank_codes.items()}, "first_failure": failed_first,
-        "hang": hang and hang.as_dict()}))
+        "hang": hang and hang.as_dict(), "first_written": first_written}))
 
 
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
@@ -271,6 +274,7 @@ class NodeSupervisor:
         self.memory: NodeMemory | None = None
         self.attempt_dir: HeldFolder | None = None  # the attempt's folder, held for life: reports, heartbeat, verdicts
         self.node = 0
+        self.first_written: float | None = None  # the time of this node's first report of the attempt
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
@@ -405,7 +409,9 @@ class NodeSupervisor:
                 hang: Hang | None = None) -> None:
         """This node's report of the attempt (:func:`write_report`)."""
         assert self.attempt_dir is not None
-        write_report(self.attempt_dir, self.node, code, rank_codes, failed_first, hang)
+        self.first_written = self.first_written or time.time()
+        write_report(self.attempt_dir, self.node, code, rank_codes, failed_first, hang,
+                     first_written=self.first_written)
 
     def _finish(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
                 hang: Hang | None = None) -> None:

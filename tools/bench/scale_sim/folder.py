@@ -180,13 +180,13 @@ def _report_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
         times = [time.time()]  # the hang seen, reported, peers waited for, batch shell checked
         hang = Hang(ranks[0], STEP, "step", times[0] - 60, times[0], 45.0, "S", False, True)
         for _view in ("first", "with stacks"):
-            write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang)
+            write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang, first_written=times[0])
         times.append(time.time())
         watchdog.wait_for_peers()
         times.append(time.time())
         lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, times[0], f"n{node}")
         times.append(time.time())
-        write_report(attempt_dir, node, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang)
+        write_report(attempt_dir, node, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang, first_written=times[0])
     finally:
         watchdog.close()
         attempt_dir.close()

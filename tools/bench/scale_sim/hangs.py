@@ -13,9 +13,8 @@ Kinds of hang, every rank in step 100 for 60 s when the watchdogs fire (step bud
 - ``stacks``: the stuck rank waits outside any collective, the others in one; the views with stacks;
 - ``steps``: the stuck rank never finished step 99, its peers did; the views without stacks;
 - ``tie``: the stuck rank's last progress 1 s older than its peers' in the same step; the views without stacks
-  (only their ``since`` tells them apart, a wall clock: with a node's clock 5 s off the wrong rank may be named;
-  reported, not a goal: a stall measured on each node's clock ties at the watchdog's budget, since each node's
-  watchdog fires when its own culprit's stall passes it).
+  (only their ``since`` tells them apart: compared on the batch shell's clock, each report sighted by its step
+  watcher when written, 0 to ``step_watch.FAST_POLL_S`` late, as its listing thread sees it).
 
 Each kind with no clock off, then another node's clock 5 s behind and ahead, then the stuck node's.
 """
@@ -23,6 +22,7 @@ Each kind with no clock off, then another node's clock 5 s behind and ahead, the
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_titan.errors import ExitCode
-from slurm_titan.node.batch import attribution
+from slurm_titan.node.batch import attribution, step_watch
 from slurm_titan.node.budgets import Budgets, WatchdogSpec
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import rank_progress, run_folder
@@ -75,14 +75,14 @@ def host_names(nodes: int) -> list[str]:
 
 
 def node_report(job_dir: Path, node: int, host: str, code: int, failure: dict | None = None,
-                hang: dict | None = None) -> None:
+                hang: dict | None = None, first_written: float | None = None) -> None:
     """Node `node`'s report of the attempt, with the fields the node supervisor writes (tmp + rename)."""
     path = run_folder.node_report(job_dir, ATTEMPT, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     ranks = {str(rank): code for rank in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)}
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps({"host": host, "exit_code": code, "ranks": ranks, "first_failure": failure,
-                               "hang": hang}))
+                               "hang": hang, "first_written": first_written}))
     tmp.replace(path)
 
 
@@ -141,19 +141,21 @@ def named(workdir: Path, nodes: int, case: Case, pids: dict[str, int]) -> bool:
     stuck, hosts = stuck_node * RANKS_PER_NODE + 3, host_names(nodes)
     run_folder.attempt_folder(job_dir, ATTEMPT).mkdir(parents=True)
     entered = time.time() + AHEAD_S
+    sightings = {}
     for node in range(nodes):
         offset = case.offset(node, stuck_node, nodes)
         if hang := _view(job_dir, node, nodes, case.kind, stuck, pids, entered + offset):
-            node_report(job_dir, node, hosts[node], ExitCode.HANG, hang=hang.as_dict())
-    failure = attribution.first_failure(attribution.read_reports(job_dir, ATTEMPT, nodes), hosts, set())
+            node_report(job_dir, node, hosts[node], ExitCode.HANG, hang=hang.as_dict(), first_written=hang.time)
+            sightings[node] = hang.time - offset + random.uniform(0, step_watch.FAST_POLL_S)
+    failure = attribution.first_failure(attribution.read_reports(job_dir, ATTEMPT, nodes), hosts, set(),
+                                        sightings=sightings)
     return failure is not None and failure.kind == attribution.HUNG and failure.rank == stuck
 
 
 def figures(workdir: Path, nodes: int) -> dict[str, float]:
-    """culprit_right_<kind>: 1 when every case of the kind names the stuck rank; culprit_right: the kinds no wall
-    clock decides (stacks, steps)."""
+    """culprit_right_<kind>: 1 when every case of the kind names the stuck rank; culprit_right: every kind."""
     with rank_processes(workdir / "frames") as pids:
         right = {case: named(workdir, nodes, case, pids) for case in CASES}
     kinds = {f"culprit_right_{kind}": float(all(ok for case, ok in right.items() if case.kind == kind))
              for kind in KINDS}
-    return {"culprit_right": min(kinds["culprit_right_stacks"], kinds["culprit_right_steps"])} | kinds
+    return {"culprit_right": min(kinds.values())} | kinds

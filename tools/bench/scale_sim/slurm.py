@@ -55,7 +55,7 @@ GOALS = (
     Goal(f"status: Slurm queries over {JOBS} jobs", "status_queries", 2, kind="every"),
     Goal(f"runs: Slurm queries over {JOBS} jobs", "runs_queries", 2, kind="every"),
     Goal("logs -f: Slurm queries per state check", "logs_queries_per_check", 2, kind="every"),
-    Goal("a hang names the stuck rank with one node's clock 5 s off (by stacks or steps)", "culprit_right", 1,
+    Goal("a hang names the stuck rank with one node's clock 5 s off (by stacks, steps or a tie)", "culprit_right", 1,
          kind="every", most=False),
 )
 

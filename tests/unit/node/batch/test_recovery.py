@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -265,6 +267,16 @@ def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
     # probed again only after twice the wait each time (0.2, 0.4, 0.8 s): at most 3 rounds in 1.5 s, not 7
     assert 1 <= len(probed) <= 3 and all(hosts == ["n2"] for hosts in probed)
     assert run_folder.batch_shell_beat(tmp_path, 0).is_file()  # beaten all along, from its own thread
+
+
+def test_the_watcher_sights_each_report_on_its_own_clock(tmp_path: Path) -> None:
+    srun = subprocess.Popen(["sleep", "1.0"])
+    node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 1.0})
+    started = time.time()
+    threading.Timer(0.5, node_report, (tmp_path, 0, 1, "n2", 1, None)).start()  # while the watcher waits on srun
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=5, poll_s=0.05, probe=lambda _: set()) == []
+    seen = attribution.read_sightings(tmp_path, 0)
+    assert set(seen) == {0, 1} and seen[0] - started < 0.3 and 0.5 <= seen[1] - started < 0.5 + 0.3  # 0.1 s listings
 
 
 def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

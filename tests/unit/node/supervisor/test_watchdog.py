@@ -331,6 +331,44 @@ def test_the_stuck_rank_is_named_with_a_node_clock_5_s_off(tmp_path: Path) -> No
     assert failure.describe() == "hung on n2 rank 1 at step 12 (step)"
 
 
+def _sighted_report(job_dir: Path, node: int, skew: float, written: float, hang: dict | None = None,
+                    crash: dict | None = None) -> float:
+    """Node `node`'s report first written at true time `written` by a node whose clock is `skew` off (its times
+    `hang` and `crash`, true, are stamped with its clock too); the batch shell's sighting of it (true, 50 ms late)."""
+    stamped = hang and hang | {"since": hang["since"] + skew, "time": hang["time"] + skew}
+    _hang_report(job_dir, node, f"n{node + 1}", stamped, crash and crash | {"time": crash["time"] + skew})
+    path = job_dir / "attempts" / "0" / f"node-{node}.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"first_written": written + skew}))
+    return written + 0.05
+
+
+def test_a_tie_in_steps_and_phases_is_ordered_on_the_batch_shells_clock(tmp_path: Path) -> None:
+    """No stacks; both ranks in step 12's step phase: rank 0 stopped at 100.0, rank 1 waits on it from 101.0. Each
+    node's watchdog fires 60 s after its own culprit's stall. With n1's clock 5 s ahead, or n2's 5 s behind, the
+    nodes' own clocks name rank 1; on the batch shell's, from its sightings of the reports, rank 0."""
+    for skew_n1, skew_n2 in ((5.0, 0.0), (0.0, -5.0)):
+        sightings = {0: _sighted_report(tmp_path, 0, skew_n1, 160.0, _hang(0, since=100.0, at=160.0,
+                                                                           in_collective=None)),
+                     1: _sighted_report(tmp_path, 1, skew_n2, 161.0, _hang(1, since=101.0, at=161.0,
+                                                                           in_collective=None))}
+        reports = attribution.read_reports(tmp_path, 0, 2)
+        assert attribution.first_failure(reports, ["n1", "n2"], set()).rank == 1  # the clocks decided: wrong
+        assert attribution.first_failure(reports, ["n1", "n2"], set(), sightings=sightings).rank == 0
+        del sightings[1]  # a report the watcher did not see: the nodes' own clocks, as before
+        assert attribution.first_failure(reports, ["n1", "n2"], set(), sightings=sightings).rank == 1
+
+
+def test_a_crash_after_the_hang_is_its_consequence_whatever_the_crashed_nodes_clock(tmp_path: Path) -> None:
+    """n1's watchdog fired at 160.0 and its node killed its ranks; n2's rank died of it at 161.5, its report written
+    at 162.0 by a clock 5 s behind: by the clocks it crashed first, on the batch shell's it did not."""
+    sightings = {0: _sighted_report(tmp_path, 0, 0.0, 160.0, _hang(0, since=100.0, at=160.0)),
+                 1: _sighted_report(tmp_path, 1, -5.0, 162.0, crash={"rank": 1, "exit_code": 1, "time": 161.5})}
+    reports = attribution.read_reports(tmp_path, 0, 2)
+    assert attribution.first_failure(reports, ["n1", "n2"], set()).kind == attribution.CRASHED
+    failure = attribution.first_failure(reports, ["n1", "n2"], set(), sightings=sightings)
+    assert failure.describe() == "hung on n1 rank 0 at step 12 (step)"
+
+
 def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path) -> None:
     _hang_report(tmp_path, 0, "n1", _hang(0, since=100.0, at=161.0, in_collective=True))
     _hang_report(tmp_path, 1, "n2", None, {"rank": 1, "exit_code": -9, "time": 130.0})  # died: n1 waited on it
