@@ -59,6 +59,9 @@ BUDGET_S = 60.0
 PER_WORKER = {"save": 128, "stale": 128, "restore": 8}
 """Ranks (nodes, for a restore) a worker process runs, as threads."""
 BIN_S = 0.1
+ONSET_S = 2.0
+"""The retries of the requests refused as the throttle begins (every one in flight at once) come back within this
+long (a Retry-After of 1 s, spread over one more): ``settled`` figures leave them out."""
 
 GOALS = (
     Goal("restore: GETs a node makes beyond its own ranks' files", "restore_extra_gets", 16, kind="every"),
@@ -230,6 +233,9 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
     return {"save_s": committed - start_at, "commit_s": committed - last_receipt, "bytes_ratio": sent / needed,
             "peak_ratio": _peak_ratio(retries, start_at + throttle_s),
             "chance_peak_ratio": _chance_peak_ratio(retries, start_at + throttle_s), "retries": float(len(retries)),
+            "settled_peak_ratio": _peak_ratio(settled := [t for t in retries if t >= start_at + ONSET_S],
+                                              start_at + throttle_s),
+            "settled_chance_peak_ratio": _chance_peak_ratio(settled, start_at + throttle_s),
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
             "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests)),
             "stale_requests": stale_requests}
@@ -299,7 +305,8 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict
             "throttled_save_s": throttled["save_s"], "throttled_commit_s": throttled["commit_s"],
             "save_throttled": throttled["throttled"], "save_bytes_ratio": throttled["bytes_ratio"],
             "save_peak_ratio": throttled["peak_ratio"], "save_chance_peak_ratio": throttled["chance_peak_ratio"],
-            "save_retries": throttled["retries"],
+            "save_retries": throttled["retries"], "save_settled_peak_ratio": throttled["settled_peak_ratio"],
+            "save_settled_chance_peak_ratio": throttled["settled_chance_peak_ratio"],
             "commit_ratio": throttled["commit_s"] / max(plain["commit_s"], 1e-3),
             "receipt_gets_per_rank": throttled["receipt_gets"] / ranks, "receipt_polls": throttled["receipt_polls"],
             "stale_requests": throttled["stale_requests"],
