@@ -38,8 +38,6 @@ its first steps' warm-up)."""
 BLOCKING_SHARE = 0.02
 """The automatic interval keeps the time snapshots stop training at or below this share of training time."""
 
-"""The key of the RNG states in a snapshot."""
-
 
 def _device_rng() -> Any:
     """The accelerator's RNG module (torch.cuda, torch.npu) when one is in use, else None."""
