@@ -10,7 +10,8 @@ the network's symptom (failure_kinds.NETWORK: a connection reset or closed by th
 comes after every crash that shows something else (`symptom_nodes`); the time orders crashes alike in that. The
 times are compared on one clock, the batch shell's: a node's are moved onto it by when the step watcher first saw
 its report (`on_one_clock`: the report says when the node first wrote it, so the moves are durations on the node's
-own clock); the nodes' own clocks only when a report was not sighted. A crash seen before any node's
+own clock); the nodes' own clocks only when a report was not sighted (the watcher died, or the report was there
+before it first looked). A crash seen before any node's
 watchdog fired beats the hangs (a peer waiting on a dead rank also hangs); otherwise the hang of the
 rank that stopped making progress first is blamed (node.culprit.culprit_key: a rank that does not run
 at all, then one that does not wait in a collective, then the one least far in steps and phases, then the

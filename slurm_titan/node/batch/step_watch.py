@@ -115,12 +115,13 @@ class _Sightings(_Background):
         super().__init__("report-sightings")
         self.attempt_dir, self.period_s = attempt_dir, period_s
         self.seen: dict[int, float] = {}
+        self.before: set[int] | None = None  # the reports already there at the first listing: when is unknown
         self._lock = threading.Lock()
 
     def nodes(self) -> set[int]:
         """The nodes whose report has appeared (as of the last listing)."""
         with self._lock:
-            return set(self.seen)
+            return set(self.seen) | (self.before or set())
 
     def _look(self) -> None:
         try:
@@ -129,7 +130,9 @@ class _Sightings(_Background):
             return
         now = time.time()
         with self._lock:
-            if new := reported - self.seen.keys():
+            if self.before is None:
+                self.before = reported  # not sighted: written before this watcher looked (the nodes' clocks decide)
+            elif new := reported - self.seen.keys() - self.before:
                 self.seen |= dict.fromkeys(new, now)
                 with contextlib.suppress(OSError):  # written again with the next report
                     self.attempt_dir.replace_text(run_folder.REPORT_SIGHTINGS, json.dumps(self.seen))
@@ -137,7 +140,7 @@ class _Sightings(_Background):
     def _run(self) -> None:
         while True:
             self._look()
-            if self._stop.wait(FAST_POLL_S if self.seen else self.period_s):
+            if self._stop.wait(FAST_POLL_S if self.seen or self.before else self.period_s):
                 self._look()  # the reports written as the step ended
                 return
 
