@@ -131,7 +131,7 @@ def on_one_clock(reports: dict[int, dict], sightings: dict[int, float]) -> dict[
     """What to add to each node's times to put them on the batch shell's clock: its report's sighting (the
     watcher's clock) minus the report's first write (the node's), so that an event `first_written - t` before that
     write, a duration on one clock, happened `sighting - (first_written - t)`: a node's clock seconds off then
-    decides nothing (the sightings' resolution: the watcher's listing, step_watch.FAST_POLL_S). Nothing is added
+    decides nothing (the sightings' resolution: the watcher's listing, step_watch.SIGHT_POLL_S). Nothing is added
     (0 for every node: the nodes' own clocks) unless every report has both."""
     try:
         return {node: sightings[node] - float(report["first_written"]) for node, report in reports.items()}

@@ -43,8 +43,9 @@ from slurm_titan.records.held_folder import HeldFolder
 
 GRACE_S = 3.0  # a probe of a node that is only slow to report costs one `srun true`; waiting costs the run
 POLL_S = 1.0
-FAST_POLL_S = 0.1
-"""How often the reports are listed once one has appeared: the resolution of the one clock of their sightings."""
+SIGHT_POLL_S = 0.2
+"""How often the reports are listed: the resolution of their sightings, the one clock of the nodes' failures (a
+listing is ~5 metadata operations: 25 a second from the batch shell, whatever the node count)."""
 REPROBE_MAX_S = 60.0
 FIND_SRUN_S = 120.0
 
@@ -107,13 +108,12 @@ class _Beating(_Background):
 
 class _Sightings(_Background):
     """When each node's report first appeared, on this (the batch shell's) clock: one clock for every node's events
-    (:func:`attribution.on_one_clock`). Listed from a thread of its own, every ``FAST_POLL_S`` once some node has
-    reported (a failure in progress), so that a probe the watcher waits on delays no sighting; written to
-    ``run_folder.REPORT_SIGHTINGS`` as they come."""
+    (:func:`attribution.on_one_clock`). Listed every ``SIGHT_POLL_S`` from a thread of its own, so that a probe the
+    watcher waits on delays no sighting; written to ``run_folder.REPORT_SIGHTINGS`` as they come."""
 
-    def __init__(self, attempt_dir: HeldFolder, period_s: float) -> None:
+    def __init__(self, attempt_dir: HeldFolder) -> None:
         super().__init__("report-sightings")
-        self.attempt_dir, self.period_s = attempt_dir, period_s
+        self.attempt_dir = attempt_dir
         self.seen: dict[int, float] = {}
         self.before: set[int] | None = None  # the reports already there at the first listing: when is unknown
         self._lock = threading.Lock()
@@ -140,7 +140,7 @@ class _Sightings(_Background):
     def _run(self) -> None:
         while True:
             self._look()
-            if self._stop.wait(FAST_POLL_S if self.seen or self.before else self.period_s):
+            if self._stop.wait(SIGHT_POLL_S):
                 self._look()  # the reports written as the step ended
                 return
 
@@ -158,7 +158,7 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     wait_s = grace_s
     swapping = False
     with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s), \
-            _Sightings(attempt_dir, poll_s) as sightings:
+            _Sightings(attempt_dir) as sightings:
         while alive(srun_pid):
             if slow and not swapping and slow.poll():
                 swapping = True

@@ -14,7 +14,7 @@ Kinds of hang, every rank in step 100 for 60 s when the watchdogs fire (step bud
 - ``steps``: the stuck rank never finished step 99, its peers did; the views without stacks;
 - ``tie``: the stuck rank's last progress 1 s older than its peers' in the same step; the views without stacks
   (only their ``since`` tells them apart: compared on the batch shell's clock, each report sighted by its step
-  watcher when written, 0 to ``step_watch.FAST_POLL_S`` late, as its listing thread sees it).
+  watcher when written, 0 to ``step_watch.SIGHT_POLL_S`` late, as its listing thread sees it).
 
 Each kind with no clock off, then another node's clock 5 s behind and ahead, then the stuck node's.
 """
@@ -146,7 +146,7 @@ def named(workdir: Path, nodes: int, case: Case, pids: dict[str, int]) -> bool:
         offset = case.offset(node, stuck_node, nodes)
         if hang := _view(job_dir, node, nodes, case.kind, stuck, pids, entered + offset):
             node_report(job_dir, node, hosts[node], ExitCode.HANG, hang=hang.as_dict(), first_written=hang.time)
-            sightings[node] = hang.time - offset + random.uniform(0, step_watch.FAST_POLL_S)
+            sightings[node] = hang.time - offset + random.uniform(0, step_watch.SIGHT_POLL_S)
     failure = attribution.first_failure(attribution.read_reports(job_dir, ATTEMPT, nodes), hosts, set(),
                                         sightings=sightings)
     return failure is not None and failure.kind == attribution.HUNG and failure.rank == stuck

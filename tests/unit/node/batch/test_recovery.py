@@ -276,7 +276,7 @@ def test_the_watcher_sights_each_report_on_its_own_clock(tmp_path: Path) -> None
     threading.Timer(0.5, node_report, (tmp_path, 0, 1, "n2", 1, None)).start()  # while the watcher waits on srun
     assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=5, poll_s=0.05, probe=lambda _: set()) == []
     seen = attribution.read_sightings(tmp_path, 0)
-    assert list(seen) == [1] and 0.5 <= seen[1] - started < 0.5 + 0.3  # seen within a 0.1 s listing of its write
+    assert list(seen) == [1] and 0.5 <= seen[1] - started < 0.5 + 0.4  # seen within a 0.2 s listing of its write
     # n1's report was there before the watcher first looked: when it came is unknown, so it is not sighted (and
     # the nodes' own clocks order this attempt's failures)
 
