@@ -7,14 +7,13 @@ left to decide ("Removing failed node n1 from JobId", the job then idles until i
 supervisors of the other nodes are the last of the job to run, and they see it two ways:
 
 - their ranks failed (a lost peer breaks the collectives within seconds, before Slurm notices): the
-  batch shell's watcher touches a heartbeat file every second while the step runs (`run_folder.BATCH_SHELL_BEAT`); a
-  supervisor whose ranks failed waits for one touch from then on (`BEAT_STALE_S` at most: the file's time changes,
-  compared with its own times only, never with this node's clock), and asks slurmctld nothing while the shell beats.
-  None came: one supervisor claims the check (it makes the attempt's `batch-host-probe` exclusively), asks Slurm for
-  the batch host, probes it with a one-task step and, when it does not answer, requeues the job; it writes what it
-  found in its claim, which the others wait for (a claim without an outcome after `CLAIM_STALE_S` was left by a
-  claimant that died: the next one takes over). One query, one probe and one requeue per loss, however many nodes
-  survive;
+  batch shell's watcher touches a heartbeat file every second while the step runs (`node.batch.step_watch.beat`); a
+  supervisor whose ranks failed waits for one touch newer than the failure (`BEAT_STALE_S` at most), and asks
+  slurmctld nothing while the shell beats. None came: one supervisor claims the check (it makes the attempt's
+  `batch-host-probe` exclusively), asks Slurm for the batch host, probes it with a one-task step and, when it does
+  not answer, requeues the job; it writes what it found in its claim, which the others wait for (a claim without
+  an outcome after `CLAIM_STALE_S` was left by a claimant that died: the next one takes over). One query, one
+  probe and one requeue per loss, however many nodes survive;
 - Slurm ended their step (SIGTERM): each asks whether the batch host is still in the job's node list,
   and if not requeues the job.
 
@@ -81,14 +80,14 @@ def requeue_orphaned(job_id: str) -> str | None:
     return host if _requeue(job_id) else None
 
 
-def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, this_host: str,
+def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed_at: float, this_host: str,
                                 stale_s: float = BEAT_STALE_S) -> str | None:
-    """After this node's ranks failed: wait `stale_s` at most for a touch of the batch shell's heartbeat; if none
-    comes, check the batch host (:func:`_check`), or wait for the supervisor that claimed that check. Returns the
-    lost batch host when this call requeued the job, else None (the batch shell lives and decides, this is the batch
-    host, or another supervisor checked). The heartbeat and the claims are names in `attempt_dir`, the attempt's
-    folder held open: a poll is a lookup of one name."""
-    if _beat_after(attempt_dir, time.time() + stale_s):
+    """After this node's ranks failed at `failed_at`: wait for the batch shell's heartbeat; if none comes, check
+    the batch host (:func:`_check`), or wait for the supervisor that claimed that check. Returns the lost batch
+    host when this call requeued the job, else None (the batch shell lives and decides, this is the batch host,
+    or another supervisor checked). The heartbeat and the claims are names in `attempt_dir`, the attempt's folder
+    held open: a poll is a lookup of one name."""
+    if _beat_after(attempt_dir, failed_at, failed_at + stale_s):
         return None
     claim = 0
     while (fd := attempt_dir.create_exclusive(run_folder.batch_host_probe_name(claim))) is None:
@@ -102,21 +101,14 @@ def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, this_host:
     return host
 
 
-def _beat_after(attempt_dir: HeldFolder, deadline: float) -> bool:
-    """Whether the batch shell touches its heartbeat from now on, waited for until `deadline`: the heartbeat's time
-    changes (its times are compared with each other only, whoever's clock sets them: not with this node's)."""
-    first = _beat_time(attempt_dir)
+def _beat_after(attempt_dir: HeldFolder, failed_at: float, deadline: float) -> bool:
+    """Whether the batch shell touches its heartbeat after `failed_at`, waited for until `deadline`."""
     while True:
-        if _beat_time(attempt_dir) != first:
+        if (beat := attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)) and beat.st_mtime > failed_at:
             return True
         if time.time() >= deadline:
             return False
         time.sleep(POLL_S)
-
-
-def _beat_time(attempt_dir: HeldFolder) -> int | None:
-    beat = attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)
-    return beat.st_mtime_ns if beat else None
 
 
 def _outcome_written(attempt_dir: HeldFolder, claim: str) -> bool:

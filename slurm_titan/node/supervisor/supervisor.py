@@ -353,7 +353,8 @@ class NodeSupervisor:
         if self.terminated:
             lost = batch_host.requeue_orphaned(job_id)
         elif code not in (0, ExitCode.PREEMPTED):
-            lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, job_id,
+            failed_at = float((self.ranks.failed_first or {}).get("time", time.time()))
+            lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, job_id, failed_at,
                                                           os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         else:
             lost = None

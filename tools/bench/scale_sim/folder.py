@@ -184,7 +184,7 @@ def _report_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
         times.append(time.time())
         watchdog.wait_for_peers()
         times.append(time.time())
-        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, f"n{node}")
+        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, times[0], f"n{node}")
         times.append(time.time())
         write_report(attempt_dir, node, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang, first_written=times[0])
     finally:
