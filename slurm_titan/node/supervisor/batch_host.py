@@ -8,8 +8,10 @@ supervisors of the other nodes are the last of the job to run, and they see it t
 
 - their ranks failed (a lost peer breaks the collectives within seconds, before Slurm notices): the
   batch shell's watcher touches a heartbeat file every second while the step runs (`node.batch.step_watch.beat`); a
-  supervisor whose ranks failed waits for one touch newer than the failure (`BEAT_STALE_S` at most), and asks
-  slurmctld nothing while the shell beats. None came: one supervisor claims the check (it makes the attempt's
+  supervisor notes the heartbeat's time when it sees its ranks fail (:func:`mark_beat`) and waits for the time to
+  change (`BEAT_STALE_S` at most, on its own monotonic clock), and asks slurmctld nothing while the shell beats.
+  Only the heartbeat's times are compared, with each other: a node's clock skewed against the batch host's or the
+  file server's changes nothing. None came: one supervisor claims the check (it makes the attempt's
   `batch-host-probe` exclusively), asks Slurm for the batch host, probes it with a one-task step and, when it does
   not answer, requeues the job; it writes what it found in its claim, which the others wait for (a claim without
   an outcome after `CLAIM_STALE_S` was left by a claimant that died: the next one takes over). One query, one
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 from slurm_titan import slurm
 from slurm_titan.errors import ClusterError
@@ -80,14 +83,29 @@ def requeue_orphaned(job_id: str) -> str | None:
     return host if _requeue(job_id) else None
 
 
-def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed_at: float, this_host: str,
+@dataclass(frozen=True)
+class BeatMark:
+    """The batch shell's heartbeat as a supervisor saw it when its ranks failed: the heartbeat's modification time
+    (None: not there yet) and when it looked, on the supervisor's monotonic clock."""
+
+    mtime: float | None
+    seen_at: float
+
+
+def mark_beat(attempt_dir: HeldFolder) -> BeatMark:
+    """The heartbeat's time now, in the attempt's folder: one lookup."""
+    beat = attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)
+    return BeatMark(beat.st_mtime if beat else None, time.monotonic())
+
+
+def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed: BeatMark, this_host: str,
                                 stale_s: float = BEAT_STALE_S) -> str | None:
-    """After this node's ranks failed at `failed_at`: wait for the batch shell's heartbeat; if none comes, check
-    the batch host (:func:`_check`), or wait for the supervisor that claimed that check. Returns the lost batch
-    host when this call requeued the job, else None (the batch shell lives and decides, this is the batch host,
-    or another supervisor checked). The heartbeat and the claims are names in `attempt_dir`, the attempt's folder
-    held open: a poll is a lookup of one name."""
-    if _beat_after(attempt_dir, failed_at, failed_at + stale_s):
+    """After this node's ranks failed (the heartbeat then: `failed`): wait for the batch shell's next heartbeat;
+    if none comes within `stale_s` of the failure, check the batch host (:func:`_check`), or wait for the
+    supervisor that claimed that check. Returns the lost batch host when this call requeued the job, else None
+    (the batch shell lives and decides, this is the batch host, or another supervisor checked). The heartbeat and
+    the claims are names in `attempt_dir`, the attempt's folder held open: a poll is a lookup of one name."""
+    if _beat_since(attempt_dir, failed, failed.seen_at + stale_s):
         return None
     claim = 0
     while (fd := attempt_dir.create_exclusive(run_folder.batch_host_probe_name(claim))) is None:
@@ -101,12 +119,13 @@ def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed_at:
     return host
 
 
-def _beat_after(attempt_dir: HeldFolder, failed_at: float, deadline: float) -> bool:
-    """Whether the batch shell touches its heartbeat after `failed_at`, waited for until `deadline`."""
+def _beat_since(attempt_dir: HeldFolder, failed: BeatMark, deadline: float) -> bool:
+    """Whether the batch shell touches its heartbeat after `failed` (its time differs from the one then), waited
+    for until `deadline` (monotonic)."""
     while True:
-        if (beat := attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)) and beat.st_mtime > failed_at:
+        if (beat := attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)) and beat.st_mtime != failed.mtime:
             return True
-        if time.time() >= deadline:
+        if time.monotonic() >= deadline:
             return False
         time.sleep(POLL_S)
 

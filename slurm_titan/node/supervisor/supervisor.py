@@ -77,7 +77,8 @@ class RankGroup:
     (from the release on, or from the start ungated)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, job_dir: Path,
-                 gated: bool = False, watchdog: Watchdog | None = None) -> None:
+                 gated: bool = False, watchdog: Watchdog | None = None,
+                 on_failure: Callable[[], None] = lambda: None) -> None:
         run_folder.rank_logs_folder(job_dir).mkdir(parents=True, exist_ok=True)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
@@ -86,6 +87,7 @@ class RankGroup:
         self.gate_lock = threading.Lock()  # the restore's thread plans, the supervisor's may release
         self.watchdog = watchdog
         self.hang: Hang | None = None  # the hang that ended wait(), once the watchdog saw one
+        self.on_failure = on_failure  # called once, when the first failure or the hang is seen
         for local_rank in range(rdzv.procs_per_node):
             rank_env = env | rdzv.process_env(local_rank)
             rank = int(rank_env["RANK"])
@@ -194,6 +196,7 @@ class RankGroup:
         if self.failed_first is None:
             self.failed_first = {"rank": failure[0], "exit_code": failure[1],
                                  "time": self.exit_times.get(failure[0], time.time())}
+            self.on_failure()
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes.values():
@@ -246,6 +249,7 @@ class RankGroup:
             f"{self.hang.rank} at step {self.hang.step} ({self.hang.phase}, no progress for "
             f"{now - self.hang.since:.0f} s, budget {self.hang.budget_s:.0f} s, state {self.hang.state})")
         on_hang(self.hang)
+        self.on_failure()
         self.hang = self.watchdog.investigate(pids, now)
         on_hang(self.hang)
         if self.hang.rank not in self.watchdog.late_stopped:  # a stopped culprit: no other node's view is stronger
@@ -275,6 +279,7 @@ class NodeSupervisor:
         self.attempt_dir: HeldFolder | None = None  # the attempt's folder, held for life: reports, heartbeat, verdicts
         self.node = 0
         self.first_written: float | None = None  # the time of this node's first report of the attempt
+        self.beat_at_failure: batch_host.BeatMark | None = None  # the batch shell's heartbeat when the ranks failed
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
@@ -336,7 +341,8 @@ class NodeSupervisor:
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
                             learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes,
                             timing=timing) if spec.watchdog else None
-        self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog)
+        self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
+                               on_failure=self._mark_beat)
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv, attempt_dir.sub(run_folder.RESTORE_VERDICTS), memory)
         if memory:
@@ -353,8 +359,8 @@ class NodeSupervisor:
         if self.terminated:
             lost = batch_host.requeue_orphaned(job_id)
         elif code not in (0, ExitCode.PREEMPTED):
-            failed_at = float((self.ranks.failed_first or {}).get("time", time.time()))
-            lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, job_id, failed_at,
+            lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, job_id,
+                                                          self.beat_at_failure or batch_host.mark_beat(attempt_dir),
                                                           os.environ.get("SLURMD_NODENAME") or socket.gethostname())
         else:
             lost = None
@@ -404,6 +410,12 @@ class NodeSupervisor:
         except (SlurmTitanError, OSError) as error:
             say(f"ERROR before training: node {rdzv.node_rank}: checkpoint restore: {error}")
             self._finish(ExitCode.STORAGE_UNREACHABLE, {})
+
+    def _mark_beat(self) -> None:
+        """Note the batch shell's heartbeat as this node's first rank failure or its hang is seen
+        (batch_host.mark_beat)."""
+        assert self.attempt_dir is not None
+        self.beat_at_failure = batch_host.mark_beat(self.attempt_dir)
 
     def _report(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
                 hang: Hang | None = None) -> None:

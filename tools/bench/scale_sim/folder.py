@@ -16,10 +16,10 @@ srun (a ``sleep``) is ended after the rounds. Three rounds, each counted apart (
 - ``ram``: the RAM tier's holdings (:class:`~slurm_titan.ram.exchange.HoldingsExchange`): every node publishes its
   own, node 0 collects them, every node reads the collection (``NodeMemory.publish`` and ``recover``);
 - ``report``: a hang that every node's watchdog sees within ``SPREAD_S``. Each node, as the supervisor's ``_hung`` and
-  ``__call__`` do: its report written twice (``supervisor.write_report``: the first view, then the one with the
-  stacks), ``Watchdog.wait_for_peers``, the batch shell's heartbeat checked
-  (``batch_host.requeue_if_batch_shell_gone``), its final report, through the attempt's folder that the node holds
-  open from its start. Not simulated: the stack dumps (they need the ranks' processes).
+  ``__call__`` do: its report written twice (``supervisor.write_report``: the first view, the heartbeat's time noted
+  (``batch_host.mark_beat``), then the report with the stacks), ``Watchdog.wait_for_peers``, the batch shell's
+  heartbeat checked (``batch_host.requeue_if_batch_shell_gone``), its final report, through the attempt's folder that
+  the node holds open from its start. Not simulated: the stack dumps (they need the ranks' processes).
 
 A node's supervisor opens the attempt's folder (and the verdicts' and the RAM tier's in it) once at its start and
 holds it, and builds its watchdog: here each node does so before each round, all nodes then start together, and
@@ -179,12 +179,13 @@ def _report_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
         _sleep_until(_all_set_up() + SPREAD_S * node / nodes)
         times = [time.time()]  # the hang seen, reported, peers waited for, batch shell checked
         hang = Hang(ranks[0], STEP, "step", times[0] - 60, times[0], 45.0, "S", False, True)
-        for _view in ("first", "with stacks"):
-            write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang, first_written=times[0])
+        write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang, first_written=times[0])
+        failed = batch_host.mark_beat(attempt_dir)
+        write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang, first_written=times[0])  # with the stacks
         times.append(time.time())
         watchdog.wait_for_peers()
         times.append(time.time())
-        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, times[0], f"n{node}")
+        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, failed, f"n{node}")
         times.append(time.time())
         write_report(attempt_dir, node, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang, first_written=times[0])
     finally:

@@ -142,12 +142,15 @@ def _srun_step() -> Iterator[subprocess.Popen[bytes]]:
 
 
 @contextmanager
-def _supervisors(job_dir: Path, failed_at: float, hosts: list[str]) -> Iterator[list[Future[str | None]]]:
-    """Every surviving node supervisor's check of the batch host after its ranks failed at `failed_at`: a thread
-    each; each future is the batch host it requeued the job for (None: it did not)."""
+def _supervisors(job_dir: Path, hosts: list[str], failed_s_ago: float = 0.0) -> Iterator[list[Future[str | None]]]:
+    """Every surviving node supervisor's check of the batch host after its ranks failed `failed_s_ago` (the
+    heartbeat then as now): a thread each; each future is the batch host it requeued the job for (None: it did
+    not)."""
     with HeldFolder(run_folder.attempt_folder(job_dir, hangs.ATTEMPT)) as attempt_dir, \
             ThreadPoolExecutor(len(hosts)) as pool:
-        yield [pool.submit(batch_host.requeue_if_batch_shell_gone, attempt_dir, JOB_ID, failed_at, host)
+        now = batch_host.mark_beat(attempt_dir)
+        failed = batch_host.BeatMark(now.mtime, now.seen_at - failed_s_ago)
+        yield [pool.submit(batch_host.requeue_if_batch_shell_gone, attempt_dir, JOB_ID, failed, host)
                for host in hosts]
 
 
@@ -185,7 +188,7 @@ def node_lost(sim: Sim) -> Round:
         if host != dead:
             hangs.node_report(job_dir, node, host, 1, _crash(node, failed_at))
     survivors = [host for host in sim.hosts if host != dead]
-    with _shims(sim, state), _srun_step() as step, _supervisors(job_dir, failed_at, survivors) as checks:
+    with _shims(sim, state), _srun_step() as step, _supervisors(job_dir, survivors) as checks:
         lost = set(step_watch.watch(job_dir, hangs.ATTEMPT, sim.hosts, step.pid))
         failure = _blame(job_dir, sim.hosts)
     requeued = _requeued(checks)
@@ -196,8 +199,8 @@ def batch_host_lost(sim: Sim) -> Round:
     """Node 0, the batch host, dies. `right`: the job is requeued for it, once."""
     dead = sim.hosts[0]
     job_dir, state = sim.scenario("batch-host-lost", [dead])
-    failed_at = time.time() - batch_host.BEAT_STALE_S  # they waited for a heartbeat that did not come
-    with _shims(sim, state), _supervisors(job_dir, failed_at, sim.hosts[1:]) as checks:
+    # they waited for a heartbeat that did not come
+    with _shims(sim, state), _supervisors(job_dir, sim.hosts[1:], batch_host.BEAT_STALE_S) as checks:
         requeued = _requeued(checks)
     return _round(state, requeued, {dead}, requeued == {dead})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,29 +55,58 @@ def _claim(attempt_dir: HeldFolder, claim: int = 0) -> Path:
 
 
 def test_a_beat_after_the_failure_leaves_the_decision_to_the_batch_shell(attempts: Attempts, cluster: dict) -> None:
-    failed_at = time.time()
+    failed = batch_host.mark_beat(attempts(0))
     beating = threading.Timer(0.1, _beat, (attempts(0),))
     beating.start()
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed_at, "n2", stale_s=5) is None
+    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed, "n2", stale_s=5) is None
     beating.join()
     assert cluster["queried"] == 0  # the heartbeat first: a node loss costs slurmctld nothing while the shell beats
     assert cluster["probed"] == [] and cluster["requeued"] == 0
 
 
+def _check_now(attempt_dir: HeldFolder, host: str, stale_s: float) -> str | None:
+    """The check of `host`'s supervisor, whose ranks failed just now (job 7)."""
+    return batch_host.requeue_if_batch_shell_gone(attempt_dir, "7", batch_host.mark_beat(attempt_dir), host,
+                                                  stale_s=stale_s)
+
+
+def _beat_stamped(attempt_dir: HeldFolder, skew_s: float) -> None:
+    """A beat stamped by a clock `skew_s` off this one (the batch host's, or the file server's)."""
+    _beat(attempt_dir)
+    stamp = time.time() + skew_s
+    os.utime(run_folder.BATCH_SHELL_BEAT, (stamp, stamp), dir_fd=attempt_dir.fd)
+
+
+@pytest.mark.parametrize("skew_s", [-3600.0, 3600.0])
+def test_the_heartbeats_times_are_compared_with_each_other_not_with_this_nodes_clock(
+        attempts: Attempts, cluster: dict, skew_s: float) -> None:
+    """A heartbeat stamped an hour behind or ahead of this node's clock: a beat after the failure still says the
+    batch shell lives, and a last beat from before the failure still says it is gone."""
+    _beat_stamped(attempts(0), skew_s)
+    failed = batch_host.mark_beat(attempts(0))
+    beating = threading.Timer(0.1, _beat_stamped, (attempts(0), skew_s))
+    beating.start()
+    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed, "n2", stale_s=5) is None
+    beating.join()
+    assert cluster["probed"] == []
+    cluster["answers"] = False
+    assert _check_now(attempts(0), "n2", 0.2) == "n1"
+
+
 def test_no_beat_and_no_answer_requeues_the_job(attempts: Attempts, cluster: dict) -> None:
     _beat(attempts(0))  # a beat from before the failure does not count
     cluster["answers"] = False
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", time.time() + 0.01, "n2", stale_s=0.2) == "n1"
+    assert _check_now(attempts(0), "n2", 0.2) == "n1"
     assert cluster["probed"] == ["n1"] and cluster["requeued"] == 1
 
 
 def test_no_beat_but_the_host_answers_requeues_nothing(attempts: Attempts, cluster: dict) -> None:
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", time.time(), "n2", stale_s=0.1) is None
+    assert _check_now(attempts(0), "n2", 0.1) is None
     assert cluster["probed"] == ["n1"] and cluster["requeued"] == 0
 
 
 def test_the_batch_host_itself_never_probes_itself(attempts: Attempts, cluster: dict) -> None:
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", time.time(), "n1", stale_s=0.1) is None
+    assert _check_now(attempts(0), "n1", 0.1) is None
     assert cluster["probed"] == []
 
 
@@ -85,8 +115,7 @@ def test_one_supervisor_checks_a_silent_batch_host_the_others_wait_for_its_outco
     cluster["answers"] = False
     hosts = [f"n{node}" for node in range(2, 10)]
     with ThreadPoolExecutor(len(hosts)) as pool:
-        found = list(pool.map(lambda host: batch_host.requeue_if_batch_shell_gone(attempts(0), "7", time.time(),
-                                                                                   host, stale_s=0.1), hosts))
+        found = list(pool.map(lambda host: _check_now(attempts(0), host, 0.1), hosts))
     assert [host for host in found if host] == ["n1"] and found.count(None) == 7  # one requeued the job for n1
     assert (cluster["queried"], cluster["probed"], cluster["requeued"]) == (1, ["n1"], 1)
     assert "n1" in _claim(attempts(0)).read_text()  # the claimant's outcome
@@ -97,12 +126,12 @@ def test_a_claim_without_an_outcome_is_waited_for_then_taken_over(attempts: Atte
     claim = _claim(attempts(0))
     claim.touch()  # another supervisor checks the batch host
     threading.Timer(0.2, claim.write_text, ("batch host n1 answers",)).start()
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", time.time(), "n2", stale_s=0) is None
+    assert _check_now(attempts(0), "n2", 0) is None
     assert cluster["queried"] == 0 and cluster["probed"] == []  # its outcome stands for this node too
     monkeypatch.setattr(batch_host, "CLAIM_STALE_S", 0.2)
     claim = _claim(attempts(1))
     claim.touch()  # a claimant that died before its outcome
-    assert batch_host.requeue_if_batch_shell_gone(attempts(1), "7", time.time(), "n2", stale_s=0) is None
+    assert _check_now(attempts(1), "n2", 0) is None
     assert cluster["probed"] == ["n1"] and "answers" in _claim(attempts(1), 1).read_text()
 
 
