@@ -237,8 +237,9 @@ class Server:
         raise TimeoutError(f"SeaweedFS on port {self.port} not ready after {timeout:.0f} s ({last}); "
                            f"see {self.log_file}")
 
-    def request(self, method: str, path: str, query: str = "", body: bytes = b"") -> tuple[int, bytes]:
-        """A SigV4-signed request to the S3 gateway (stdlib only)."""
+    def request(self, method: str, path: str, query: str = "", body: bytes = b"",
+                timeout: float = 5.0) -> tuple[int, bytes]:
+        """A SigV4-signed request to the S3 gateway (stdlib only); ``path`` URI-encoded."""
         host = f"127.0.0.1:{self.port}"
         now = datetime.datetime.now(datetime.UTC)
         amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -262,7 +263,7 @@ class Server:
         req.add_header("Authorization", f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, "
                                         f"SignedHeaders={signed}, Signature={sig}")
         try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()

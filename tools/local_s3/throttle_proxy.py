@@ -20,6 +20,12 @@ until the config no longer holds it; then it goes upstream whether or not its cl
 a write delayed in the network that lands after its writer is gone (a partitioned node's), as a test
 of fenced writes needs it.
 
+A proxy made in-process with ``assemble`` (a function that writes an object whole into the store: a signed
+PutObject) keeps the parts of multipart uploads itself, answering each part as S3 does, and writes the object whole
+at the upload's completion: a store that refuses parts under S3's 5 MiB (SeaweedFS) then takes scaled-down files cut
+into as many parts as the real ones (the scale harness: tools/bench/scale_sim/store.py). The part requests are
+throttled and counted as any other; an abort drops the kept parts and goes upstream.
+
 Control (never throttled), for tests that change the store's mood between jobs:
 
     GET  /__proxy__/stats    {"methods": {"PUT": {"requests", "throttled", "bytes_in", "bytes_out"}}, "config",
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.client
 import ipaddress
 import json
@@ -50,7 +57,7 @@ from dataclasses import asdict, dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 CONTROL = "/__proxy__/"
 """The control endpoint's paths (S3 bucket names have no underscores: no request of a client starts so)."""
@@ -268,13 +275,20 @@ class Throttle:
             return tokens < 1
 
 
+Assemble = Callable[[str, bytes], tuple[int, bytes]]
+"""Writes an object whole into the store: (its URI-encoded path, its body) -> (status, the store's answer)."""
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle, keep_requests: bool = False) -> None:
+    def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle, keep_requests: bool = False,
+                 assemble: Assemble | None = None) -> None:
         super().__init__(("127.0.0.1", port), Handler)
         self.upstream, self.throttle, self.counters = upstream, throttle, Counters(keep_requests)
+        self.assemble = assemble
+        self.parts: dict[str, dict[int, bytes]] = {}  # with `assemble`: by upload id, each part's body by number
         self.waiting: list[str] = []
         self.released: list[tuple[str, int]] = []
 
@@ -332,7 +346,57 @@ class Handler(BaseHTTPRequestHandler):
             self.server.hold(self.path, b"".join(self._body_pieces()), self._forward)
             return
         self._delay()
-        self._forward()
+        if not (self.server.assemble and self._assembled()):
+            self._forward()
+
+    # -- multipart uploads kept by the proxy (``assemble``) ------------------------------------------
+    def _assembled(self) -> bool:
+        """A part kept, or an upload completed by writing its kept parts whole; False for any other request."""
+        query = parse_qs(urlsplit(self.path).query)
+        upload = query.get("uploadId", [""])[0]
+        parts = self.server.parts
+        if upload and self.command == "PUT" and "partNumber" in query:
+            body = b"".join(self._body_pieces())
+            with self.server.counters.lock:
+                parts.setdefault(upload, {})[int(query["partNumber"][0])] = body
+            self._answer(200, b"", len(body), ETag=f'"{hashlib.md5(body).hexdigest()}"')
+            return True
+        if upload and self.command == "POST":  # the completion: the parts as kept, in their order
+            self._drop_body()
+            with self.server.counters.lock:
+                kept = parts.get(upload, {})
+                body = b"".join(kept[number] for number in sorted(kept))
+            assert self.server.assemble is not None
+            path = urlsplit(self.path).path
+            try:
+                status, answer = self.server.assemble(path, body)
+            except OSError as e:  # the store did not answer in time: the client asks again, the parts are kept
+                status, answer = 500, b"<Error><Code>InternalError</Code><Message>%s</Message></Error>" % (
+                    str(e).encode()[:200])
+            if status == 200:
+                with self.server.counters.lock:
+                    parts.pop(upload, None)
+                bucket, _, key = path.lstrip("/").partition("/")
+                answer = (b"<CompleteMultipartUploadResult><Bucket>%s</Bucket><Key>%s</Key><ETag>\"%s-%d\"</ETag>"
+                          b"</CompleteMultipartUploadResult>" % (bucket.encode(), key.encode(),
+                                                                 hashlib.md5(body).hexdigest().encode(), len(kept)))
+            self._answer(status, answer)
+            return True
+        if upload and self.command == "DELETE":  # an abort: the kept parts dropped, the upload's end upstream
+            with self.server.counters.lock:
+                parts.pop(upload, None)
+        return False
+
+    def _answer(self, status: int, body: bytes, bytes_in: int = 0, **headers: str) -> None:
+        """An answer of the proxy's own, counted as the store's."""
+        self.server.counters.answered(self.command, self.path, status, bytes_in, len(body))
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _serve  # noqa: N815 (http.server's names)
 

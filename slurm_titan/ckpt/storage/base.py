@@ -93,6 +93,10 @@ class TransferConfig:
     part_size: int = 16 << 20
     """Multipart part size (S3) and range size for downloads; grown for files so large that
     they would need more than 9,000 parts (S3 allows 10,000)."""
+    min_part_size: int = 5 << 20
+    """The store's smallest part but the last (S3's 5 MiB): a smaller ``part_size`` is raised to it. Only a store
+    that takes smaller parts (SeaweedFS: the scale harness, which cuts its scaled-down files into as many parts as
+    the real ones) lowers it."""
     concurrency: int = 8
     """Parts in flight (upload memory is bounded by concurrency x part_size = 128 MiB; the S3 path
     keeps up to 8 part buffers for the next upload). An S3 restore holds up to twice that: the

@@ -422,7 +422,7 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
     fs = store.fs
     web = _Http(store)
     conc = max(1, store.transfer.concurrency)
-    base_part = max(store.transfer.part_size, 5 << 20)
+    base_part = max(store.transfer.part_size, store.transfer.min_part_size)
     buffers: queue.Queue[bytearray] = queue.Queue()
     made = 0
     errors: list[BaseException] = []

@@ -9,13 +9,17 @@ from pathlib import Path
 import pytest
 
 from tests.support.s3 import weed_available
+from tools.bench.llama3_70b import rank_files
 from tools.bench.scale_sim import store
 
 pytestmark = [pytest.mark.s3, pytest.mark.skipif(not weed_available(), reason="SeaweedFS 'weed' binary missing")]
 
 
 def test_16_ranks_save_commit_restore_list_and_prune_through_a_throttling_store(tmp_path: Path) -> None:
-    row = store.measure(16, tmp_path, throttled_s=3.0)  # list and prune are checked inside: both steps, then one
+    # 1 MiB parts: each rank's 12.9 MB file in 13 (the sweep cuts as many parts as the real files, ~50,000 a save)
+    row = store.measure(16, tmp_path, throttled_s=3.0, part_size=1 << 20)  # list and prune are checked inside
+    _, sizes = rank_files(16, store.SCALE)
+    assert row["save_parts"] == sum(-(-size // (1 << 20)) for size in sizes)  # every part PUT once, unthrottled
     assert row["save_throttled"] > 0  # the throttled save was refused, and retried
     assert row["save_bytes_ratio"] <= 1.1  # a refused request's body is not sent again and again
     assert row["receipt_gets_per_rank"] <= 3  # a receipt is read once (twice if rewritten meanwhile), not a poll

@@ -6,8 +6,9 @@ simulated ranks, through the throttling S3 proxy in front of SeaweedFS.
 Every node has its own proxy (:mod:`tools.local_s3.throttle_proxy`, in this process), all of them sharing one
 throttle (the store's budget), so that each request is counted against the node that made it. A rank is the real
 :class:`~slurm_titan.ckpt.upload.CheckpointSync` (uploader; rank 0 commits) over its own file, scaled down 4,096
-times (the same blocks and items as the real one: :mod:`tools.bench.llama3_70b`; :func:`_scaled` says what is
-not scaled), with the spans and reads its checkpointer would give; ranks are threads of a few worker processes
+times (the same blocks and items as the real one: :mod:`tools.bench.llama3_70b`), uploaded in as many parts as the
+real one (:data:`REAL_PARTS`, :func:`_scaled`): the store sees the real requests and a 4,096th of the bytes. Each
+rank has the spans and reads its checkpointer would give; ranks are threads of a few worker processes
 (``python -m tools.bench.scale_sim.store``). A node is the real :func:`~slurm_titan.ckpt.restore.prepare_resume`
 of its 8 ranks' share on a fresh disk (its store's default transfer settings: a scaled file comes in one GET), with
 the real :class:`~slurm_titan.ckpt.agree.NodeAgreement` over a local job folder. The phases, each against fresh
@@ -50,7 +51,10 @@ if TYPE_CHECKING:
     from slurm_titan.ckpt.storage import TransferConfig
 
 SCALE = 4096
-"""The files' sizes are divided by this (their blocks and items are not)."""
+"""The files' sizes are divided by this (their blocks, items and upload parts are not)."""
+REAL_PARTS = (16 << 20) // SCALE
+"""The upload part that cuts a scaled file into as many parts as the real one takes at 16 MiB (about 50,000 a
+save, at any N): S3's requests as they are, its bytes scaled down."""
 STEPS = (1000, 2000)
 STALE_ATTEMPT = "sim-0"
 """The earlier attempt that left a receipt of every rank for step 2000 (the throttled save is attempt sim-2's)."""
@@ -85,10 +89,15 @@ GOALS = (
 class Proxies:
     """One throttling proxy a node, sharing one throttle, every request kept."""
 
-    def __init__(self, upstream: str, nodes: int) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
+    def __init__(self, store: seaweed.Server, nodes: int) -> None:
+        host, port = store.endpoint.removeprefix("http://").split(":")
         self.throttle = Throttle(Config(), seed=0)
-        self.servers = [Server(0, (host, int(port)), self.throttle, keep_requests=True) for _ in range(nodes)]
+
+        def assemble(path: str, body: bytes) -> tuple[int, bytes]:  # parts under 5 MiB: the proxy keeps them
+            return store.request("PUT", path, body=body, timeout=120)
+
+        self.servers = [Server(0, (host, int(port)), self.throttle, keep_requests=True, assemble=assemble)
+                        for _ in range(nodes)]
         for s in self.servers:
             threading.Thread(target=s.serve_forever, name="proxy", daemon=True).start()
 
@@ -117,7 +126,7 @@ class Proxies:
 def store_and_proxies(workdir: Path, nodes: int) -> Iterator[tuple[seaweed.Server, Proxies]]:
     server = seaweed.Server(port=seaweed.free_port(), data_dir=str(workdir / "seaweed"), bucket="scale")
     server.start(die_with_parent=True)
-    proxies = Proxies(server.endpoint, nodes)
+    proxies = Proxies(server, nodes)
     try:
         yield server, proxies
     finally:
@@ -237,6 +246,7 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
                                               start_at + throttle_s),
             "settled_chance_peak_ratio": _chance_peak_ratio(settled, start_at + throttle_s),
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
+            "parts": sum(r.method == "PUT" and "partNumber=" in r.path and r.status == 200 for r in requests),
             "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests)),
             "stale_requests": stale_requests}
 
@@ -271,9 +281,10 @@ def _prepare_files(root: Path, ranks: int) -> None:
         (root / "node-0" / f"step-{step}" / ".metadata").write_bytes(bytes(2169 * ranks * 128 // SCALE))
 
 
-def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict[str, float]:
+def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S,
+            part_size: int = REAL_PARTS) -> dict[str, float]:
     """One row: the figures of every phase at ``ranks`` simulated ranks (8 a node) in ``workdir`` (emptied first);
-    the save is throttled for ``throttled_s`` seconds."""
+    the save is throttled for ``throttled_s`` seconds, its files cut into parts of ``part_size`` bytes."""
     nodes = ranks // RANKS_PER_NODE
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -281,7 +292,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict
     with store_and_proxies(workdir, nodes) as (server, proxies):
         env = {k: v for k, v in server.env().items() if k != "AWS_ENDPOINT_URL"}
         task = {"url": f"s3://{server.bucket}/run", "endpoints": proxies.endpoints, "ranks": ranks, "nodes": nodes,
-                "workdir": str(workdir)}
+                "workdir": str(workdir), "part_size": part_size}
         plain = _save(proxies, dict(task, attempt="sim-1"), ranks, STEPS[0], env)
         _workers("stale", dict(task, step=STEPS[1], attempt=STALE_ATTEMPT), list(range(ranks)), env)
         throttled = _save(proxies, dict(task, attempt="sim-2"), ranks, STEPS[1], env, throttle_s=throttled_s)
@@ -302,6 +313,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S) -> dict
         print(f"  store at {ranks} ranks: the refused restore ended with {error or 'no error'!r}", file=sys.stderr)
     return {"ranks": float(ranks), "nodes": float(nodes),
             "save_s": plain["save_s"], "commit_s": plain["commit_s"], "save_requests": plain["requests"],
+            "save_parts": plain["parts"],
             "throttled_save_s": throttled["save_s"], "throttled_commit_s": throttled["commit_s"],
             "save_throttled": throttled["throttled"], "save_bytes_ratio": throttled["bytes_ratio"],
             "save_peak_ratio": throttled["peak_ratio"], "save_chance_peak_ratio": throttled["chance_peak_ratio"],
@@ -337,15 +349,16 @@ def _list_and_prune(server: seaweed.Server, proxies: Proxies, task: dict[str, An
 Action = Callable[[], dict[str, Any]]
 
 
-def _scaled() -> TransferConfig:
+def _scaled(part_size: int) -> TransferConfig:
     """What the ranks' uploads are cut into, scaled down with the files: the record's blocks (the same number a
-    file as at full size) and the body size from which a PUT waits for ``100 Continue``. (Parts are not: S3's
-    5 MiB minimum holds, so a scaled file moves in one PUT where the full one takes ~100 parts of 16 MiB.)"""
+    file as at full size), the body size from which a PUT waits for ``100 Continue``, and the parts
+    (``part_size``: under S3's 5 MiB, which SeaweedFS refuses at an upload's completion, so the proxies keep the
+    parts and write each file whole)."""
     from slurm_titan.ckpt.storage import TransferConfig
 
     full = TransferConfig()
-    return dataclasses.replace(full, block_size=full.block_size // SCALE,
-                               expect_continue_min=full.expect_continue_min // SCALE)
+    return dataclasses.replace(full, block_size=full.block_size // SCALE, part_size=part_size,
+                               min_part_size=part_size, expect_continue_min=full.expect_continue_min // SCALE)
 
 
 def _rank(task: dict[str, Any], r: int, items: list, sizes: list[int]) -> Action:
@@ -354,7 +367,7 @@ def _rank(task: dict[str, Any], r: int, items: list, sizes: list[int]) -> Action
     from slurm_titan.ckpt.upload import CheckpointSync
 
     node = r // RANKS_PER_NODE
-    store = open_store(task["url"], endpoint_url=task["endpoints"][node], transfer=_scaled())
+    store = open_store(task["url"], endpoint_url=task["endpoints"][node], transfer=_scaled(task["part_size"]))
     sync = CheckpointSync(store, str(Path(task["workdir"]) / "local" / f"node-{node}"), rank=r,
                           world_size=task["ranks"], attempt=task["attempt"], nice=0)
     spans = {file_name(r): [(o, n) for o, n, rep in items[r] if rep]}
