@@ -203,7 +203,7 @@ def _peak_ratio(times: list[float], end: float) -> float:
 
 def _chance_peak_ratio(times: list[float], end: float, draws: int = 201) -> float:
     """:func:`_peak_ratio` of as many times drawn uniformly at random over the same span, the median of ``draws``
-    draws: what chance alone gives the busiest 100 ms with so few requests (a few a bin), no waves at all."""
+    draws: what chance alone gives the busiest 100 ms with as many requests, no waves at all."""
     times = [t for t in times if t < end]
     if len(times) < 2:
         return 0.0
