@@ -289,6 +289,7 @@ class Server(ThreadingHTTPServer):
         self.upstream, self.throttle, self.counters = upstream, throttle, Counters(keep_requests)
         self.assemble = assemble
         self.parts: dict[str, dict[int, bytes]] = {}  # with `assemble`: by upload id, each part's body by number
+        self.parts_lock = threading.Lock()
         self.waiting: list[str] = []
         self.released: list[tuple[str, int]] = []
 
@@ -357,13 +358,13 @@ class Handler(BaseHTTPRequestHandler):
         parts = self.server.parts
         if upload and self.command == "PUT" and "partNumber" in query:
             body = b"".join(self._body_pieces())
-            with self.server.counters.lock:
+            with self.server.parts_lock:
                 parts.setdefault(upload, {})[int(query["partNumber"][0])] = body
             self._answer(200, b"", len(body), ETag=f'"{hashlib.md5(body).hexdigest()}"')
             return True
         if upload and self.command == "POST":  # the completion: the parts as kept, in their order
             self._drop_body()
-            with self.server.counters.lock:
+            with self.server.parts_lock:
                 kept = parts.get(upload, {})
                 body = b"".join(kept[number] for number in sorted(kept))
             assert self.server.assemble is not None
@@ -374,7 +375,7 @@ class Handler(BaseHTTPRequestHandler):
                 status, answer = 500, b"<Error><Code>InternalError</Code><Message>%s</Message></Error>" % (
                     str(e).encode()[:200])
             if status == 200:
-                with self.server.counters.lock:
+                with self.server.parts_lock:
                     parts.pop(upload, None)
                 bucket, _, key = path.lstrip("/").partition("/")
                 answer = (b"<CompleteMultipartUploadResult><Bucket>%s</Bucket><Key>%s</Key><ETag>\"%s-%d\"</ETag>"
@@ -383,7 +384,7 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(status, answer)
             return True
         if upload and self.command == "DELETE":  # an abort: the kept parts dropped, the upload's end upstream
-            with self.server.counters.lock:
+            with self.server.parts_lock:
                 parts.pop(upload, None)
         return False
 

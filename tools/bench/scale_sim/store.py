@@ -7,7 +7,7 @@ Every node has its own proxy (:mod:`tools.local_s3.throttle_proxy`, in this proc
 throttle (the store's budget), so that each request is counted against the node that made it. A rank is the real
 :class:`~slurm_titan.ckpt.upload.CheckpointSync` (uploader; rank 0 commits) over its own file, scaled down 4,096
 times (the same blocks and items as the real one: :mod:`tools.bench.llama3_70b`), uploaded in as many parts as the
-real one (:data:`REAL_PARTS`, :func:`_scaled`): the store sees the real requests and a 4,096th of the bytes. Each
+real one (:data:`PART_SIZE`, :func:`_scaled`): the store sees the real requests and a 4,096th of the bytes. Each
 rank has the spans and reads its checkpointer would give; ranks are threads of a few worker processes
 (``python -m tools.bench.scale_sim.store``). A node is the real :func:`~slurm_titan.ckpt.restore.prepare_resume`
 of its 8 ranks' share on a fresh disk (its store's default transfer settings: a scaled file comes in one GET), with
@@ -52,9 +52,9 @@ if TYPE_CHECKING:
 
 SCALE = 4096
 """The files' sizes are divided by this (their blocks, items and upload parts are not)."""
-REAL_PARTS = (16 << 20) // SCALE
-"""The upload part that cuts a scaled file into as many parts as the real one takes at 16 MiB (about 50,000 a
-save, at any N): S3's requests as they are, its bytes scaled down."""
+PART_SIZE = (16 << 20) // SCALE
+"""The upload's part, scaled down with the files: a scaled file goes up in as many parts as the real one takes at
+16 MiB (about 50,000 a save, at any N): S3's requests as they are, its bytes scaled down."""
 STEPS = (1000, 2000)
 STALE_ATTEMPT = "sim-0"
 """The earlier attempt that left a receipt of every rank for step 2000 (the throttled save is attempt sim-2's)."""
@@ -282,7 +282,7 @@ def _prepare_files(root: Path, ranks: int) -> None:
 
 
 def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S,
-            part_size: int = REAL_PARTS) -> dict[str, float]:
+            part_size: int = PART_SIZE) -> dict[str, float]:
     """One row: the figures of every phase at ``ranks`` simulated ranks (8 a node) in ``workdir`` (emptied first);
     the save is throttled for ``throttled_s`` seconds, its files cut into parts of ``part_size`` bytes."""
     nodes = ranks // RANKS_PER_NODE
