@@ -41,16 +41,17 @@ def proxy(s3_env: S3Server) -> Iterator[Server]:
     server.server_close()
 
 
-def _store(s3_env: S3Server, proxy: Server) -> Store:
+def _store(s3_env: S3Server, endpoint: str | None = None) -> Store:
+    """A fresh location uploading in 1 KiB parts, through `endpoint` (None: the server itself)."""
     small = dataclasses.replace(TransferConfig(), part_size=PART, min_part_size=PART, block_size=4 << 10)
-    return open_store(s3_env.fresh_url("assemble"), endpoint_url=proxy.endpoint, transfer=small)
+    return open_store(s3_env.fresh_url("assemble"), endpoint_url=endpoint, transfer=small)
 
 
 def test_parts_under_5_mib_are_kept_and_the_file_is_written_whole(s3_env: S3Server, proxy: Server,
                                                                     tmp_path: Path) -> None:
     data = os.urandom(3 * PART + 100)
     (tmp_path / "f").write_bytes(data)
-    store = _store(s3_env, proxy)
+    store = _store(s3_env, proxy.endpoint)
     [entry] = store.upload_many([(str(tmp_path / "f"), "step-1/f")])
     assert entry.size == len(data) and store.cat("step-1/f") == data  # completed once the failed assembly was retried
     parts = [r for r in proxy.counters.requests if r.method == "PUT" and "partNumber=" in r.path]
@@ -61,7 +62,6 @@ def test_parts_under_5_mib_are_kept_and_the_file_is_written_whole(s3_env: S3Serv
 
 def test_without_the_proxy_seaweedfs_refuses_such_parts(s3_env: S3Server, tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(os.urandom(3 * PART))
-    small = dataclasses.replace(TransferConfig(), part_size=PART, min_part_size=PART, block_size=4 << 10)
-    store = open_store(s3_env.fresh_url("assemble"), transfer=small)
+    store = _store(s3_env)
     with pytest.raises(StorageError, match="EntityTooSmall"):
         store.upload_many([(str(tmp_path / "f"), "step-1/f")])
