@@ -122,7 +122,9 @@ def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -
 
 @pytest.fixture
 def healed_cluster(cluster: LocalCluster, slurm_env: dict) -> Iterator[LocalCluster]:
-    """The cluster, brought back whole after the test (a killed node's slurmd restarted)."""
+    """The cluster, whole before the test and brought back whole after it (a killed node's slurmd restarted):
+    a test after one whose healing failed starts on a whole cluster all the same."""
+    cluster.up()
     yield cluster
     cluster.up()
     wait_for(lambda: "idle" in run(["sinfo", "-h", "-o", "%t"], env=slurm_env).stdout.split()

@@ -508,7 +508,25 @@ class LocalCluster:
     def _stop(self, tell: Callable[[str], None]) -> None:
         """slurmd, slurmctld (and its slurmscriptd), anything still in a node namespace (slurmstepd, job
         tasks), then munged; checks that nothing of ours runs or stays mounted, then drops all but the logs."""
-        namespaces = self.node_namespaces()  # while the slurmds that vouch for them run
+        slurmds = [pid for node in NODES if (pid := self.pid_of(f"slurmd-{node}"))]
+        with procs.namespaces_held(slurmds) as held:  # held open first, then vouched for by running slurmds
+            left = self._kill_all(held & self.node_namespaces(), tell)
+        mounts = self._host_mounts()
+        if mounts:
+            tell("unmounting leaked host mounts: " + "\n".join(mounts))
+            for target in sorted({line.split()[0] for line in mounts}, reverse=True):
+                subprocess.run(["umount", "-l", target], env=self.daemon_env)
+        if left:
+            raise ClusterError(f"could not stop: {' '.join(left)}")
+        # Keep the logs; drop everything else (a later `up` starts from scratch). The empty SCRATCH_MNT stays:
+        # it may be a mountpoint inside another cluster's nodes.
+        for part in ("etc", "run", "spool", "munge", "nodes"):
+            shutil.rmtree(self.state / part, ignore_errors=True)
+
+    def _kill_all(self, namespaces: set[str], tell: Callable[[str], None]) -> list[str]:
+        """SIGTERM, then SIGKILL, the daemons and every process in the nodes' `namespaces` (held open by the
+        caller: a process found in them is a node's own, never one of another cluster's node that the kernel
+        gave a freed namespace's number to meanwhile); what is left running, as "daemon:pid" words."""
         pids = [pid for daemon in self.daemons() if daemon != "munged" and (pid := self.pid_of(daemon))]
         if controller := self.pid_of("slurmctld"):
             pids += procs.children(controller)
@@ -526,21 +544,10 @@ class LocalCluster:
                 procs.send([munged], signal.SIGKILL)
                 procs.wait_gone([munged], 2)
         self._reap()
-
         left = [f"{daemon}:{pid}" for daemon in self.daemons() if (pid := self.pid_of(daemon))]
         if stray := procs.in_namespaces(namespaces):
             left.append("in-namespace:" + " ".join(map(str, stray)))
-        mounts = self._host_mounts()
-        if mounts:
-            tell("unmounting leaked host mounts: " + "\n".join(mounts))
-            for target in sorted({line.split()[0] for line in mounts}, reverse=True):
-                subprocess.run(["umount", "-l", target], env=self.daemon_env)
-        if left:
-            raise ClusterError(f"could not stop: {' '.join(left)}")
-        # Keep the logs; drop everything else (a later `up` starts from scratch). The empty SCRATCH_MNT stays:
-        # it may be a mountpoint inside another cluster's nodes.
-        for part in ("etc", "run", "spool", "munge", "nodes"):
-            shutil.rmtree(self.state / part, ignore_errors=True)
+        return left
 
     def _host_mounts(self) -> list[str]:
         """Mounts of the host namespace under the state folder or the scratch mountpoint (none should be)."""

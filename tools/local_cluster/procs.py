@@ -49,6 +49,27 @@ def namespaces(pid: int) -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def namespaces_held(pids: Iterable[int]) -> Iterator[set[str]]:
+    """The namespaces keys (see `namespaces`) of those of `pids` that exist, each namespace held open until the
+    block ends. The kernel gives a freed namespace's number to the next namespace made (another cluster's node
+    gets the same key at once); an open namespace is not freed, so its key names only its own processes."""
+    with contextlib.ExitStack() as held:
+        keys = set()
+        for pid in pids:
+            parts = []
+            for kind in ("mnt", "uts"):
+                try:
+                    fd = os.open(PROC / str(pid) / "ns" / kind, os.O_RDONLY)
+                except OSError:
+                    break
+                held.callback(os.close, fd)
+                parts.append(f"{kind}:[{os.fstat(fd).st_ino}]")
+            else:
+                keys.add("/".join(parts))
+        yield keys
+
+
 def all_pids() -> Iterator[int]:
     for entry in PROC.iterdir():
         if entry.name.isdigit():

@@ -155,6 +155,27 @@ def test_a_nodes_namespaces_count_only_while_its_slurmd_runs_in_them(tmp_path: P
     assert cluster.node_processes("n1") == []
 
 
+def test_a_held_namespace_keeps_its_key_from_the_next_namespace_made() -> None:
+    """The kernel gives a freed namespace's number to the next one made at once (another cluster's node, when
+    the suite runs one cluster per worker): `down` holds the nodes' namespaces open while it kills and checks."""
+    node = subprocess.Popen(["unshare", "--uts", "--mount", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while procs.program(node.pid) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        key = procs.namespaces(node.pid)
+        with procs.namespaces_held([node.pid, 2**22 + 1]) as held:  # a pid that cannot exist: left out
+            assert held == {key}
+            node.kill()
+            node.wait()
+            made = subprocess.run(["unshare", "--uts", "--mount", "readlink", "/proc/self/ns/mnt",
+                                   "/proc/self/ns/uts"], capture_output=True, text=True, check=True).stdout
+            assert "/".join(made.split()) != key and procs.in_namespaces(held) == []
+    finally:
+        node.kill()
+        node.wait()
+
+
 def test_a_frozen_process_tree_is_ordered_children_first_and_killed_without_waking() -> None:
     """What kill_node does to a node: stop every process, then SIGKILL the deepest first."""
     shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
