@@ -82,6 +82,8 @@ CKPT_KEEP_EVERY = "SLURM_TITAN_CKPT_KEEP_EVERY"
 """Remote retention: every checkpoint whose step is a multiple of this is kept too (0: none)."""
 CKPT_UPLOAD_CPUS = "SLURM_TITAN_CKPT_UPLOAD_CPUS"
 """CPU list the uploader process runs on (checkpoint.upload_cpus; unset: training's CPUs, at a lower priority)."""
+CKPT_UPLOAD_RATE = "SLURM_TITAN_CKPT_UPLOAD_RATE"
+"""Requests a second all ranks' uploads make to the store at most (checkpoint.upload_rate; unset or 0: no pacing)."""
 
 # ---- the RAM tier's settings: node.supervisor.ram writes them, rank.ram_snapshot reads them (RamEnv) ----------
 RAM_ROOT = "SLURM_TITAN_RAM_ROOT"
@@ -157,6 +159,7 @@ class RankCheckpointEnv:
     endpoint_url: str | None = None  # None: the AWS_ENDPOINT_URL(_S3) of the environment
     retention: Retention = KEEP_ALL
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
+    upload_rate: float = 0.0  # 0: unpaced
     config_digest: str = ""
 
     def to_env(self) -> dict[str, str]:
@@ -167,6 +170,8 @@ class RankCheckpointEnv:
             env[CKPT_ENDPOINT_URL] = self.endpoint_url
         if self.upload_cpus:
             env[CKPT_UPLOAD_CPUS] = format_cpu_list(self.upload_cpus)
+        if self.upload_rate:
+            env[CKPT_UPLOAD_RATE] = f"{self.upload_rate:g}"
         return env
 
     @classmethod
@@ -185,8 +190,15 @@ class RankCheckpointEnv:
         retention = Retention(keep_local=default_keep_local if keep_local is None else keep_local,
                               keep_remote=_count(env, CKPT_KEEP_REMOTE) or 0,
                               keep_every=_count(env, CKPT_KEEP_EVERY) or 0)
+        rate = env.get(CKPT_UPLOAD_RATE, "").strip() or "0"
+        try:
+            upload_rate = float(rate)
+        except ValueError:
+            raise ConfigError("environment", CKPT_UPLOAD_RATE, f"not a number: {rate!r}") from None
+        if not upload_rate >= 0:
+            raise ConfigError("environment", CKPT_UPLOAD_RATE, f"must be >= 0, got {rate}")
         return cls(remote=remote, endpoint_url=env.get(CKPT_ENDPOINT_URL, "").strip() or None, retention=retention,
-                   upload_cpus=upload_cpus, config_digest=env.get(CONFIG_DIGEST, ""))
+                   upload_cpus=upload_cpus, upload_rate=upload_rate, config_digest=env.get(CONFIG_DIGEST, ""))
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:

@@ -41,7 +41,7 @@ from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError, Range, Receipt, utc_iso
 from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
-from slurm_titan.ckpt.storage import Backoff, LocalFileError, Store, SystemClock, Wait, open_store
+from slurm_titan.ckpt.storage import Backoff, LocalFileError, Store, SystemClock, TransferConfig, Wait, open_store
 from slurm_titan.ckpt.upload_process import UploadSettings
 from slurm_titan.errors import StorageError
 from slurm_titan.retention import KEEP_ALL, Retention
@@ -126,6 +126,9 @@ class CheckpointSync:
             (and the transfer threads they start) is: training keeps the cores it needs and the
             upload takes what is left (0: same priority).
         upload_cpus: the CPUs those threads run on (None: training's); see ``checkpoint.upload_cpus``.
+        upload_rate: requests a second all ranks' uploads make at most (``checkpoint.upload_rate``): this rank's
+            store paces its requests at ``upload_rate / world_size`` (0: no pacing; a given :class:`Store` keeps
+            its own transfer settings).
 
     :meth:`from_settings` builds one from a rank's :class:`.upload_process.UploadSettings`.
 
@@ -136,11 +139,12 @@ class CheckpointSync:
                  config_digest: str = "", attempt: str | None = None, retention: Retention = KEEP_ALL,
                  endpoint_url: str | None = None, storage_options: dict | None = None, retry_initial: float = 1.0,
                  retry_max: float = 60.0, poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM,
-                 nice: int = 10, upload_cpus: frozenset[int] | None = None) -> None:
+                 nice: int = 10, upload_cpus: frozenset[int] | None = None, upload_rate: float = 0.0) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"bad rank {rank} / world size {world_size}")
         self.store = remote if isinstance(remote, Store) else open_store(
-            remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True)
+            remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True,
+            transfer=dataclasses.replace(TransferConfig.from_env(), request_rate=upload_rate / world_size))
         self.local_folder = os.path.abspath(local_folder)
         self.rank, self.world_size = rank, world_size
         self.config_digest = config_digest
@@ -170,7 +174,8 @@ class CheckpointSync:
         """The uploader `settings` describe (what a rank's uploader process runs)."""
         return cls(settings.remote, settings.local_folder, rank=settings.rank, world_size=settings.world_size,
                    config_digest=settings.config_digest, attempt=settings.attempt, retention=settings.retention,
-                   endpoint_url=settings.endpoint_url, nice=settings.nice, upload_cpus=settings.upload_cpus)
+                   endpoint_url=settings.endpoint_url, nice=settings.nice, upload_cpus=settings.upload_cpus,
+                   upload_rate=settings.upload_rate)
 
     # ------------------------------------------------------------------------------ API
     def submit(self, step: int, reads: list[Range] | None = None,

@@ -62,6 +62,7 @@ class UploadSettings:
     retention: Retention = KEEP_ALL
     nice: int = 10
     upload_cpus: frozenset[int] | None = None
+    upload_rate: float = 0.0
 
     @classmethod
     def from_rank_env(cls, checkpoint: RankCheckpointEnv, *, local_folder: str, rank: int,
@@ -70,7 +71,8 @@ class UploadSettings:
         `local_folder`: the job's `checkpoint` settings as the supervisor passed them to the rank."""
         return cls(remote=checkpoint.remote, endpoint_url=checkpoint.endpoint_url, local_folder=local_folder,
                    rank=rank, world_size=world_size, config_digest=checkpoint.config_digest,
-                   retention=checkpoint.retention, upload_cpus=checkpoint.upload_cpus)
+                   retention=checkpoint.retention, upload_cpus=checkpoint.upload_cpus,
+                   upload_rate=checkpoint.upload_rate)
 
     def to_message(self) -> dict[str, Any]:
         """The first line the child reads (JSON-ready)."""

@@ -324,6 +324,8 @@ def _validate(config: JobConfig) -> None:
             parse_cpu_list(config.checkpoint.upload_cpus)
         except ValueError as error:
             raise ConfigError(where, "checkpoint.upload_cpus", str(error)) from None
+    if not config.checkpoint.upload_rate >= 0:
+        raise ConfigError(where, "checkpoint.upload_rate", f"must be >= 0, got {config.checkpoint.upload_rate}")
     if config.checkpoint.interval < 1:
         raise ConfigError(where, "checkpoint.interval", f"must be >= 1, got {config.checkpoint.interval}")
     memory = config.checkpoint.memory

@@ -51,6 +51,9 @@ class CheckpointSpec:
     default): mode 1/2 splits all cores evenly over the node's NPUs unless each device gets a range, so with
     binding on the config must give every device a range that leaves the upload CPUs out (checked before
     submitting); the ranges' NUMA locality (`lscpu`, `npu-smi info -t topo`) is the user's to choose.
+    `upload_rate` is the most requests a second all ranks' uploads make to the store together (S3 serves 3,500
+    writes a second per prefix, then answers 503 SlowDown): each rank paces its own at an even share (0: no
+    pacing).
 
     Resuming on another node count reshards the data position too (`on_world_size_change: reshard`, the
     resharding data loader: no sample repeated or skipped); `restart_data` is the old behaviour (torchtitan's
@@ -67,6 +70,7 @@ class CheckpointSpec:
     keep_remote: int = 0
     keep_every: int = 0
     upload_cpus: str | None = None
+    upload_rate: float = 3500.0
     expected_size_gb: int | None = None
     on_world_size_change: Literal["reshard", "restart_data"] = "reshard"
     allow_dataset_change: bool = False
@@ -104,6 +108,7 @@ class CheckpointPlan:
     endpoint_url: str | None = None
     retention: Retention = KEEP_ALL
     upload_cpus: frozenset[int] | None = None  # None: training's CPUs
+    upload_rate: float = 0.0  # 0: unpaced
     config_digest: str = ""
     reshards_data: bool = False  # the resharding data loader is on (checkpoint.on_world_size_change: reshard)
     memory: MemoryPlan | None = None  # the RAM tier (checkpoint.memory), None when off
@@ -115,7 +120,7 @@ class CheckpointPlan:
                    remote=run_folder.planned(spec.remote, name) if spec.remote else None,
                    endpoint_url=spec.endpoint_url, retention=spec.retention,
                    upload_cpus=parse_cpu_list(spec.upload_cpus) if spec.upload_cpus else None,
-                   config_digest=config_digest, reshards_data=reshards_data,
+                   upload_rate=spec.upload_rate, config_digest=config_digest, reshards_data=reshards_data,
                    memory=MemoryPlan(0 if spec.memory.interval == "auto" else spec.memory.interval, spec.memory.dir,
                                      spec.memory.required)
                    if spec.memory.enable else None)
@@ -135,7 +140,8 @@ class CheckpointPlan:
         if not remote:
             return {}
         return RankCheckpointEnv(remote=remote, endpoint_url=self.endpoint_url, retention=self.retention,
-                                 upload_cpus=self.upload_cpus, config_digest=self.config_digest).to_env()
+                                 upload_cpus=self.upload_cpus, upload_rate=self.upload_rate,
+                                 config_digest=self.config_digest).to_env()
 
 
 @dataclass(frozen=True, kw_only=True)

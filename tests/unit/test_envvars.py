@@ -41,9 +41,9 @@ def test_the_checkpoint_settings_round_trip() -> None:
     settings = envvars.RankCheckpointEnv(remote="s3://b/run/7", endpoint_url="http://s3.local:8333",
                                          config_digest="abc", retention=Retention(keep_local=3, keep_remote=2,
                                                                                   keep_every=10),
-                                         upload_cpus=frozenset({1, 3}))
+                                         upload_cpus=frozenset({1, 3}), upload_rate=3500.0)
     env = settings.to_env()
-    assert env[envvars.CKPT_UPLOAD_CPUS] == "1,3"
+    assert env[envvars.CKPT_UPLOAD_CPUS] == "1,3" and env[envvars.CKPT_UPLOAD_RATE] == "3500"
     assert envvars.RankCheckpointEnv.from_env(env) == settings
     assert envvars.RankCheckpointEnv.from_env({}) is None
     assert envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r"}) == envvars.RankCheckpointEnv(remote="/r")
@@ -53,6 +53,9 @@ def test_the_checkpoint_settings_round_trip() -> None:
         envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r", envvars.CKPT_KEEP_LOCAL: "-1"})
     with pytest.raises(ConfigError, match=envvars.CKPT_UPLOAD_CPUS):
         envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r", envvars.CKPT_UPLOAD_CPUS: "3-1"})
+    for bad, why in (("fast", "not a number: 'fast'"), ("-1", "must be >= 0, got -1"), ("nan", "must be >= 0")):
+        with pytest.raises(ConfigError, match=f"{envvars.CKPT_UPLOAD_RATE}: {why}"):
+            envvars.RankCheckpointEnv.from_env({envvars.CKPT_REMOTE: "/r", envvars.CKPT_UPLOAD_RATE: bad})
 
 
 def test_the_plan_fills_in_the_remote_for_the_job() -> None:

@@ -6,18 +6,21 @@ folder (the files of each rank are told apart by name, as on a shared node-local
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 
 import pytest
 
+from slurm_titan import envvars
 from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.manifest import Receipt
 from slurm_titan.ckpt.restore import restore_checkpoint
 from slurm_titan.ckpt.storage import open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
+from slurm_titan.ckpt.upload_process import UploadSettings
 from slurm_titan.errors import StorageError
 from slurm_titan.retention import Retention
 from tests.support.ckpt import committed_key, write_fake_step
@@ -186,3 +189,20 @@ def test_upload_and_commit_threads_yield_the_cpu_to_training(tmp_path):
         assert os.sched_getaffinity(thread.native_id) == {upload_cpu}, thread.name
     assert len(os.sched_getaffinity(threading.get_native_id())) == os.cpu_count()  # training's thread: untouched
     _close(syncs)
+
+
+@pytest.mark.s3
+def test_each_rank_paces_its_uploads_at_its_share_of_the_upload_rate(s3_env, tmp_path, monkeypatch):
+    monkeypatch.setenv(envvars.CKPT_PART_MB, "5")  # a file of 12 MiB: 3 parts
+    location, local = s3_env.fresh_url(), tmp_path / "local"
+    sent = [UploadSettings(remote=location, local_folder=str(local), rank=r, world_size=3, attempt="a",
+                           upload_rate=30.0) for r in range(3)]
+    syncs = [CheckpointSync.from_settings(UploadSettings.from_message(json.loads(json.dumps(s.to_message()))))
+             for s in sent]  # as the uploader process gets them
+    assert [s.store.pace.gap for s in syncs] == [pytest.approx(0.1)] * 3  # 10 requests a second each
+    write_fake_step(local, 5, world_size=3, size=12 << 20)
+    for s in syncs:
+        s.submit(5)
+    _close(syncs)
+    assert syncs[0].status(5) == "committed"
+    assert verify(open_store(location), 5).ok

@@ -45,6 +45,8 @@ def test_flags_and_set_override_the_file(tmp_path: Path) -> None:
         ("name: 'a b'\n", "job.yaml: name: 'a b' must be letters"),
         ("name: x\ntorchtitan: {override_imports: notalist}\n", "job.yaml: torchtitan.override_imports: expected list"),
         ("name: x\nslurm: {port_window: [100, 200]}\n", "job.yaml: slurm.port_window: must be [low, high]"),
+        ("name: x\ncheckpoint: {enable: true, upload_rate: -1}\n",
+         "job.yaml: checkpoint.upload_rate: must be >= 0, got -1.0"),
         ("name: x\ncheckpoint: {enable: true, upload_cpus: '8-4'}\n",
          "job.yaml: checkpoint.upload_cpus: '8-4' in '8-4': the range runs backwards"),
         ("name: x\nslurm: {gres: 'npu::8'}\n",

@@ -105,6 +105,14 @@ def test_upload_cpus_reach_every_rank_and_are_left_out_when_unset(tmp_path: Path
     assert default is not None and "SLURM_TITAN_CKPT_UPLOAD_CPUS" not in default.rank_env("77")
 
 
+def test_the_upload_rate_reaches_every_rank_and_zero_leaves_the_uploads_unpaced(tmp_path: Path) -> None:
+    config = pinned_debug_cpu(tmp_path)
+    default = plan_job(load_config(config)).node.checkpoint
+    assert default is not None and default.rank_env("77")["SLURM_TITAN_CKPT_UPLOAD_RATE"] == "3500"
+    unpaced = plan_job(load_config(config, [("checkpoint.upload_rate", 0)])).node.checkpoint
+    assert unpaced is not None and "SLURM_TITAN_CKPT_UPLOAD_RATE" not in unpaced.rank_env("77")
+
+
 NPU_JOB = """
 name: npu-job
 slurm: {nodes: 2, devices_per_node: 8}

@@ -7,8 +7,9 @@ Every node has its own proxy (:mod:`tools.local_s3.throttle_proxy`, in this proc
 throttle (the store's budget), so that each request is counted against the node that made it. A rank is the real
 :class:`~slurm_titan.ckpt.upload.CheckpointSync` (uploader; rank 0 commits) over its own file, scaled down 4,096
 times (the same blocks and items as the real one: :mod:`tools.bench.llama3_70b`), uploaded in as many parts as the
-real one (:data:`PART_SIZE`, :func:`_scaled`): the store sees the real requests and a 4,096th of the bytes. Each
-rank has the spans and reads its checkpointer would give; ranks are threads of a few worker processes
+real one (:data:`PART_SIZE`, :func:`_scaled`), its requests paced at its share of ``checkpoint.upload_rate``: the
+store sees the real requests at their real pace and a 4,096th of the bytes. Each rank has the spans and reads its
+checkpointer would give; ranks are threads of a few worker processes
 (``python -m tools.bench.scale_sim.store``). A node is the real :func:`~slurm_titan.ckpt.restore.prepare_resume`
 of its 8 ranks' share on a fresh disk (its store's default transfer settings: a scaled file comes in one GET), with
 the real :class:`~slurm_titan.ckpt.agree.NodeAgreement` over a local job folder. The phases, each against fresh
@@ -281,10 +282,16 @@ def _prepare_files(root: Path, ranks: int) -> None:
         (root / "node-0" / f"step-{step}" / ".metadata").write_bytes(bytes(2169 * ranks * 128 // SCALE))
 
 
-def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S,
-            part_size: int = PART_SIZE) -> dict[str, float]:
+def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_size: int = PART_SIZE,
+            upload_rate: float | None = None) -> dict[str, float]:
     """One row: the figures of every phase at ``ranks`` simulated ranks (8 a node) in ``workdir`` (emptied first);
-    the save is throttled for ``throttled_s`` seconds, its files cut into parts of ``part_size`` bytes."""
+    the save is throttled for ``throttled_s`` seconds, its files cut into parts of ``part_size`` bytes, the ranks'
+    uploads paced at an even share of ``upload_rate`` requests a second (None: ``checkpoint.upload_rate``'s
+    default; 0: unpaced)."""
+    if upload_rate is None:
+        from slurm_titan.node.spec import CheckpointSpec
+
+        upload_rate = CheckpointSpec().upload_rate
     nodes = ranks // RANKS_PER_NODE
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -292,7 +299,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S,
     with store_and_proxies(workdir, nodes) as (server, proxies):
         env = {k: v for k, v in server.env().items() if k != "AWS_ENDPOINT_URL"}
         task = {"url": f"s3://{server.bucket}/run", "endpoints": proxies.endpoints, "ranks": ranks, "nodes": nodes,
-                "workdir": str(workdir), "part_size": part_size}
+                "workdir": str(workdir), "part_size": part_size, "upload_rate": upload_rate}
         plain = _save(proxies, dict(task, attempt="sim-1"), ranks, STEPS[0], env)
         _workers("stale", dict(task, step=STEPS[1], attempt=STALE_ATTEMPT), list(range(ranks)), env)
         throttled = _save(proxies, dict(task, attempt="sim-2"), ranks, STEPS[1], env, throttle_s=throttled_s)
@@ -311,7 +318,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S,
     error = refused["errors"][0] if refused["errors"] else ""
     if not ("SlowDown" in error and ".distcp" in error):
         print(f"  store at {ranks} ranks: the refused restore ended with {error or 'no error'!r}", file=sys.stderr)
-    return {"ranks": float(ranks), "nodes": float(nodes),
+    return {"ranks": float(ranks), "nodes": float(nodes), "upload_rate": upload_rate,
             "save_s": plain["save_s"], "commit_s": plain["commit_s"], "save_requests": plain["requests"],
             "save_parts": plain["parts"],
             "throttled_save_s": throttled["save_s"], "throttled_commit_s": throttled["commit_s"],
@@ -349,16 +356,18 @@ def _list_and_prune(server: seaweed.Server, proxies: Proxies, task: dict[str, An
 Action = Callable[[], dict[str, Any]]
 
 
-def _scaled(part_size: int) -> TransferConfig:
+def _scaled(part_size: int, request_rate: float) -> TransferConfig:
     """What the ranks' uploads are cut into, scaled down with the files: the record's blocks (the same number a
     file as at full size), the body size from which a PUT waits for ``100 Continue``, and the parts
     (``part_size``: under S3's 5 MiB, which SeaweedFS refuses at an upload's completion, so the proxies keep the
-    parts and write each file whole)."""
+    parts and write each file whole); the requests paced at ``request_rate`` a second, as a rank's uploader
+    paces them (its share of ``checkpoint.upload_rate``: the requests are the real ones, not scaled)."""
     from slurm_titan.ckpt.storage import TransferConfig
 
     full = TransferConfig()
     return dataclasses.replace(full, block_size=full.block_size // SCALE, part_size=part_size,
-                               min_part_size=part_size, expect_continue_min=full.expect_continue_min // SCALE)
+                               min_part_size=part_size, expect_continue_min=full.expect_continue_min // SCALE,
+                               request_rate=request_rate)
 
 
 def _rank(task: dict[str, Any], r: int, items: list, sizes: list[int]) -> Action:
@@ -367,7 +376,8 @@ def _rank(task: dict[str, Any], r: int, items: list, sizes: list[int]) -> Action
     from slurm_titan.ckpt.upload import CheckpointSync
 
     node = r // RANKS_PER_NODE
-    store = open_store(task["url"], endpoint_url=task["endpoints"][node], transfer=_scaled(task["part_size"]))
+    store = open_store(task["url"], endpoint_url=task["endpoints"][node],
+                       transfer=_scaled(task["part_size"], task["upload_rate"] / task["ranks"]))
     sync = CheckpointSync(store, str(Path(task["workdir"]) / "local" / f"node-{node}"), rank=r,
                           world_size=task["ranks"], attempt=task["attempt"], nice=0)
     spans = {file_name(r): [(o, n) for o, n, rep in items[r] if rep]}

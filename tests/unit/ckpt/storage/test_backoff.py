@@ -14,22 +14,7 @@ from slurm_titan.ckpt.storage import Backoff, LocalStore, StoreError, TransientS
 from slurm_titan.ckpt.storage.backoff import WaitNotice
 from slurm_titan.ckpt.storage.errors import is_transient, parse_retry_after, retry_after, throttle_code
 from slurm_titan.errors import ConfigError
-
-
-class FakeClock:
-    """Time that passes only when slept; records the sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> bool:
-        self.sleeps.append(seconds)
-        self.t += seconds
-        return False
+from tests.support.fake_clock import FakeClock
 
 
 def slow_down(retry_after_s: float | None = None) -> TransientStoreError:

@@ -1,13 +1,18 @@
 """Requests in flight adapt to a throttling store (slurm_titan.ckpt.storage.concurrency): halved once per window
-on a throttled answer, one more after each success, between 1 and the configured concurrency."""
+on a throttled answer, one more after each success, between 1 and the configured concurrency; and a paced
+client starts them evenly apart, at most its rate."""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 
+import pytest
+
 from slurm_titan.ckpt.storage import TransientStoreError
-from slurm_titan.ckpt.storage.concurrency import AdaptiveLimit
+from slurm_titan.ckpt.storage.concurrency import AdaptiveLimit, Pace
+from tests.support.fake_clock import FakeClock
 
 
 def _answer(limit: AdaptiveLimit, error: BaseException | None) -> None:
@@ -64,3 +69,46 @@ def test_no_more_requests_than_the_limit_run_at_once():
     for t in threads:
         t.join(10)
     assert most[0] <= 2 and limit.limit == 1
+
+
+def test_a_paced_client_starts_its_requests_evenly_apart_the_first_within_one_gap():
+    clock = FakeClock()
+    pace = Pace(4.0, clock=clock, rng=random.Random(1))  # a turn every 0.25 s
+    starts = []
+    for _ in range(5):
+        pace.wait()
+        starts.append(clock.now())
+    assert 0.0 <= starts[0] < 0.25
+    assert [round(b - a, 9) for a, b in zip(starts, starts[1:])] == [0.25] * 4
+    clock.t += 10  # idle for 10 s: no burst of the turns it missed
+    pace.wait()
+    pace.wait()
+    assert clock.now() == pytest.approx(starts[-1] + 10.25)
+
+
+def test_clients_that_begin_together_take_their_first_turns_apart():
+    firsts = []
+    for seed in range(200):
+        clock = FakeClock()
+        Pace(1.0, clock=clock, rng=random.Random(seed)).wait()
+        firsts.append(clock.now())
+    assert min(firsts) < 0.05 and max(firsts) > 0.95  # spread over the whole gap
+    assert sum(f < 0.5 for f in firsts) in range(70, 131)
+
+
+def test_no_rate_means_no_wait_and_threads_each_get_a_turn_of_their_own():
+    clock = FakeClock()
+    unpaced = Pace(0.0, clock=clock)
+    for _ in range(100):
+        unpaced.wait()
+    assert clock.sleeps == []
+    stopped = FakeClock()
+    stopped.sleep = stopped.sleeps.append  # type: ignore[method-assign,assignment]  # time stands still
+    paced = Pace(10.0, clock=stopped, rng=random.Random(2))
+    threads = [threading.Thread(target=paced.wait) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = min(stopped.sleeps)
+    assert sorted(stopped.sleeps) == pytest.approx([first + k / 10 for k in range(20)])
