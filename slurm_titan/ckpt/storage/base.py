@@ -404,7 +404,8 @@ class Store(abc.ABC):
         piece (a block of the record, or a span) is fetched, checked against its checksum and written
         at its offset (O_DIRECT where aligned and allowed). Returns, per item, the (offset, length) of
         the pieces whose bytes did not match (all good: empty lists). Raises StorageError when the
-        store or the disk fails."""
+        store or the disk fails; the first failure ends the fetch (no piece still waiting its turn is
+        requested: a store that refuses every request ends it in one retry budget)."""
         if not items:
             return []
         progress = _serialized(progress)
@@ -413,10 +414,13 @@ class Store(abc.ABC):
         writers: list[ranged.Writer] = []
         bad: list[list[tuple[int, int]]] = [[] for _ in items]
         lock = threading.Lock()
+        failed = threading.Event()
         with self._guard("cannot read"):
             reader = self._range_reader()
 
         def one(i: int, w: ranged.Writer, rel: str, off: int, n: int, checksum: str) -> None:
+            if failed.is_set():
+                return
             buf = buffers.take()
             try:
                 view = memoryview(buf)[:n]
@@ -433,6 +437,9 @@ class Store(abc.ABC):
                     w.write(off, view)
                 except OSError as e:
                     raise StorageError(f"cannot write {w.path}: {e.strerror}") from None
+            except BaseException:
+                failed.set()
+                raise
             finally:
                 buffers.give([buf])
 

@@ -311,8 +311,10 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
               progress: Progress, return_exceptions: bool = False) -> list[Any]:
     """Fetch [(rel, local path or None, size or None)] -> [(size, checksum)] in order.
 
-    With ``local_path`` None the object is only hashed. Raises (or, with return_exceptions,
-    returns per item) StoreError/StorageError."""
+    With ``local_path`` None the object is only hashed. Raises the first failure (or, with return_exceptions,
+    returns per item) StoreError/StorageError. A failure ends the fetch: no request of those still waiting their
+    turn is made (with return_exceptions: none of the same file's), so that a store refusing every request ends
+    it in one retry budget, not one for every few ranges."""
     with store._guard("cannot presign the download URLs"):
         gets = []
         for rel, lp, size in items:
@@ -323,6 +325,10 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
     conc = max(1, store.transfer.concurrency)
     buffers = PartBuffers(part_size)  # ranges in flight, and early ones (up to `early`)
     early = Budget(conc * part_size)
+    failures: list[BaseException] = []
+
+    def given_up(g: _Get) -> bool:
+        return (bool(failures) and not return_exceptions) or isinstance(g.result, BaseException)
 
     def whole(g: _Get) -> None:
         def once() -> tuple[int, str]:
@@ -342,33 +348,41 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
             size = _stream(web, g, {}, g.size, sink, progress)
             return size, h.hexdigest()
 
+        if given_up(g):
+            return
         try:
             g.result = web.retry(f"cannot read {g.rel}", once)
         except BaseException as e:  # noqa: BLE001
             g.result = e
+            failures.append(e)
 
-    def part(g: _Get, ranged: RangedFile, off: int, length: int) -> None:
+    def fetch_part(g: _Get, ranged: RangedFile, off: int, length: int) -> BaseException | None:
         buf = buffers.take()
         view = memoryview(buf)[:length]
 
         def once() -> None:
             _stream(web, g, {"Range": f"bytes={off}-{off + length - 1}"}, length, None, progress, view)
 
-        err: BaseException | None = None
         try:
             web.retry(f"cannot read {g.rel}", once)
             ranged.write(off, view)
             buffers.give(ranged.landed(off, length, buf))
         except OSError as e:
-            err = StorageError(f"cannot write {g.local_path}: {e.strerror}")
+            return StorageError(f"cannot write {g.local_path}: {e.strerror}")
         except BaseException as e:  # noqa: BLE001
-            err = e
+            return e
+        return None
+
+    def part(g: _Get, ranged: RangedFile, off: int, length: int) -> None:
+        err = None if given_up(g) else fetch_part(g, ranged, off, length)
+        if err is not None:
+            failures.append(err)
         with g.lock:
             if err is not None and not isinstance(g.result, BaseException):
                 g.result = err
             g.parts_left -= 1
             last = g.parts_left == 0
-        if last and not isinstance(g.result, BaseException):
+        if last and not given_up(g):
             g.result = ranged.checksum()
 
     try:
@@ -401,12 +415,9 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
             if g.fd >= 0:
                 os.close(g.fd)
         buffers.close()
-    out = []
-    for g in gets:
-        if isinstance(g.result, BaseException) and not return_exceptions:
-            raise g.result
-        out.append(g.result)
-    return out
+    if failures and not return_exceptions:
+        raise failures[0]
+    return [g.result for g in gets]
 
 
 # ------------------------------------------------------------------------------ upload

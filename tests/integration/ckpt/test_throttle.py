@@ -13,7 +13,7 @@ import pytest
 from slurm_titan import envvars
 from slurm_titan.ckpt import CheckpointSync, list_checkpoints, open_store, read_manifest
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
-from slurm_titan.ckpt.storage import TransferConfig, s3_http
+from slurm_titan.ckpt.storage import Backoff, TransferConfig, s3_http
 from slurm_titan.errors import StorageError
 from slurm_titan.node.spec import CheckpointPlan
 from slurm_titan.node.supervisor import restore as node_restore
@@ -104,6 +104,41 @@ def test_a_store_that_refuses_beyond_the_total_ends_the_restore_naming_the_objec
     throttled_s3.configure(share=0.0)
     assert [(i.step, i.complete) for i in list_checkpoints(open_store(location))] == [(7, True)]
     assert read_manifest(open_store(location), 7).world_size == 1
+
+
+def test_a_refused_range_ends_the_restore_without_asking_for_the_ranges_after_it(throttled_s3, tmp_path,
+                                                                                 monkeypatch):
+    # A file of 8 ranges, 2 in flight at once, every try refused with a Retry-After beyond the budget: each range
+    # gets two tries (the first, and one at its deadline); once one has failed, no range still waiting is asked
+    # for (they were: the restore then took one budget for every 2 ranges, hours at 1800 s and a real node's
+    # thousand ranges).
+    location, _ = _committed(throttled_s3, tmp_path / "saved", 3, world_size=1, size=40 * MIB)
+    monkeypatch.setattr(s3_http, "_RANGED_MIN", MIB)
+    monkeypatch.setenv(envvars.CKPT_PART_MB, "5")
+    monkeypatch.setenv(envvars.CKPT_CONCURRENCY, "2")
+    monkeypatch.setenv(envvars.STORE_RETRY_S, "1")
+    throttled_s3.configure(share=1.0, paths=r"\.distcp", methods=["GET"], retry_after=30)
+    throttled_s3.reset()
+    with pytest.raises(StorageError, match=r"step-3/attempt-a/__0_0\.distcp.*SlowDown"):
+        node_restore.restore(_plan(location, throttled_s3.endpoint), str(tmp_path / "node"), "job", 1, print,
+                             ranks=[0], node=0, nodes=1)
+    assert throttled_s3.stats()["GET"]["throttled"] == 2 * 2  # 2 ranges, 2 tries each; not 8 ranges
+    throttled_s3.configure(share=0.0)
+
+
+def test_a_refused_piece_ends_the_fetch_of_a_nodes_share_without_asking_for_the_pieces_after_it(throttled_s3,
+                                                                                                 tmp_path):
+    # The same for the pieces of other ranks' files that a node's ranks read (download_pieces).
+    store = open_store(throttled_s3.fresh_url("pieces"), transfer=TransferConfig(concurrency=2),
+                       retry=Backoff(total=1.0))
+    store.put_bytes("step-1/__0_0.distcp", bytes(8 * MIB))
+    throttled_s3.configure(share=1.0, paths=r"\.distcp", methods=["GET"], retry_after=30)
+    throttled_s3.reset()
+    pieces = [(off, MIB, "0" * 64) for off in range(0, 8 * MIB, MIB)]
+    with pytest.raises(StorageError, match=r"__0_0\.distcp.*SlowDown"):
+        store.download_pieces([("step-1/__0_0.distcp", str(tmp_path / "f"), 8 * MIB, pieces)], DEFAULT_ALGORITHM)
+    assert throttled_s3.stats()["GET"]["throttled"] == 2 * 2  # 2 pieces, 2 tries each; not 8 pieces
+    throttled_s3.configure(share=0.0)
 
 
 def test_a_held_write_lands_after_its_writer_is_gone(throttled_s3, tmp_path):

@@ -25,5 +25,6 @@ def test_16_ranks_save_commit_restore_list_and_prune_through_a_throttling_store(
     assert row["receipt_gets_per_rank"] <= 3  # a receipt is read once (twice if rewritten meanwhile), not a poll
     assert row["stale_requests"] == 0  # an earlier attempt's receipts for the step: never listed, never read
     assert row["restore_extra_gets"] <= 16  # a node's GETs beyond its own ranks' files
+    assert row["restore_requests"] >= row["save_parts"]  # each file fetched in ranges as it was cut into parts
     assert row["budget_restored"] == 1  # every node restored at twice the store's budget
     assert row["refusal_named"] == 1  # a store refusing beyond the retry budget: the object and its answer named

@@ -11,8 +11,8 @@ real one (:data:`PART_SIZE`, :func:`_scaled`), its requests paced at its share o
 store sees the real requests at their real pace and a 4,096th of the bytes. Each rank has the spans and reads its
 checkpointer would give; ranks are threads of a few worker processes
 (``python -m tools.bench.scale_sim.store``). A node is the real :func:`~slurm_titan.ckpt.restore.prepare_resume`
-of its 8 ranks' share on a fresh disk (its store's default transfer settings: a scaled file comes in one GET), with
-the real :class:`~slurm_titan.ckpt.agree.NodeAgreement` over a local job folder. The phases, each against fresh
+of its 8 ranks' share on a fresh disk, a file fetched in as many ranges as at full size (:func:`_scaled_restores`),
+with the real :class:`~slurm_titan.ckpt.agree.NodeAgreement` over a local job folder. The phases, each against fresh
 counters:
 
 - ``save``: step 1000 saved and committed, nothing throttled (the reference times);
@@ -370,6 +370,17 @@ def _scaled(part_size: int, request_rate: float) -> TransferConfig:
                                request_rate=request_rate)
 
 
+def _scaled_restores(part_size: int) -> None:
+    """This worker's restores fetch a file in as many ranges as at full size, as its saves cut it into parts: the
+    stores they open take the scaled transfer settings (:func:`_scaled`; a node's restore opens its own with
+    ``TransferConfig.from_env``), and a file of two parts or more comes in ranges (at full size: 16 MiB or more)."""
+    from slurm_titan.ckpt.storage import base, s3_http
+
+    scaled = _scaled(part_size, 0.0)
+    base.TransferConfig.from_env = classmethod(lambda cls: dataclasses.replace(scaled))  # type: ignore[method-assign]
+    s3_http._RANGED_MIN = 2 * part_size
+
+
 def _rank(task: dict[str, Any], r: int, items: list, sizes: list[int]) -> Action:
     """Rank ``r``'s uploader, opened (its store checked, as at a rank's start); the action saves the step."""
     from slurm_titan.ckpt import open_store
@@ -443,6 +454,8 @@ def _worker(op: str, task: dict[str, Any]) -> list[dict[str, Any]]:
         items, sizes = rank_files(task["ranks"], SCALE)
         actions = _in_threads([functools.partial(_rank, task, u, items, sizes) for u in units])
     else:
+        if op == "restore":
+            _scaled_restores(task["part_size"])
         one = {"stale": _stale_receipt, "restore": _node}[op]
         actions = [functools.partial(one, task, u) for u in units]
     print("ready", flush=True)
