@@ -321,7 +321,7 @@ def read_many(store: S3Store, items: Sequence[tuple[str, str | None, int | None]
             bucket, key = store.bucket_key(rel)
             gets.append(_Get(rel, lp, size, _presign(store, "get_object", {"Bucket": bucket, "Key": key})))
     web = _Http(store)
-    part_size = -(-max(store.transfer.part_size, 1 << 20) // ALIGN) * ALIGN
+    part_size = -(-store.transfer.part_size // ALIGN) * ALIGN
     conc = max(1, store.transfer.concurrency)
     buffers = PartBuffers(part_size)  # ranges in flight, and early ones (up to `early`)
     early = Budget(conc * part_size)
