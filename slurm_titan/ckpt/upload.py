@@ -144,7 +144,7 @@ class CheckpointSync:
             raise ValueError(f"bad rank {rank} / world size {world_size}")
         self.store = remote if isinstance(remote, Store) else open_store(
             remote, endpoint_url=endpoint_url, storage_options=storage_options, check=True, create=True,
-            transfer=dataclasses.replace(TransferConfig.from_env(), request_rate=upload_rate / world_size))
+            transfer=dataclasses.replace(TransferConfig.from_env(), upload_rate=upload_rate / world_size))
         self.local_folder = os.path.abspath(local_folder)
         self.rank, self.world_size = rank, world_size
         self.config_digest = config_digest

@@ -23,8 +23,8 @@ A :class:`Store` is a checkpoint location (a backend plus a root inside it); ``o
   :class:`.backoff.Backoff`, waiting out a throttling store up to its deadline (other transient
   failures: a few tries where no library retries them already, :meth:`_request`); a bulk transfer's
   requests run in the slots of the store's :class:`.concurrency.AdaptiveLimit`, which shrinks while
-  the store throttles, at the turns of its :class:`.concurrency.Pace` (an uploader's share of the job's
-  rate). A caller sees a failure only once the policy is used up.
+  the store throttles, an upload's at the turns of its :class:`.concurrency.Pace` (an uploader's share of
+  the job's rate). A caller sees a failure only once the policy is used up.
 """
 
 from __future__ import annotations
@@ -115,9 +115,10 @@ class TransferConfig:
     direct_io: bool = True
     """S3 restores write large files with O_DIRECT where the file system allows it (about half
     the client CPU per GiB, measured); False writes them through the page cache."""
-    request_rate: float = 0.0
-    """A bulk transfer's requests (parts, ranges, files) this client starts a second at most, evenly apart
-    (:class:`.concurrency.Pace`; 0: no pacing). A rank's uploader takes its share of ``checkpoint.upload_rate``."""
+    upload_rate: float = 0.0
+    """Upload requests (an S3 part or PutObject, a file on fsspec) this client starts a second at most, evenly
+    apart (:class:`.concurrency.Pace`; 0: no pacing). A rank's uploader takes its share of
+    ``checkpoint.upload_rate``; reads (a restore, the committer gathering small items) are not paced."""
 
     @classmethod
     def from_env(cls) -> TransferConfig:
@@ -168,8 +169,8 @@ class Store(abc.ABC):
         """Where the waits for a throttling store are said (``notice``: default, the storage logger)."""
         self.limit = AdaptiveLimit(self.transfer.concurrency)
         """The slots of a bulk transfer's requests (:mod:`.concurrency`)."""
-        self.pace = Pace(self.transfer.request_rate)
-        """When a bulk transfer's requests start (:mod:`.concurrency`)."""
+        self.upload_pace = Pace(self.transfer.upload_rate)
+        """When a bulk upload's requests start (:mod:`.concurrency`)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location!r})"
@@ -243,13 +244,15 @@ class Store(abc.ABC):
 
         return self._throttle_only.run(once, on_wait=self.waits)
 
-    def _request(self, action: str, fn: Callable[[int], T], policy: Backoff | None = None) -> T:
-        """One request of a bulk transfer: ``fn(attempt)`` in a slot of :attr:`limit` at its turn of :attr:`pace`,
-        under ``_guard(action)``, retried under ``policy`` (default: the store's, its tries for failures other than
-        throttling too)."""
+    def _request(self, action: str, fn: Callable[[int], T], policy: Backoff | None = None, *,
+                 upload: bool = False) -> T:
+        """One request of a bulk transfer: ``fn(attempt)`` in a slot of :attr:`limit` (an ``upload`` at its turn
+        of :attr:`upload_pace`), under ``_guard(action)``, retried under ``policy`` (default: the store's, its tries
+        for failures other than throttling too)."""
         def once(attempt: int) -> T:
             with self.limit.slot():
-                self.pace.wait()
+                if upload:
+                    self.upload_pace.wait()
                 with self._guard(action):
                     return fn(attempt)
 

@@ -9,10 +9,10 @@ each request that succeeds, up to the configured concurrency.
 
 A limit on requests in flight is no limit on their rate: a store that answers at once (a refusal takes a
 millisecond) sees as many requests a second as the client can send. An upload's requests are also paced
-(:class:`Pace`, ``TransferConfig.request_rate``): a rank takes its even share of the job's budget
-(``checkpoint.upload_rate``, S3's 3,500 writes a second per prefix), one request at a time and evenly
-apart, the first at a random moment within its gap, so that the ranks of a save, which all begin at once,
-neither send all their first requests together nor come back together after one refusal.
+(:class:`Pace`, ``TransferConfig.upload_rate``): a rank takes its even share of the job's budget
+(``checkpoint.upload_rate``, S3's 3,500 writes a second per prefix) and starts its requests evenly apart,
+the first at a random moment within its gap, so that the ranks of a save, which all begin at once, neither
+send all their first requests together nor come back together after one refusal.
 """
 
 from __future__ import annotations

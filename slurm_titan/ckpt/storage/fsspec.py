@@ -130,7 +130,8 @@ class FsspecStore(Store):
             return FileEntry.hashed(r, size, h)
 
         def one(item: tuple[str, str]) -> FileEntry:
-            entry = self._request(f"cannot upload {item[1]}", lambda _attempt: once(*item), self._throttle_only)
+            entry = self._request(f"cannot upload {item[1]}", lambda _attempt: once(*item), self._throttle_only,
+                                  upload=True)
             uploaded(entry)
             return entry
 

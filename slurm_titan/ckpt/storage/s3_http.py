@@ -213,9 +213,10 @@ class _Http:
             return "timed out"
         return f"{type(e).__name__}: {e}"
 
-    def retry(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()``, one request, retried alone under the store's policy in a slot of its concurrency."""
-        return self.store._request(what, lambda _attempt: fn())
+    def retry(self, what: str, fn: Callable[[], T], *, upload: bool = False) -> T:
+        """``fn()``, one request, retried alone under the store's policy in a slot of its concurrency (an
+        ``upload`` at its pace)."""
+        return self.store._request(what, lambda _attempt: fn(), upload=upload)
 
 
 @functools.lru_cache(maxsize=4)
@@ -461,7 +462,7 @@ def upload_many(store: S3Store, items: list[tuple[str, str]], algorithm: str, pr
             return etag
 
         try:
-            etag = web.retry(f"cannot upload {rel}", once)
+            etag = web.retry(f"cannot upload {rel}", once, upload=True)
             progress(n)
             return etag
         except BaseException as e:

@@ -18,7 +18,7 @@ from slurm_titan.ckpt import layout
 from slurm_titan.ckpt.catalog import list_checkpoints, read_manifest, verify
 from slurm_titan.ckpt.manifest import Receipt
 from slurm_titan.ckpt.restore import restore_checkpoint
-from slurm_titan.ckpt.storage import open_store
+from slurm_titan.ckpt.storage import TransferConfig, open_store
 from slurm_titan.ckpt.upload import CheckpointSync, Uploader
 from slurm_titan.ckpt.upload_process import UploadSettings
 from slurm_titan.errors import StorageError
@@ -199,10 +199,13 @@ def test_each_rank_paces_its_uploads_at_its_share_of_the_upload_rate(s3_env, tmp
                            upload_rate=30.0) for r in range(3)]
     syncs = [CheckpointSync.from_settings(UploadSettings.from_message(json.loads(json.dumps(s.to_message()))))
              for s in sent]  # as the uploader process gets them
-    assert [s.store.pace.gap for s in syncs] == [pytest.approx(0.1)] * 3  # 10 requests a second each
+    assert [s.store.upload_pace.gap for s in syncs] == [pytest.approx(0.1)] * 3  # 10 uploads a second each
     write_fake_step(local, 5, world_size=3, size=12 << 20)
     for s in syncs:
         s.submit(5)
     _close(syncs)
     assert syncs[0].status(5) == "committed"
     assert verify(open_store(location), 5).ok
+    reader = open_store(location, transfer=TransferConfig(upload_rate=0.1))  # reads are not paced: a restore,
+    got = reader.read_ranges([(layout.data_key(5, layout.attempt_dir("a"), f"__{r}_0.distcp"), 0, 8) for r in range(3)])
+    assert len(got) == 3 and reader.upload_pace.next is None  # the committer gathering small items

@@ -356,18 +356,18 @@ def _list_and_prune(server: seaweed.Server, proxies: Proxies, task: dict[str, An
 Action = Callable[[], dict[str, Any]]
 
 
-def _scaled(part_size: int, request_rate: float) -> TransferConfig:
+def _scaled(part_size: int, upload_rate: float) -> TransferConfig:
     """What the ranks' uploads are cut into, scaled down with the files: the record's blocks (the same number a
     file as at full size), the body size from which a PUT waits for ``100 Continue``, and the parts
     (``part_size``: under S3's 5 MiB, which SeaweedFS refuses at an upload's completion, so the proxies keep the
-    parts and write each file whole); the requests paced at ``request_rate`` a second, as a rank's uploader
+    parts and write each file whole); the uploads paced at ``upload_rate`` requests a second, as a rank's uploader
     paces them (its share of ``checkpoint.upload_rate``: the requests are the real ones, not scaled)."""
     from slurm_titan.ckpt.storage import TransferConfig
 
     full = TransferConfig()
     return dataclasses.replace(full, block_size=full.block_size // SCALE, part_size=part_size,
                                min_part_size=part_size, expect_continue_min=full.expect_continue_min // SCALE,
-                               request_rate=request_rate)
+                               upload_rate=upload_rate)
 
 
 def _scaled_restores(part_size: int) -> None:
