@@ -49,8 +49,13 @@ def file_name(rank: int) -> str:
     return f"__{rank}_0.distcp"
 
 
-def reads(n: int, rank: int, items: list[list[Item]], sizes: list[int]) -> list[tuple[str, int, int]]:
-    """What ``rank``'s load reads: its own file whole and the replicated items at the head of every other file."""
-    heads = [sum(length for _, length, rep in its if rep) for its in items]
+def heads(items: list[list[Item]]) -> list[int]:
+    """The bytes of replicated items at the head of each rank's file (what every other rank's load reads of it)."""
+    return [sum(length for _, length, rep in its if rep) for its in items]
+
+
+def reads(n: int, rank: int, heads: list[int], sizes: list[int]) -> list[tuple[str, int, int]]:
+    """What ``rank``'s load reads: its own file whole and the replicated items at the head of every other file
+    (``heads``: :func:`heads`, worked out once for all ranks)."""
     return [(file_name(rank), 0, sizes[rank])] + [(file_name(k), 0, heads[k]) for k in range(n)
                                                   if k != rank and heads[k]]

@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.bench.llama3_70b import BLOCK, RANKS_PER_NODE, MiB, file_name, params, rank_files, reads
+from tools.bench.llama3_70b import BLOCK, RANKS_PER_NODE, MiB, file_name, heads, params, rank_files, reads
 from tools.bench.scale_sim.goals import fit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +69,7 @@ def prepare(location: str, n: int, scale: int, spans: str) -> dict:
     store = open_store(location, create=True)
     block = BLOCK // scale
     items, sizes = rank_files(n, scale)
+    replicated = heads(items)
     local = not location.startswith("s3://")
     for r in range(n):
         path = file_name(r)
@@ -84,7 +85,7 @@ def prepare(location: str, n: int, scale: int, spans: str) -> dict:
                   if length < block and (rep or spans == "all")]  # the files hold zeros: their real checksums
         entry = FileEntry(path, sizes[r], _hex(r), block, tuple(_hex(r, b, 1) for b in range(-(-sizes[r] // block))),
                           tuple(chosen))
-        write_receipt(store, Receipt(STEP, r, n, ATTEMPT, [entry], "xxh3_128", reads=reads(n, r, items, sizes)))
+        write_receipt(store, Receipt(STEP, r, n, ATTEMPT, [entry], "xxh3_128", reads=reads(n, r, replicated, sizes)))
     return {}
 
 
