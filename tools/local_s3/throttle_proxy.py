@@ -24,7 +24,11 @@ A proxy made in-process with ``assemble`` (a function that writes an object whol
 PutObject) keeps the parts of multipart uploads itself, answering each part as S3 does, and writes the object whole
 at the upload's completion: a store that refuses parts under S3's 5 MiB (SeaweedFS) then takes scaled-down files cut
 into as many parts as the real ones (the scale harness: tools/bench/scale_sim/store.py). The part requests are
-throttled and counted as any other; an abort drops the kept parts and goes upstream.
+throttled and counted as any other; an abort drops the kept parts and goes upstream. With ``discard`` as well (a
+:class:`Zeros`, which the proxies of one store share), the bodies of zeros are not kept but counted (the harness's
+files are sparse): an upload made of them alone is written upstream empty, and the proxy answers for it from its
+size: zeros to a GET (its range), its size to a HEAD and in a listing. The store then holds none of a large sweep's
+bytes, and every read still gets what was written.
 
 Control (never throttled), for tests that change the store's mood between jobs:
 
@@ -42,7 +46,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
+import html
 import http.client
 import ipaddress
 import json
@@ -57,7 +63,7 @@ from dataclasses import asdict, dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 CONTROL = "/__proxy__/"
 """The control endpoint's paths (S3 bucket names have no underscores: no request of a client starts so)."""
@@ -279,16 +285,40 @@ Assemble = Callable[[str, bytes], tuple[int, bytes]]
 """Writes an object whole into the store: (its URI-encoded path, its body) -> (status, the store's answer)."""
 
 
+class Zeros:
+    """The objects that proxies with ``discard`` wrote empty for their zeros, by path (``/bucket/key``): each one's
+    size and ETag. One is shared by the proxies of one store (any of them may be asked for an object). Thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, tuple[int, str]] = {}
+
+    def get(self, path: str) -> tuple[int, str] | None:
+        with self.lock:
+            return self.objects.get(path)
+
+    def keep(self, path: str, size: int, etag: str) -> None:
+        with self.lock:
+            self.objects[path] = (size, etag)
+
+    def forget(self, path: str) -> None:
+        with self.lock:
+            self.objects.pop(path, None)
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
     def __init__(self, port: int, upstream: tuple[str, int], throttle: Throttle, keep_requests: bool = False,
-                 assemble: Assemble | None = None) -> None:
+                 assemble: Assemble | None = None, discard: Zeros | None = None) -> None:
+        if discard is not None and assemble is None:
+            raise BadConfig("discard: only with assemble (the proxy writes the objects it discards the bodies of)")
         super().__init__(("127.0.0.1", port), Handler)
         self.upstream, self.throttle, self.counters = upstream, throttle, Counters(keep_requests)
-        self.assemble = assemble
-        self.parts: dict[str, dict[int, bytes]] = {}  # with `assemble`: by upload id, each part's body by number
+        self.assemble, self.zeros = assemble, discard
+        self.parts: dict[str, dict[int, bytes | int]] = {}
+        """With ``assemble``: by upload id, each part's body by number (with ``discard``, zeros as their size)."""
         self.parts_lock = threading.Lock()
         self.waiting: list[str] = []
         self.released: list[tuple[str, int]] = []
@@ -347,8 +377,11 @@ class Handler(BaseHTTPRequestHandler):
             self.server.hold(self.path, b"".join(self._body_pieces()), self._forward)
             return
         self._delay()
-        if not (self.server.assemble and self._assembled()):
-            self._forward()
+        if self.server.assemble and self._assembled():
+            return
+        if self.server.zeros is not None and self._answered_for_zeros(self.server.zeros):
+            return
+        self._forward()
 
     # -- multipart uploads kept by the proxy (``assemble``) ------------------------------------------
     def _assembled(self) -> bool:
@@ -358,35 +391,105 @@ class Handler(BaseHTTPRequestHandler):
         parts = self.server.parts
         if upload and self.command == "PUT" and "partNumber" in query:
             body = b"".join(self._body_pieces())
+            zero = self.server.zeros is not None and body.count(0) == len(body)
             with self.server.parts_lock:
-                parts.setdefault(upload, {})[int(query["partNumber"][0])] = body
+                parts.setdefault(upload, {})[int(query["partNumber"][0])] = len(body) if zero else body
             self._answer(200, b"", len(body), ETag=f'"{hashlib.md5(body).hexdigest()}"')
             return True
         if upload and self.command == "POST":  # the completion: the parts as kept, in their order
             self._drop_body()
             with self.server.parts_lock:
                 kept = parts.get(upload, {})
-                body = b"".join(kept[number] for number in sorted(kept))
+                pieces = [kept[number] for number in sorted(kept)]
+            body = b"".join(bytes(p) if isinstance(p, int) else p for p in pieces)
+            zeros = bool(pieces) and all(isinstance(p, int) for p in pieces)
             assert self.server.assemble is not None
             path = urlsplit(self.path).path
             try:
-                status, answer = self.server.assemble(path, body)
+                status, answer = self.server.assemble(path, b"" if zeros else body)
             except OSError as e:  # the store did not answer in time: the client asks again, the parts are kept
                 status, answer = 500, b"<Error><Code>InternalError</Code><Message>%s</Message></Error>" % (
                     str(e).encode()[:200])
             if status == 200:
+                etag = f'"{hashlib.md5(body).hexdigest()}-{len(kept)}"'
                 with self.server.parts_lock:
                     parts.pop(upload, None)
+                if self.server.zeros is not None:
+                    if zeros:
+                        self.server.zeros.keep(unquote(path), len(body), etag)
+                    else:
+                        self.server.zeros.forget(unquote(path))
                 bucket, _, key = path.lstrip("/").partition("/")
-                answer = (b"<CompleteMultipartUploadResult><Bucket>%s</Bucket><Key>%s</Key><ETag>\"%s-%d\"</ETag>"
-                          b"</CompleteMultipartUploadResult>" % (bucket.encode(), key.encode(),
-                                                                 hashlib.md5(body).hexdigest().encode(), len(kept)))
+                answer = (b"<CompleteMultipartUploadResult><Bucket>%s</Bucket><Key>%s</Key><ETag>%s</ETag>"
+                          b"</CompleteMultipartUploadResult>" % (bucket.encode(), key.encode(), etag.encode()))
             self._answer(status, answer)
             return True
         if upload and self.command == "DELETE":  # an abort: the kept parts dropped, the upload's end upstream
             with self.server.parts_lock:
                 parts.pop(upload, None)
         return False
+
+    # -- objects written empty for their zeros (``discard``) ------------------------------------------
+    def _answered_for_zeros(self, zeros: Zeros) -> bool:
+        """A read of an object written empty answered from its size, a listing forwarded with its sizes put right,
+        a DeleteObjects forwarded once the objects it names are forgotten; False for any other request (a write or
+        delete of such an object forgets it first)."""
+        path = unquote(urlsplit(self.path).path)
+        kept = zeros.get(path)
+        if kept is not None and self.command in ("PUT", "POST", "DELETE"):
+            zeros.forget(path)
+            return False
+        if kept is not None and self.command in ("GET", "HEAD"):
+            self._drop_body()
+            self._zeros(*kept)
+            return True
+        if self.command == "GET" and "list-type=" in self.path:
+            self._forward(rewrite=functools.partial(self._listed_sizes, zeros))
+            return True
+        if self.command == "POST" and "delete" in parse_qs(urlsplit(self.path).query, keep_blank_values=True):
+            body = b"".join(self._body_pieces())  # DeleteObjects: the keys in its body
+            bucket = path.strip("/").split("/", 1)[0]
+            for key in re.findall(rb"<Key>(.*?)</Key>", body):
+                zeros.forget(f"/{bucket}/{html.unescape(key.decode())}")
+            self._forward(body=[body])
+            return True
+        return False
+
+    def _zeros(self, size: int, etag: str) -> None:
+        """The object of ``size`` zeros, or the range of it the request asks for."""
+        first, last, status = 0, size - 1, 200
+        ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", "").strip())
+        if ranged and ranged.group(1):
+            first, last, status = int(ranged.group(1)), min(int(ranged.group(2) or size - 1), size - 1), 206
+        elif ranged and ranged.group(2):
+            first, status = max(size - int(ranged.group(2)), 0), 206
+        length = max(last - first + 1, 0)
+        sent = 0 if self.command == "HEAD" else length
+        self.server.counters.answered(self.command, self.path, status, 0, sent)
+        self.send_response_only(status)
+        self.send_header("Content-Type", "binary/octet-stream")
+        self.send_header("Content-Length", str(length))
+        self.send_header("ETag", etag)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+        self.end_headers()
+        for at in range(0, sent, _PIECE):
+            self.wfile.write(bytes(min(_PIECE, sent - at)))
+
+    def _listed_sizes(self, zeros: Zeros, listing: bytes) -> bytes:
+        """A ListObjectsV2 answer with the size of every object written empty for its zeros."""
+        bucket = unquote(urlsplit(self.path).path).strip("/").split("/", 1)[0]
+        url_keys = b"<EncodingType>url</EncodingType>" in listing
+
+        def contents(m: re.Match[bytes]) -> bytes:
+            key = re.search(rb"<Key>(.*?)</Key>", m.group(0))
+            name = html.unescape(key.group(1).decode()) if key else ""
+            kept = zeros.get(f"/{bucket}/{unquote(name) if url_keys else name}")
+            if kept is None:
+                return m.group(0)
+            return re.sub(rb"<Size>\d+</Size>", b"<Size>%d</Size>" % kept[0], m.group(0))
+
+        return re.sub(rb"<Contents>.*?</Contents>", contents, listing, flags=re.S)
 
     def _answer(self, status: int, body: bytes, bytes_in: int = 0, **headers: str) -> None:
         """An answer of the proxy's own, counted as the store's."""
@@ -451,8 +554,9 @@ class Handler(BaseHTTPRequestHandler):
         return sum(len(p) for p in self._body_pieces())
 
     # -- forwarding ---------------------------------------------------------------------------------------
-    def _forward(self, body: Iterable[bytes] | None = None) -> int:
-        """Send the request upstream (its body read from the client, or ``body``) and relay the answer; its status."""
+    def _forward(self, body: Iterable[bytes] | None = None, rewrite: Callable[[bytes], bytes] | None = None) -> int:
+        """Send the request upstream (its body read from the client, or ``body``) and relay the answer (its body
+        read whole and passed through ``rewrite`` when given); its status."""
         up = http.client.HTTPConnection(*self.server.upstream, timeout=300)
         sent = received = 0
         try:
@@ -476,7 +580,7 @@ class Handler(BaseHTTPRequestHandler):
             self._bad_gateway(e)
             return 502
         try:
-            received = self._relay(resp)
+            received = self._relay(resp, rewrite)
         except OSError:  # the client is gone (a held request's may be): the store did answer
             self.close_connection = True
         finally:
@@ -484,19 +588,26 @@ class Handler(BaseHTTPRequestHandler):
             self.server.counters.answered(self.command, self.path, resp.status, sent, received)
         return resp.status
 
-    def _relay(self, resp: http.client.HTTPResponse) -> int:
-        """The upstream's answer to the client: its headers, then its body (chunked again when it had no length)."""
+    def _relay(self, resp: http.client.HTTPResponse, rewrite: Callable[[bytes], bytes] | None = None) -> int:
+        """The upstream's answer to the client: its headers, then its body (chunked again when it had no length; read
+        whole and passed through ``rewrite`` when given, a 200's)."""
         self.send_response_only(resp.status, resp.reason)
         has_body = self.command != "HEAD" and resp.status not in (204, 304) and resp.status >= 200
-        rechunk = has_body and resp.getheader("Content-Length") is None
+        whole = rewrite(resp.read()) if has_body and rewrite and resp.status == 200 else None
+        rechunk = has_body and whole is None and resp.getheader("Content-Length") is None
         for k, v in resp.getheaders():
-            if k.lower() not in _HOP_BY_HOP:
+            if k.lower() not in _HOP_BY_HOP and not (whole is not None and k.lower() == "content-length"):
                 self.send_header(k, v)
+        if whole is not None:
+            self.send_header("Content-Length", str(len(whole)))
         if rechunk:
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         n = 0
-        if has_body:
+        if whole is not None:
+            self.wfile.write(whole)
+            n = len(whole)
+        elif has_body:
             buf = memoryview(bytearray(_PIECE))
             while size := resp.readinto(buf):
                 self.wfile.write(b"%x\r\n%s\r\n" % (size, buf[:size]) if rechunk else buf[:size])

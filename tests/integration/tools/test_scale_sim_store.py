@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.s3, pytest.mark.skipif(not weed_available(), reason="S
 
 
 def test_16_ranks_save_commit_restore_list_and_prune_through_a_throttling_store(tmp_path: Path) -> None:
-    # 1 MiB parts: each rank's 12.9 MB file in 13 (the sweep cuts as many parts as the real files, ~50,000 a save)
-    row = store.measure(16, tmp_path, throttled_s=3.0, part_size=1 << 20)  # list and prune are checked inside
+    # 1 MiB parts: each rank's 12.9 MB file in 13 (the sweep cuts as many parts as the real files, ~50,000 a save);
+    # the store holds none of the files' bytes (`--discard`): the proxies answer for their zeros, and every read,
+    # size and checksum of the commit and the restores is as the store's would be
+    row = store.measure(16, tmp_path, throttled_s=3.0, part_size=1 << 20, discard=True)  # list and prune inside
     _, sizes = rank_files(16, store.SCALE)
     assert row["save_parts"] == sum(-(-size // (1 << 20)) for size in sizes)  # every part PUT once, unthrottled
     assert row["save_throttled"] > 0  # the throttled save was refused, and retried
@@ -28,3 +30,4 @@ def test_16_ranks_save_commit_restore_list_and_prune_through_a_throttling_store(
     assert row["restore_requests"] >= row["save_parts"]  # each file fetched in ranges as it was cut into parts
     assert row["budget_restored"] == 1  # every node restored at twice the store's budget
     assert row["refusal_named"] == 1  # a store refusing beyond the retry budget: the object and its answer named
+    assert row["files_discarded"] == 16  # the kept step's files, written empty (the pruned step's forgotten)

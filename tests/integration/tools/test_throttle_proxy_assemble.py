@@ -1,6 +1,7 @@
 """The throttling proxy keeping multipart parts under S3's 5 MiB (tools/local_s3/throttle_proxy.py, ``assemble``), in
-front of SeaweedFS (which refuses such parts at completion): the project's own S3 upload through it, in 1 KiB parts.
-Outcomes and counts only."""
+front of SeaweedFS (which refuses such parts at completion): the project's own S3 upload through it, in 1 KiB parts;
+with ``discard``, files of zeros kept as their size, the store holding none of their bytes. Outcomes and counts
+only."""
 
 from __future__ import annotations
 
@@ -16,15 +17,14 @@ from slurm_titan.ckpt import open_store
 from slurm_titan.ckpt.storage import Store, TransferConfig
 from slurm_titan.errors import StorageError
 from tests.support.s3 import S3Server
-from tools.local_s3.throttle_proxy import Config, Server, Throttle
+from tools.local_s3.throttle_proxy import BadConfig, Config, Server, Throttle, Zeros
 
 pytestmark = pytest.mark.s3
 
 PART = 1 << 10
 
 
-@pytest.fixture
-def proxy(s3_env: S3Server) -> Iterator[Server]:
+def _proxy(s3_env: S3Server, discard: Zeros | None) -> Iterator[Server]:
     """A proxy in front of the shared server that assembles parts; its first assembly fails (the store times out)."""
     host, port = s3_env.endpoint.removeprefix("http://").split(":")
     failures = [OSError("timed out")]
@@ -34,11 +34,21 @@ def proxy(s3_env: S3Server) -> Iterator[Server]:
             raise failures.pop()
         return s3_env.server.request("PUT", path, body=body, timeout=30)
 
-    server = Server(0, (host, int(port)), Throttle(Config()), keep_requests=True, assemble=assemble)
+    server = Server(0, (host, int(port)), Throttle(Config()), keep_requests=True, assemble=assemble, discard=discard)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def proxy(s3_env: S3Server) -> Iterator[Server]:
+    yield from _proxy(s3_env, discard=None)
+
+
+@pytest.fixture
+def discarding(s3_env: S3Server) -> Iterator[Server]:
+    yield from _proxy(s3_env, discard=Zeros())
 
 
 def _store(s3_env: S3Server, endpoint: str | None = None) -> Store:
@@ -65,3 +75,28 @@ def test_without_the_proxy_seaweedfs_refuses_such_parts(s3_env: S3Server, tmp_pa
     store = _store(s3_env)
     with pytest.raises(StorageError, match="EntityTooSmall"):
         store.upload_many([(str(tmp_path / "f"), "step-1/f")])
+
+
+def test_with_discard_a_file_of_zeros_is_stored_empty_and_read_back_whole(s3_env: S3Server, discarding: Server,
+                                                                          tmp_path: Path) -> None:
+    size = 3 * PART + 100
+    with open(tmp_path / "zeros", "wb") as f:
+        f.truncate(size)  # sparse, as the scale harness's files
+    data = os.urandom(2 * PART)
+    (tmp_path / "data").write_bytes(data)
+    store = _store(s3_env, discarding.endpoint)
+    store.upload_many([(str(tmp_path / "zeros"), "step-1/zeros"), (str(tmp_path / "data"), "step-1/data")])
+    direct = open_store(store.url(), endpoint_url=s3_env.endpoint)
+    assert direct.cat("step-1/zeros") == b"" and direct.cat("step-1/data") == data  # the store holds no zeros
+    assert store.cat("step-1/zeros") == bytes(size) and store.cat("step-1/data") == data
+    assert store.read_ranges([("step-1/zeros", PART, 10), ("step-1/data", 5, 10)]) == [bytes(10), data[5:15]]
+    assert {e.name.rsplit("/", 1)[-1]: e.size for e in store.ls("step-1")} == {"zeros": size, "data": len(data)}
+    store.download_many([("step-1/zeros", str(tmp_path / "back"), size)])
+    assert (tmp_path / "back").read_bytes() == bytes(size)
+    store.rm_files(["step-1/zeros"])
+    assert discarding.zeros is not None and discarding.zeros.objects == {} and not store.exists("step-1/zeros")
+
+
+def test_discard_needs_assemble(s3_env: S3Server) -> None:
+    with pytest.raises(BadConfig, match="discard: only with assemble"):
+        Server(0, ("127.0.0.1", 1), Throttle(Config()), discard=Zeros())

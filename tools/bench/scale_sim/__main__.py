@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--ranks", type=int, nargs="+", default=[64, 128, 256, 512])
     ap.add_argument("--json", type=Path, help="write every part's rows here")
+    ap.add_argument("--discard", action="store_true",
+                    help="store: the proxies keep the files' zeros as their sizes, the store none of their bytes")
     args = ap.parse_args(argv)
     out: dict[str, list[Row]] = {}
     ok = True
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             part = importlib.import_module(f"tools.bench.scale_sim.{name}")
             rows = []
             for n in sorted(args.ranks):
-                rows.append(part.measure(n, Path(tmp) / name))
+                options = {"discard": True} if args.discard and name == "store" else {}
+                rows.append(part.measure(n, Path(tmp) / name, **options))
                 print(f"  {name} at {n} ranks: {json.dumps({k: round(v, 4) for k, v in rows[-1].items()})}",
                       flush=True)
             out[name] = rows

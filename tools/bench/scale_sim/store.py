@@ -46,7 +46,7 @@ from urllib.parse import unquote
 from tools.bench.llama3_70b import RANKS_PER_NODE, file_name, heads, rank_files, reads
 from tools.bench.scale_sim.goals import Goal
 from tools.local_s3 import seaweed
-from tools.local_s3.throttle_proxy import Config, Request, Server, Throttle
+from tools.local_s3.throttle_proxy import Config, Request, Server, Throttle, Zeros
 
 if TYPE_CHECKING:
     from slurm_titan.ckpt.storage import TransferConfig
@@ -64,9 +64,8 @@ BUDGET_S = 60.0
 PER_WORKER = {"save": 128, "stale": 128, "restore": 8}
 """Ranks (nodes, for a restore) a worker process runs, as threads."""
 BIN_S = 0.1
-ONSET_S = 2.0
-"""The retries of the requests refused as the throttle begins (every one in flight at once) come back within this
-long (a Retry-After of 1 s, spread over one more): ``settled`` figures leave them out."""
+AROUND_S = 0.5
+"""A wave is a 100 ms bin against the mean of this long either side of it (:func:`_wave_ratio`)."""
 
 GOALS = (
     Goal("restore: GETs a node makes beyond its own ranks' files", "restore_extra_gets", 16, kind="every"),
@@ -75,7 +74,8 @@ GOALS = (
     Goal("a store refusing beyond the retry budget: the error names the object and the answer", "refusal_named", 1,
          kind="every", most=False),
     Goal("save at 50% SlowDown: bytes sent / bytes needed", "save_bytes_ratio", 1.1, kind="every"),
-    Goal("save at 50% SlowDown: busiest 100 ms of retries / their mean", "save_peak_ratio", 2.0, kind="largest"),
+    Goal("save at 50% SlowDown: busiest 100 ms of retries / their mean over the second around it",
+         "save_wave_ratio", 2.0, kind="largest"),
     Goal("commit at 50% SlowDown / unthrottled", "commit_ratio", 2.0, kind="every"),
     # a receipt is read once, or twice when rewritten between the listing and the read; not once a poll
     Goal("commit: receipt GETs per rank", "receipt_gets_per_rank", 3.0, kind="every"),
@@ -88,17 +88,19 @@ GOALS = (
 
 # ------------------------------------------------------------------------------ the parent
 class Proxies:
-    """One throttling proxy a node, sharing one throttle, every request kept."""
+    """One throttling proxy a node, sharing one throttle, every request kept; with ``discard``, the files' zeros
+    kept as their sizes, not in the store (:class:`~tools.local_s3.throttle_proxy.Zeros`)."""
 
-    def __init__(self, store: seaweed.Server, nodes: int) -> None:
+    def __init__(self, store: seaweed.Server, nodes: int, discard: bool = False) -> None:
         host, port = store.endpoint.removeprefix("http://").split(":")
         self.throttle = Throttle(Config(), seed=0)
 
         def assemble(path: str, body: bytes) -> tuple[int, bytes]:  # parts under 5 MiB: the proxy keeps them
             return store.request("PUT", path, body=body, timeout=120)
 
-        self.servers = [Server(0, (host, int(port)), self.throttle, keep_requests=True, assemble=assemble)
-                        for _ in range(nodes)]
+        zeros = Zeros() if discard else None
+        self.servers = [Server(0, (host, int(port)), self.throttle, keep_requests=True, assemble=assemble,
+                               discard=zeros) for _ in range(nodes)]
         for s in self.servers:
             threading.Thread(target=s.serve_forever, name="proxy", daemon=True).start()
 
@@ -124,10 +126,10 @@ class Proxies:
 
 
 @contextmanager
-def store_and_proxies(workdir: Path, nodes: int) -> Iterator[tuple[seaweed.Server, Proxies]]:
+def store_and_proxies(workdir: Path, nodes: int, discard: bool = False) -> Iterator[tuple[seaweed.Server, Proxies]]:
     server = seaweed.Server(port=seaweed.free_port(), data_dir=str(workdir / "seaweed"), bucket="scale")
     server.start(die_with_parent=True)
-    proxies = Proxies(server, nodes)
+    proxies = Proxies(server, nodes, discard)
     try:
         yield server, proxies
     finally:
@@ -189,6 +191,14 @@ def _retries(requests: list[Request]) -> list[float]:
     return out
 
 
+def _bins(times: list[float], end: float) -> list[int]:
+    """``times`` (sorted, all before ``end``) counted in bins of 100 ms from the first."""
+    bins = [0] * (int((end - times[0]) / BIN_S) + 1)
+    for t in times:
+        bins[int((t - times[0]) / BIN_S)] += 1
+    return bins
+
+
 def _peak_ratio(times: list[float], end: float) -> float:
     """The busiest 100 ms of ``times`` (up to ``end``) over their mean per 100 ms. Of the retries: the first
     requests of all ranks leave together by design (DCP's save ends on every rank at once), and on this
@@ -196,20 +206,31 @@ def _peak_ratio(times: list[float], end: float) -> float:
     times = [t for t in times if t < end]
     if not times:
         return 0.0
-    bins: dict[int, int] = {}
-    for t in times:
-        bins[int((t - times[0]) / BIN_S)] = bins.get(int((t - times[0]) / BIN_S), 0) + 1
-    return max(bins.values()) / (len(times) / (int((end - times[0]) / BIN_S) + 1))
+    bins = _bins(times, end)
+    return max(bins) / (len(times) / len(bins))
 
 
-def _chance_peak_ratio(times: list[float], end: float, draws: int = 201) -> float:
-    """:func:`_peak_ratio` of as many times drawn uniformly at random over the same span, the median of ``draws``
-    draws: what chance alone gives the busiest 100 ms with as many requests, no waves at all."""
+def _wave_ratio(times: list[float], end: float) -> float:
+    """The busiest 100 ms of ``times`` (up to ``end``) over the mean of the second around it (within the span):
+    a wave, not a rate that changes over the seconds. The rate of retries climbs through a throttled save as
+    each node's request limit, halved by the refusals, grows back (AIMD), so the busiest 100 ms of the save's
+    last seconds stand above the whole span's mean without any two retries having come back together."""
+    times = [t for t in times if t < end]
+    if not times:
+        return 0.0
+    bins, k = _bins(times, end), round(AROUND_S / BIN_S)
+    return max(c * len(near) / sum(near) for i, c in enumerate(bins) if c for near in [bins[max(0, i - k):i + k + 1]])
+
+
+def _chance(measure: Callable[[list[float], float], float], times: list[float], end: float,
+            draws: int = 201) -> float:
+    """``measure`` of as many times drawn uniformly at random over the same span, the median of ``draws`` draws:
+    what chance alone gives with as many requests, no waves at all."""
     times = [t for t in times if t < end]
     if len(times) < 2:
         return 0.0
     draw = random.Random(0)
-    ratios = sorted(_peak_ratio(sorted(draw.uniform(times[0], end) for _ in times), end) for _ in range(draws))
+    ratios = sorted(measure(sorted(draw.uniform(times[0], end) for _ in times), end) for _ in range(draws))
     return ratios[draws // 2]
 
 
@@ -241,11 +262,9 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
     stale_requests = sum(1 for r in requests if stale in unquote(r.path))
     retries = _retries(requests) if throttle_s else []
     return {"save_s": committed - start_at, "commit_s": committed - last_receipt, "bytes_ratio": sent / needed,
-            "peak_ratio": _peak_ratio(retries, start_at + throttle_s),
-            "chance_peak_ratio": _chance_peak_ratio(retries, start_at + throttle_s), "retries": float(len(retries)),
-            "settled_peak_ratio": _peak_ratio(settled := [t for t in retries if t >= start_at + ONSET_S],
-                                              start_at + throttle_s),
-            "settled_chance_peak_ratio": _chance_peak_ratio(settled, start_at + throttle_s),
+            "peak_ratio": _peak_ratio(retries, end := start_at + throttle_s),
+            "chance_peak_ratio": _chance(_peak_ratio, retries, end), "retries": float(len(retries)),
+            "wave_ratio": _wave_ratio(retries, end), "chance_wave_ratio": _chance(_wave_ratio, retries, end),
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
             "parts": sum(r.method == "PUT" and "partNumber=" in r.path and r.status == 200 for r in requests),
             "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests)),
@@ -283,11 +302,12 @@ def _prepare_files(root: Path, ranks: int) -> None:
 
 
 def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_size: int = PART_SIZE,
-            upload_rate: float | None = None) -> dict[str, float]:
+            upload_rate: float | None = None, discard: bool = False) -> dict[str, float]:
     """One row: the figures of every phase at ``ranks`` simulated ranks (8 a node) in ``workdir`` (emptied first);
     the save is throttled for ``throttled_s`` seconds, its files cut into parts of ``part_size`` bytes, the ranks'
     uploads paced at an even share of ``upload_rate`` requests a second (None: ``checkpoint.upload_rate``'s
-    default; 0: unpaced)."""
+    default; 0: unpaced); with ``discard`` the store holds none of the files' bytes (the proxies answer for their
+    zeros: :class:`Proxies`)."""
     if upload_rate is None:
         from slurm_titan.node.spec import CheckpointSpec
 
@@ -296,7 +316,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_si
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     _prepare_files(workdir / "local", ranks)
-    with store_and_proxies(workdir, nodes) as (server, proxies):
+    with store_and_proxies(workdir, nodes, discard) as (server, proxies):
         env = {k: v for k, v in server.env().items() if k != "AWS_ENDPOINT_URL"}
         task = {"url": f"s3://{server.bucket}/run", "endpoints": proxies.endpoints, "ranks": ranks, "nodes": nodes,
                 "workdir": str(workdir), "part_size": part_size, "upload_rate": upload_rate}
@@ -315,6 +335,7 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_si
                            dict(env, SLURM_TITAN_STORE_RETRY_S="4"))
         proxies.configure()
         listing = _list_and_prune(server, proxies, task)
+        discarded = len(zeros.objects) if (zeros := proxies.servers[0].zeros) else 0
     error = refused["errors"][0] if refused["errors"] else ""
     if not ("SlowDown" in error and ".distcp" in error):
         print(f"  store at {ranks} ranks: the refused restore ended with {error or 'no error'!r}", file=sys.stderr)
@@ -324,15 +345,16 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_si
             "throttled_save_s": throttled["save_s"], "throttled_commit_s": throttled["commit_s"],
             "save_throttled": throttled["throttled"], "save_bytes_ratio": throttled["bytes_ratio"],
             "save_peak_ratio": throttled["peak_ratio"], "save_chance_peak_ratio": throttled["chance_peak_ratio"],
-            "save_retries": throttled["retries"], "save_settled_peak_ratio": throttled["settled_peak_ratio"],
-            "save_settled_chance_peak_ratio": throttled["settled_chance_peak_ratio"],
+            "save_retries": throttled["retries"], "save_wave_ratio": throttled["wave_ratio"],
+            "save_chance_wave_ratio": throttled["chance_wave_ratio"],
             "commit_ratio": throttled["commit_s"] / max(plain["commit_s"], 1e-3),
             "receipt_gets_per_rank": throttled["receipt_gets"] / ranks, "receipt_polls": throttled["receipt_polls"],
             "stale_requests": throttled["stale_requests"],
             "restore_s": restore["took_s"], "restore_requests": restore["requests"],
             "restore_extra_gets": restore["extra_gets"], "budget_restore_s": budget["took_s"],
             "budget_restored": budget["ok"],
-            "refusal_named": float("SlowDown" in error and ".distcp" in error), **listing}
+            "refusal_named": float("SlowDown" in error and ".distcp" in error), **listing,
+            "files_discarded": float(discarded)}
 
 
 def _list_and_prune(server: seaweed.Server, proxies: Proxies, task: dict[str, Any]) -> dict[str, float]:
