@@ -432,13 +432,14 @@ class Handler(BaseHTTPRequestHandler):
     # -- objects written empty for their zeros (``discard``) ------------------------------------------
     def _answered_for_zeros(self, zeros: Zeros) -> bool:
         """A read of an object written empty answered from its size, a listing forwarded with its sizes put right,
-        a DeleteObjects forwarded once the objects it names are forgotten; False for any other request (a write or
-        delete of such an object forgets it first)."""
+        a write or delete of one forwarded and, once the store took it, the object forgotten (a DeleteObjects: the
+        objects it names); False for any other request."""
         path = unquote(urlsplit(self.path).path)
         kept = zeros.get(path)
         if kept is not None and self.command in ("PUT", "POST", "DELETE"):
-            zeros.forget(path)
-            return False
+            if 200 <= self._forward() < 300:  # a create-only write refused (412) leaves the object as it was
+                zeros.forget(path)
+            return True
         if kept is not None and self.command in ("GET", "HEAD"):
             self._drop_body()
             self._zeros(*kept)
@@ -449,9 +450,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.command == "POST" and "delete" in parse_qs(urlsplit(self.path).query, keep_blank_values=True):
             body = b"".join(self._body_pieces())  # DeleteObjects: the keys in its body
             bucket = path.strip("/").split("/", 1)[0]
-            for key in re.findall(rb"<Key>(.*?)</Key>", body):
-                zeros.forget(f"/{bucket}/{html.unescape(key.decode())}")
-            self._forward(body=[body])
+            if self._forward(body=[body]) == 200:
+                for key in re.findall(rb"<Key>(.*?)</Key>", body):
+                    zeros.forget(f"/{bucket}/{html.unescape(key.decode())}")
             return True
         return False
 

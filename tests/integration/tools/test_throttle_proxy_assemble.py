@@ -91,6 +91,7 @@ def test_with_discard_a_file_of_zeros_is_stored_empty_and_read_back_whole(s3_env
     assert store.cat("step-1/zeros") == bytes(size) and store.cat("step-1/data") == data
     assert store.read_ranges([("step-1/zeros", PART, 10), ("step-1/data", 5, 10)]) == [bytes(10), data[5:15]]
     assert {e.name.rsplit("/", 1)[-1]: e.size for e in store.ls("step-1")} == {"zeros": size, "data": len(data)}
+    assert not store.create_bytes("step-1/zeros", b"x") and store.cat("step-1/zeros") == bytes(size)  # 412: kept
     store.download_many([("step-1/zeros", str(tmp_path / "back"), size)])
     assert (tmp_path / "back").read_bytes() == bytes(size)
     store.rm_files(["step-1/zeros"])
