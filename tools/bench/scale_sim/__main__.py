@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every part's rows here")
     ap.add_argument("--discard", action="store_true",
                     help="store: the proxies keep the files' zeros as their sizes, the store none of their bytes")
+    ap.add_argument("--upload-rate", type=float,
+                    help="store: checkpoint.upload_rate, the job's writes a second (default: its default, 3,500)")
     args = ap.parse_args(argv)
     out: dict[str, list[Row]] = {}
     ok = True
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             part = importlib.import_module(f"tools.bench.scale_sim.{name}")
             rows = []
             for n in sorted(args.ranks):
-                options = {"discard": True} if args.discard and name == "store" else {}
+                options = {"discard": args.discard, "upload_rate": args.upload_rate} if name == "store" else {}
                 rows.append(part.measure(n, Path(tmp) / name, **options))
                 print(f"  {name} at {n} ranks: {json.dumps({k: round(v, 4) for k, v in rows[-1].items()})}",
                       flush=True)
