@@ -98,6 +98,6 @@ def test_with_discard_a_file_of_zeros_is_stored_empty_and_read_back_whole(s3_env
     assert discarding.zeros is not None and discarding.zeros.objects == {} and not store.exists("step-1/zeros")
 
 
-def test_discard_needs_assemble(s3_env: S3Server) -> None:
+def test_discard_needs_assemble() -> None:
     with pytest.raises(BadConfig, match="discard: only with assemble"):
         Server(0, ("127.0.0.1", 1), Throttle(Config()), discard=Zeros())

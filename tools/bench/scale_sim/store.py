@@ -219,7 +219,12 @@ def _wave_ratio(times: list[float], end: float) -> float:
     if not times:
         return 0.0
     bins, k = _bins(times, end), round(AROUND_S / BIN_S)
-    return max(c * len(near) / sum(near) for i, c in enumerate(bins) if c for near in [bins[max(0, i - k):i + k + 1]])
+    ratios = []
+    for i, count in enumerate(bins):
+        near = bins[max(0, i - k):i + k + 1]  # holds `count`: its sum is never 0 where count is not
+        if count:
+            ratios.append(count / (sum(near) / len(near)))
+    return max(ratios)
 
 
 def _chance(measure: Callable[[list[float], float], float], times: list[float], end: float,
