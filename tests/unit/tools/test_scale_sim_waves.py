@@ -1,11 +1,13 @@
 """The scale harness's measure of retry waves (tools/bench/scale_sim/store.py): a rate that climbs over the
-seconds (a node's request limit growing back) is not a wave; retries that came back together are."""
+seconds (a node's request limit growing back) is not a wave; retries that came back together are; a retry is a request
+whose previous one of the same method and object was refused."""
 
 from __future__ import annotations
 
 import math
 
 from tools.bench.scale_sim import store
+from tools.local_s3.throttle_proxy import Request
 
 
 def _climbing(n: int = 6000, span: float = 10.0) -> list[float]:
@@ -27,3 +29,14 @@ def test_retries_that_come_back_together_are_a_wave() -> None:
 def test_chance_is_the_median_of_uniform_draws_over_the_span() -> None:
     times = _climbing(2000)
     assert 1.0 < store._chance(store._wave_ratio, times, 10.0) < store._chance(store._peak_ratio, times, 10.0) < 2.0
+
+
+def test_a_retry_is_a_request_whose_previous_one_was_refused() -> None:
+    def req(at: float, path: str, status: int, method: str = "PUT") -> Request:
+        return Request(at, method, path, status, 0)
+
+    requests = [req(0.0, "/b/a?partNumber=1", 503), req(0.1, "/b/b", 200), req(1.2, "/b/a?partNumber=1", 503),
+                req(2.5, "/b/a?partNumber=1", 200), req(3.0, "/b/a", 200, "GET"), req(4.0, "/b/a?partNumber=1", 200)]
+    first, retries = store._tries(list(reversed(requests)))
+    assert first == [0.0, 0.1, 3.0, 4.0]  # a GET of the object is another request; a PUT after a success a first
+    assert retries == [1.2, 2.5]

@@ -17,7 +17,9 @@ counters:
 
 - ``save``: step 1000 saved and committed, nothing throttled (the reference times);
 - ``throttled save``: step 2000, over receipts an earlier attempt left for it (every rank's), with 50 % of the
-  requests answered 503 SlowDown (Retry-After 1) for the save's first 10 s;
+  requests answered 503 SlowDown (Retry-After 1) for the save's first 10 s; the retries' waves, and beside them the
+  first tries' (requests the pace spaces evenly: where they reach the store in waves too, the harness's processes,
+  not the code, decided when requests left);
 - ``restore``: every node restores the newest complete step, unthrottled, then again on fresh disks with the
   store's budget (a token bucket per prefix) at half the request rate the unthrottled restore made, for 60 s;
 - ``refused``: one node restores while the store refuses every GET of a data file, with a retry budget
@@ -179,16 +181,17 @@ def _is_receipt_listing(r: Request) -> bool:
     return r.method == "GET" and "list-type" in r.path and "receipts" in r.path and r.status == 200
 
 
-def _retries(requests: list[Request]) -> list[float]:
-    """When each retry came: a request whose previous one of the same method and object was refused (503)."""
+def _tries(requests: list[Request]) -> tuple[list[float], list[float]]:
+    """When each first try and each retry came (sorted): a retry is a request whose previous one of the same method
+    and object was refused (503)."""
     refused: set[tuple[str, str]] = set()
-    out = []
+    first: list[float] = []
+    retries: list[float] = []
     for r in sorted(requests, key=lambda r: r.at):
         key = (r.method, r.path.split("?", 1)[0] if "list-type" not in r.path else r.path)
-        if key in refused:
-            out.append(r.at)
+        (retries if key in refused else first).append(r.at)
         (refused.add if r.status == 503 else refused.discard)(key)
-    return out
+    return first, retries
 
 
 def _bins(times: list[float], end: float) -> list[int]:
@@ -265,11 +268,13 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
                        if _is_receipt(r) and r.method == "GET" and "list-type" not in r.path and r.status == 200)
     stale = _stale_dir()
     stale_requests = sum(1 for r in requests if stale in unquote(r.path))
-    retries = _retries(requests) if throttle_s else []
+    first, retries = _tries(requests) if throttle_s else ([], [])
+    first = [t for t in first if t >= start_at]
     return {"save_s": committed - start_at, "commit_s": committed - last_receipt, "bytes_ratio": sent / needed,
             "peak_ratio": _peak_ratio(retries, end := start_at + throttle_s),
             "chance_peak_ratio": _chance(_peak_ratio, retries, end), "retries": float(len(retries)),
             "wave_ratio": _wave_ratio(retries, end), "chance_wave_ratio": _chance(_wave_ratio, retries, end),
+            "first_wave_ratio": _wave_ratio(first, end), "chance_first_wave_ratio": _chance(_wave_ratio, first, end),
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
             "parts": sum(r.method == "PUT" and "partNumber=" in r.path and r.status == 200 for r in requests),
             "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests)),
@@ -352,6 +357,8 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_si
             "save_peak_ratio": throttled["peak_ratio"], "save_chance_peak_ratio": throttled["chance_peak_ratio"],
             "save_retries": throttled["retries"], "save_wave_ratio": throttled["wave_ratio"],
             "save_chance_wave_ratio": throttled["chance_wave_ratio"],
+            "save_first_wave_ratio": throttled["first_wave_ratio"],
+            "save_chance_first_wave_ratio": throttled["chance_first_wave_ratio"],
             "commit_ratio": throttled["commit_s"] / max(plain["commit_s"], 1e-3),
             "receipt_gets_per_rank": throttled["receipt_gets"] / ranks, "receipt_polls": throttled["receipt_polls"],
             "stale_requests": throttled["stale_requests"],
