@@ -38,5 +38,5 @@ def test_a_retry_is_a_request_whose_previous_one_was_refused() -> None:
     requests = [req(0.0, "/b/a?partNumber=1", 503), req(0.1, "/b/b", 200), req(1.2, "/b/a?partNumber=1", 503),
                 req(2.5, "/b/a?partNumber=1", 200), req(3.0, "/b/a", 200, "GET"), req(4.0, "/b/a?partNumber=1", 200)]
     first, retries = store._tries(list(reversed(requests)))
-    assert first == [0.0, 0.1, 3.0, 4.0]  # a GET of the object is another request; a PUT after a success a first
+    assert first == [0.0, 0.1, 3.0, 4.0]  # a GET is another request; a PUT after a success is a first try
     assert retries == [1.2, 2.5]

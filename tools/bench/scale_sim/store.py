@@ -269,7 +269,7 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
     stale = _stale_dir()
     stale_requests = sum(1 for r in requests if stale in unquote(r.path))
     first, retries = _tries(requests) if throttle_s else ([], [])
-    first = [t for t in first if t >= start_at]
+    first = [t for t in first if t >= start_at]  # not the ranks' store checks as their workers started
     return {"save_s": committed - start_at, "commit_s": committed - last_receipt, "bytes_ratio": sent / needed,
             "peak_ratio": _peak_ratio(retries, end := start_at + throttle_s),
             "chance_peak_ratio": _chance(_peak_ratio, retries, end), "retries": float(len(retries)),
