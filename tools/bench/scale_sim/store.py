@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from tools.bench.llama3_70b import RANKS_PER_NODE, file_name, heads, rank_files, reads
 from tools.bench.scale_sim.goals import Goal
@@ -181,14 +181,23 @@ def _is_receipt_listing(r: Request) -> bool:
     return r.method == "GET" and "list-type" in r.path and "receipts" in r.path and r.status == 200
 
 
+def _request_key(r: Request) -> tuple[str, str, str]:
+    """What a request asks for: its method, object and part (``partNumber``; a listing: its whole query), not the
+    signature of its presigned URL."""
+    path, _, query = r.path.partition("?")
+    if "list-type" in query:
+        return r.method, path, query
+    return r.method, path, parse_qs(query).get("partNumber", [""])[0]
+
+
 def _tries(requests: list[Request]) -> tuple[list[float], list[float]]:
-    """When each first try and each retry came (sorted): a retry is a request whose previous one of the same method
-    and object was refused (503)."""
-    refused: set[tuple[str, str]] = set()
+    """When each first try and each retry came (sorted): a retry is a request whose previous one asking for the same
+    (:func:`_request_key`) was refused (503)."""
+    refused: set[tuple[str, str, str]] = set()
     first: list[float] = []
     retries: list[float] = []
     for r in sorted(requests, key=lambda r: r.at):
-        key = (r.method, r.path.split("?", 1)[0] if "list-type" not in r.path else r.path)
+        key = _request_key(r)
         (retries if key in refused else first).append(r.at)
         (refused.add if r.status == 503 else refused.discard)(key)
     return first, retries
