@@ -23,6 +23,7 @@ def test_16_ranks_save_commit_restore_list_and_prune_through_a_throttling_store(
     _, sizes = rank_files(16, store.SCALE)
     assert row["save_parts"] == sum(-(-size // (1 << 20)) for size in sizes)  # every part PUT once, unthrottled
     assert row["save_throttled"] > 0  # the throttled save was refused, and retried
+    assert row["save_retries"] > 0  # and the harness counts the retries (a request for the same part of an object)
     assert row["save_bytes_ratio"] <= 1.1  # a refused request's body is not sent again and again
     assert row["receipt_gets_per_rank"] <= 3  # a receipt is read once (twice if rewritten meanwhile), not a poll
     assert row["stale_requests"] == 0  # an earlier attempt's receipts for the step: never listed, never read

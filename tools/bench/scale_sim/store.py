@@ -183,7 +183,8 @@ def _is_receipt_listing(r: Request) -> bool:
 
 def _request_key(r: Request) -> tuple[str, str, str]:
     """What a request asks for: its method, object and part (``partNumber``; a listing: its whole query), not the
-    signature of its presigned URL."""
+    signature of its presigned URL. Not who asks: another rank's first request for an object one was refused (every
+    rank's check of the one commit record) counts as a retry."""
     path, _, query = r.path.partition("?")
     if "list-type" in query:
         return r.method, path, query
