@@ -108,7 +108,7 @@ class Backoff:
     """Seconds from the first try after which an operation is not tried again."""
     tries: int | None = 4
     """Tries of an operation whose failures are not throttling (None: no limit but ``total``). The store
-    gives operations through a library that retries those itself (botocore, s3fs) one try."""
+    gives operations through a library that retries those itself (gcsfs; s3fs inside a file it streams) one try."""
     first: float = 0.2
     """The first wait is at most this long; each later one's bound is twice the one before, up to ``cap``."""
     cap: float = 10.0

@@ -21,7 +21,8 @@ A :class:`Store` is a checkpoint location (a backend plus a root inside it); ``o
 - **Retries are the store's** (:mod:`.backoff`): each small operation, and each request of a bulk
   transfer (an S3 part, a range, a file on fsspec), is retried alone under the store's
   :class:`.backoff.Backoff`, waiting out a throttling store up to its deadline (other transient
-  failures: a few tries where no library retries them already, :meth:`_request`); a bulk transfer's
+  failures: a few tries, one where the backend's library retries them itself, :attr:`Store.library_retries`, and
+  inside a file that a library streams); a bulk transfer's
   requests run in the slots of the store's :class:`.concurrency.AdaptiveLimit`, which shrinks while
   the store throttles, an upload's at the turns of its :class:`.concurrency.Pace` (an uploader's share of
   the job's rate). A caller sees a failure only once the policy is used up.
@@ -38,7 +39,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 from slurm_titan import envvars
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM, Readable, hash_stream, new_hasher
@@ -155,6 +156,10 @@ class Store(abc.ABC):
     which passes through unchanged (build it with :meth:`_fail`).
     """
 
+    library_retries: ClassVar[bool] = False
+    """Whether the backend's library retries a failed small operation itself (gcsfs, adlfs ...): the store's
+    policy then gives one try to a failure other than throttling."""
+
     def __init__(self, root: str, location: str, *, endpoint: str | None = None,
                  transfer: TransferConfig | None = None, secrets: tuple[str, ...] = (),
                  retry: Backoff | None = None, notice: Callable[[str], None] | None = None) -> None:
@@ -232,17 +237,18 @@ class Store(abc.ABC):
 
     @property
     def _throttle_only(self) -> Backoff:
-        """The store's policy for operations whose library retries other failures itself (botocore, s3fs):
-        only a throttling store is waited out."""
+        """The store's policy for operations whose library retries other failures itself (a file that s3fs
+        streams, its parts): only a throttling store is waited out."""
         return dataclasses.replace(self.retry, tries=1)
 
     def _retried(self, action: str, fn: Callable[[], T], *, missing_ok: bool = False) -> T:
-        """A small operation: ``fn()`` under ``_guard(action)``, a throttling store waited out."""
+        """A small operation: ``fn()`` under ``_guard(action)``, retried under the store's policy (a throttling
+        store waited out; other failures one try where :attr:`library_retries` says the library retried them)."""
         def once(_attempt: int) -> T:
             with self._guard(action, missing_ok):
                 return fn()
 
-        return self._throttle_only.run(once, on_wait=self.waits)
+        return (self._throttle_only if self.library_retries else self.retry).run(once, on_wait=self.waits)
 
     def _request(self, action: str, fn: Callable[[int], T], policy: Backoff | None = None, *,
                  upload: bool = False) -> T:

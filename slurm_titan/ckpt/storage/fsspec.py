@@ -2,9 +2,9 @@
 
 The generic backend, and the base of :class:`.s3.S3Store`: small objects through ``cat_file`` /
 ``pipe_file`` (``mode="create"`` for the exclusive create), listings through ``ls`` / ``find``,
-whole files streamed through ``fs.open`` in 8 MiB chunks, byte ranges through ``cat_file``. A file
-that the store throttles is moved again whole, under the store's retry policy (the filesystem
-retries other failures itself, and what it sends inside a file: s3fs a multipart part).
+whole files streamed through ``fs.open`` (of :attr:`FsspecStore.stream_fs`) in 8 MiB chunks, byte ranges
+through ``cat_file``. A file that the store throttles is moved again whole, under the store's retry policy (the
+filesystem retries other failures itself, and what it sends inside a file: s3fs a multipart part).
 """
 
 from __future__ import annotations
@@ -26,12 +26,19 @@ _CHUNK = 8 << 20
 class FsspecStore(Store):
     """``fs`` (an fsspec filesystem) below ``root`` (the filesystem's name of the location)."""
 
+    library_retries = True
+
     def __init__(self, fs: Any, root: str, location: str, *, endpoint: str | None = None,
                  transfer: TransferConfig | None = None, secrets: tuple[str, ...] = (),
                  retry: Backoff | None = None, notice: Callable[[str], None] | None = None) -> None:
         super().__init__(root, location, endpoint=endpoint, transfer=transfer, secrets=secrets, retry=retry,
                          notice=notice)
         self.fs = fs
+
+    @property
+    def stream_fs(self) -> Any:
+        """The filesystem whole files are streamed through (``fs.open``): :attr:`fs`."""
+        return self.fs
 
     def _check(self, create: bool) -> None:
         self.fs.exists(self.root)
@@ -121,7 +128,7 @@ class FsspecStore(Store):
         def once(lp: str, r: str) -> FileEntry:
             h = BlockHasher(algorithm, self.transfer.block_size, spans.get(r, ()))
             size = 0
-            with open_local(lp) as fin, self.fs.open(self.full(r), "wb") as fout:
+            with open_local(lp) as fin, self.stream_fs.open(self.full(r), "wb") as fout:
                 while chunk := fin.read(_CHUNK):
                     h.update(chunk)
                     fout.write(chunk)
@@ -143,7 +150,7 @@ class FsspecStore(Store):
             h = new_hasher(algorithm)
             size = 0
             os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
-            with self.fs.open(self.full(r), "rb") as fin, open(lp, "wb") as fout:
+            with self.stream_fs.open(self.full(r), "rb") as fin, open(lp, "wb") as fout:
                 while chunk := fin.read(_CHUNK):
                     h.update(chunk)
                     fout.write(chunk)
@@ -158,7 +165,7 @@ class FsspecStore(Store):
         return self._each(one, items)
 
     def _open_read(self, rel: str) -> AbstractContextManager[Readable]:
-        return self.fs.open(self.full(rel), "rb")
+        return self.stream_fs.open(self.full(rel), "rb")
 
     def _range_reader(self) -> RangeReader:
         return _CatReader(self)

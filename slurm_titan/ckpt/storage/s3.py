@@ -8,6 +8,13 @@ record, the folder markers some stores keep, and S3's error codes. Whole files m
 ``fs.open`` (the fallback for proxies and custom TLS verification); :class:`.s3_http.S3HttpStore`
 moves them on the fast http.client path, the default.
 
+Retries are the store's (:mod:`.backoff`: jittered, at least the store's Retry-After, within a deadline): botocore
+and s3fs try each small operation once. Left to them, a refused request came back after s3fs's fixed 0.1 s and
+botocore's 0-1 s, up to six times, deaf to Retry-After, before the store's policy saw it: at thousands of ranks,
+the checks that every rank makes as a save starts, refused together, came back together. Only the fallback's file
+streams keep the libraries' retries (:attr:`S3Store.stream_fs`): what s3fs sends inside a file, a part, is
+out of the store's reach.
+
 A third path, our own multipart pipeline on s3fs's aiobotocore client, was removed: 256 MiB in 8
 files to SeaweedFS on loopback (2 cores, load 5-7, 5 and 7 rounds), it moved no faster than this
 fallback (upload 86 and 130 MiB/s against 91 and 96, restore 271 and 356 against 283 and 327; the
@@ -42,7 +49,7 @@ def s3_storage_options(endpoint_url: str | None = None, extra: dict[str, Any] | 
         "connect_timeout": 10,
         "read_timeout": 300,
         "max_pool_connections": 64,
-        "retries": {"max_attempts": 2, "mode": "standard"},
+        "retries": {"total_max_attempts": 1, "mode": "standard"},
         "signature_version": "s3v4",
     }
     if os.environ.get(envvars.CKPT_S3_CHECKSUMS, "0") != "1":
@@ -65,17 +72,35 @@ def s3_storage_options(endpoint_url: str | None = None, extra: dict[str, Any] | 
     return opts
 
 
+_STREAM_RETRIES = {"max_attempts": 2, "mode": "standard"}
+"""botocore's retries of a request inside a file that s3fs streams (3 tries; s3fs tries each of those twice)."""
+
+
 class S3Store(FsspecStore):
     """``bucket/prefix`` on an s3fs filesystem; whole files through ``fs.open``."""
 
+    library_retries = False
+
     def __init__(self, fs: Any, root: str, location: str, **kwargs: Any) -> None:
         super().__init__(fs, root, location, **kwargs)
-        # s3fs retries each call 5 times on top of botocore's retries; callers that must
-        # survive long outages (the uploader) retry on their own, with backoff.
-        fs.retries = 2
+        fs.retries = 1  # s3fs's default is 5 tries, each botocore's
+        self._stream_fs: Any = None
+        self._stream_lock = threading.Lock()
         self.request_counts: collections.Counter[str] = collections.Counter()
         self._count_lock = threading.Lock()
         self._counting = False
+
+    @property
+    def stream_fs(self) -> Any:
+        """A second s3fs filesystem, made on first use, with the libraries' retries: a file streamed through it
+        has each request inside it (a part) retried there, where the store's policy cannot reach."""
+        with self._stream_lock:
+            if self._stream_fs is None:
+                options = dict(self.fs.storage_options)
+                options["config_kwargs"] = {**options.get("config_kwargs", {}), "retries": _STREAM_RETRIES}
+                self._stream_fs = type(self.fs)(**options)
+                self._stream_fs.retries = 2
+            return self._stream_fs
 
     def bucket_key(self, rel: str) -> tuple[str, str]:
         bucket, key, _ = self.fs.split_path(self.full(rel))

@@ -141,6 +141,20 @@ def test_a_refused_piece_ends_the_fetch_of_a_nodes_share_without_asking_for_the_
     throttled_s3.configure(share=0.0)
 
 
+def test_a_small_operation_is_retried_by_the_store_alone(throttled_s3):
+    # botocore and s3fs try a small operation once: every retry is the store's, after the store's Retry-After. A
+    # read refused with Retry-After 2 under a 2 s deadline is asked for twice (first, then at the deadline); the
+    # libraries' own retries made it 6 requests a try, none of them waiting what the store asked.
+    store = open_store(throttled_s3.fresh_url("small"), retry=Backoff(total=2.0))
+    store.put_bytes("step-1/commit.json", b"{}")
+    throttled_s3.configure(share=1.0, methods=["GET"], retry_after=2)
+    throttled_s3.reset()
+    with pytest.raises(StorageError, match=r"step-1/commit\.json.*SlowDown.*still refused after 2 s and 2 tries"):
+        store.cat("step-1/commit.json")
+    assert throttled_s3.stats()["GET"]["throttled"] == 2
+    throttled_s3.configure(share=0.0)
+
+
 def test_a_held_write_lands_after_its_writer_is_gone(throttled_s3, tmp_path):
     # The proxy's hold (what the fenced-attempt e2e case uses): a PUT read whole and kept, its writer killed, the
     # write released later still reaches the store, as a partitioned node's write delayed in the network would.
