@@ -206,6 +206,11 @@ class Request:
     """With its query."""
     status: int
     bytes_in: int
+    client: str = ""
+    """Who asked: the ``client/<name>`` token of its User-Agent (botocore's ``user_agent_extra``), "" if none."""
+
+
+_CLIENT = re.compile(r"\bclient/(\S+)")
 
 
 class Counters:
@@ -225,12 +230,15 @@ class Counters:
             for k, v in counts.items():
                 row[k] += v
 
-    def answered(self, method: str, path: str, status: int, bytes_in: int, bytes_out: int = 0) -> None:
-        """Count one answered request (and keep it)."""
+    def answered(self, method: str, path: str, status: int, bytes_in: int, bytes_out: int = 0, *,
+                 user_agent: str = "") -> None:
+        """Count one answered request (and keep it, with who asked: its ``user_agent``'s ``client/<name>``)."""
         self.add(method, requests=1, throttled=int(status == 503), bytes_in=bytes_in, bytes_out=bytes_out)
         if self.keep:
+            client = _CLIENT.search(user_agent)
             with self.lock:
-                self.requests.append(Request(time.monotonic(), method, path, status, bytes_in))
+                self.requests.append(Request(time.monotonic(), method, path, status, bytes_in,
+                                             client.group(1) if client else ""))
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self.lock:
@@ -466,7 +474,7 @@ class Handler(BaseHTTPRequestHandler):
             first, status = max(size - int(ranged.group(2)), 0), 206
         length = max(last - first + 1, 0)
         sent = 0 if self.command == "HEAD" else length
-        self.server.counters.answered(self.command, self.path, status, 0, sent)
+        self._answered(status, 0, sent)
         self.send_response_only(status)
         self.send_header("Content-Type", "binary/octet-stream")
         self.send_header("Content-Length", str(length))
@@ -492,9 +500,14 @@ class Handler(BaseHTTPRequestHandler):
 
         return re.sub(rb"<Contents>.*?</Contents>", contents, listing, flags=re.S)
 
+    def _answered(self, status: int, bytes_in: int, bytes_out: int = 0) -> None:
+        """Count this request, answered ``status``."""
+        self.server.counters.answered(self.command, self.path, status, bytes_in, bytes_out,
+                                      user_agent=self.headers.get("User-Agent", ""))
+
     def _answer(self, status: int, body: bytes, bytes_in: int = 0, **headers: str) -> None:
         """An answer of the proxy's own, counted as the store's."""
-        self.server.counters.answered(self.command, self.path, status, bytes_in, len(body))
+        self._answered(status, bytes_in, len(body))
         self.send_response_only(status)
         self.send_header("Content-Type", "application/xml")
         self.send_header("Content-Length", str(len(body)))
@@ -513,7 +526,7 @@ class Handler(BaseHTTPRequestHandler):
     def _slow_down(self, body_sent: bool, bytes_in: int = 0) -> None:
         """S3's 503 SlowDown; without the body read (``body_sent`` False) the connection cannot carry on."""
         self._delay()
-        self.server.counters.answered(self.command, self.path, 503, bytes_in)
+        self._answered(503, bytes_in)
         body = b"" if self.command == "HEAD" else _SLOW_DOWN % (self.path.split("?", 1)[0].encode(),
                                                                 b"%016X" % random.getrandbits(64))
         self.send_response_only(503, "Slow Down")
@@ -577,7 +590,7 @@ class Handler(BaseHTTPRequestHandler):
             resp = up.getresponse()
         except (OSError, http.client.HTTPException) as e:
             up.close()
-            self.server.counters.answered(self.command, self.path, 502, sent)
+            self._answered(502, sent)
             self._bad_gateway(e)
             return 502
         try:
@@ -586,7 +599,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             up.close()
-            self.server.counters.answered(self.command, self.path, resp.status, sent, received)
+            self._answered(resp.status, sent, received)
         return resp.status
 
     def _relay(self, resp: http.client.HTTPResponse, rewrite: Callable[[bytes], bytes] | None = None) -> int:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tools.local_s3.throttle_proxy import BadConfig, Config, Throttle, config_from_args, parse_upstream, parser
+from tools.local_s3.throttle_proxy import (
+    BadConfig,
+    Config,
+    Counters,
+    Throttle,
+    config_from_args,
+    parse_upstream,
+    parser,
+)
 
 
 def test_a_config_changes_only_the_keys_given():
@@ -83,3 +91,10 @@ def test_the_rate_is_a_token_bucket_per_prefix():
     assert t.decide("GET", "/b/run/step-1/g", now=0.05)  # half a token back: still none
     assert not t.decide("GET", "/b/run/step-1/g", now=0.1)  # one token back
     assert [t.decide("GET", "/b/run/step-1/f", now=10.0) for _ in range(4)] == [False, False, False, True]  # burst
+
+
+def test_a_kept_request_says_who_asked():
+    counters = Counters(keep=True)
+    counters.answered("HEAD", "/b/k", 503, 0, user_agent="Boto3/1.40 md/Botocore#1.43 client/17 cfg/retry-mode#std")
+    counters.answered("PUT", "/b/k?partNumber=1", 200, 5)
+    assert [(r.method, r.status, r.client) for r in counters.requests] == [("HEAD", 503, "17"), ("PUT", 200, "")]

@@ -181,20 +181,20 @@ def _is_receipt_listing(r: Request) -> bool:
     return r.method == "GET" and "list-type" in r.path and "receipts" in r.path and r.status == 200
 
 
-def _request_key(r: Request) -> tuple[str, str, str]:
-    """What a request asks for: its method, object and part (``partNumber``; a listing: its whole query), not the
-    signature of its presigned URL. Not who asks: another rank's first request for an object one was refused (every
-    rank's check of the one commit record) counts as a retry."""
+def _request_key(r: Request) -> tuple[str, str, str, str]:
+    """Who asks (a rank's store names it in its User-Agent, :func:`_rank`) and what: its method, object and part
+    (``partNumber``; a listing: its whole query), not the signature of its presigned URL. A rank's first request
+    for an object that another rank was refused (every rank checks the one commit record) is a first try."""
     path, _, query = r.path.partition("?")
     if "list-type" in query:
-        return r.method, path, query
-    return r.method, path, parse_qs(query).get("partNumber", [""])[0]
+        return r.client, r.method, path, query
+    return r.client, r.method, path, parse_qs(query).get("partNumber", [""])[0]
 
 
 def _tries(requests: list[Request]) -> tuple[list[float], list[float]]:
     """When each first try and each retry came (sorted): a retry is a request whose previous one asking for the same
     (:func:`_request_key`) was refused (503)."""
-    refused: set[tuple[str, str, str]] = set()
+    refused: set[tuple[str, str, str, str]] = set()
     first: list[float] = []
     retries: list[float] = []
     for r in sorted(requests, key=lambda r: r.at):
@@ -434,7 +434,8 @@ def _rank(task: dict[str, Any], r: int, items: list, sizes: list[int], replicate
 
     node = r // RANKS_PER_NODE
     store = open_store(task["url"], endpoint_url=task["endpoints"][node],
-                       transfer=_scaled(task["part_size"], task["upload_rate"] / task["ranks"]))
+                       transfer=_scaled(task["part_size"], task["upload_rate"] / task["ranks"]),
+                       storage_options={"config_kwargs": {"user_agent_extra": f"client/{r}"}})
     sync = CheckpointSync(store, str(Path(task["workdir"]) / "local" / f"node-{node}"), rank=r,
                           world_size=task["ranks"], attempt=task["attempt"], nice=0)
     spans = {file_name(r): [(o, n) for o, n, rep in items[r] if rep]}
