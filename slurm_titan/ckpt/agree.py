@@ -27,6 +27,7 @@ from slurm_titan.ckpt.storage import Backoff
 from slurm_titan.errors import StorageError
 from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.polls import poll_waits
 
 DEFAULT_TIMEOUT_S = 900.0
 """How long a node waits for the others' verdicts, on top of the time each operation of a restore may spend
@@ -81,7 +82,7 @@ class NodeAgreement:
     def _wait(self, step: int, round_dir: HeldFolder) -> str:
         deadline = time.monotonic() + self.timeout_s
         rejected: dict[int, dict] = {}
-        poll_s = self.poll_s
+        waits = poll_waits(self.nodes, self.poll_s, MAX_POLL_S)  # a long wait (a slow node's restore) polls less
         while True:
             names = round_dir.names()  # one listing a poll; acceptances are names, only rejections are read
             accepted = run_folder.node_numbers(names, ACCEPTED)
@@ -104,5 +105,4 @@ class NodeAgreement:
                 raise StorageError(f"{round_dir.path}: node(s) {missing} gave no verdict on checkpoint step {step} "
                                    f"within {self.timeout_s:.0f} s (died or cut off): no rank loads it; the restore "
                                    f"ends on every node")
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, MAX_POLL_S)  # a long wait (a slow node's restore) polls less and less
+            time.sleep(next(waits))

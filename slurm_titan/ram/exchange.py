@@ -4,8 +4,8 @@ node 0 collects them all into one file, which the others read.
 Every node's recovery needs every node's holding (the steps it holds, where its snapshot server listens). Read by
 every node, that is M^2 reads of the job folder (262,144 at 512 nodes, several metadata operations each, at every
 attempt's start); collected, it is 2M: node 0 reads the M holdings (``READERS`` at a time) and writes them whole as
-``holdings.json``; the others wait for that name in the folder's listing (polls growing to ``MAX_POLL_S``) and read it
-once.
+``holdings.json``; the others wait for that name in the folder's listing (polls growing to ``MAX_POLL_S``, spread:
+:mod:`slurm_titan.records.polls`) and read it once.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 from slurm_titan.ram.choice import Holding
 from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.polls import poll_waits
 
 COLLECTED = "holdings.json"
 COLLECTOR = 0
@@ -64,13 +65,12 @@ class HoldingsExchange:
             raise MemoryUnavailable(str(error)) from None
 
     def _collect(self) -> dict:
-        deadline, poll_s = time.monotonic() + self.timeout_s, self.poll_s
+        deadline, waits = time.monotonic() + self.timeout_s, poll_waits(self.nodes, self.poll_s, MAX_POLL_S)
         while missing := self._missing():
             if time.monotonic() > deadline:
                 return self._write({"why": f"node(s) {missing} said nothing of their memory within "
                                            f"{self.timeout_s:.0f} s"})
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, MAX_POLL_S)
+            time.sleep(next(waits))
         try:
             with ThreadPoolExecutor(min(READERS, self.nodes)) as readers:
                 holdings = list(readers.map(self.read, range(self.nodes)))
@@ -87,12 +87,12 @@ class HoldingsExchange:
         return collected
 
     def _wait_for_collected(self) -> dict:
-        deadline, poll_s = time.monotonic() + self.timeout_s + COLLECT_S, self.poll_s
+        deadline = time.monotonic() + self.timeout_s + COLLECT_S
+        waits = poll_waits(self.nodes, self.poll_s, MAX_POLL_S)
         while COLLECTED not in self.folder.names():
             if time.monotonic() > deadline:
                 return {"why": f"node {COLLECTOR} collected no holdings within {self.timeout_s + COLLECT_S:.0f} s"}
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, MAX_POLL_S)
+            time.sleep(next(waits))
         try:
             collected = json.loads(self.folder.read_text(COLLECTED))
         except (OSError, ValueError) as error:

@@ -37,6 +37,7 @@ from slurm_titan.node.supervisor import stacks
 from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.records import rank_progress, run_folder
 from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.polls import poll_waits
 from slurm_titan.records.rank_progress import Progress
 
 PEER_WAIT_S = 15.0
@@ -167,13 +168,13 @@ class Watchdog:
         `timeout_s`. The first node to see a hang must not end its ranks at once: its exit makes srun
         SIGCONT and SIGTERM the other nodes' tasks, which wakes a stopped rank before its own node's
         watchdog could see it stopped (the strongest sign of the stuck rank). One listing a poll, the polls
-        growing from `poll_s` to 1 s (every node waits at once: on a shared file system, M nodes' polls), through the
-        attempt's folder held open (no walk of the whole path at each poll)."""
-        deadline = time.monotonic() + timeout_s
+        growing from `poll_s` to 1 s and spread (every node waits at once: on a shared file system, M nodes' polls,
+        :mod:`slurm_titan.records.polls`), through the attempt's folder held open (no walk of the whole path at each
+        poll)."""
+        deadline, waits = time.monotonic() + timeout_s, poll_waits(self.nodes, poll_s, PEER_POLL_MAX_S)
         while time.monotonic() < deadline and len(run_folder.node_numbers(self.attempt_dir.names(), ".json")) < \
                 self.nodes:
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, PEER_POLL_MAX_S)
+            time.sleep(min(next(waits), max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
         self.attempt_dir.close()
