@@ -1,12 +1,13 @@
 """The waits between one node's polls of the job folder, while every node of the job waits for the others.
 
 A round (the restore's agreement, the RAM tier's holdings, a hang's reports) starts on every node at once, and each
-node lists the round's folder until the others have written theirs. The waits grow (1.5x a poll, up to a cap: a
-long wait polls less and less), are drawn at random around that (so that nodes that started together do not list
-together, second after second), and are never shorter than the job's size allows: the M nodes' listings stay near
-``JOB_LISTINGS_PER_S`` a second in all (a listing of the shared file system is 4-5 metadata operations; the scale
-harness counts them, tools/bench/scale_sim/folder.py). Below 100 nodes that floor is under the usual first wait,
-0.2 s; at 512 nodes a node's waits start at 1 s.
+node lists the round's folder until the others have written theirs. A wait's bound grows (1.5x a poll, up to a cap:
+a long wait polls less and less), and the wait is drawn within [1/2, 1] of it: nodes that started together do not
+list together second after second, and none waits longer than the bound. The bound is never under twice the job's
+nodes over ``JOB_LISTINGS_PER_S``, so that no node lists more often than its share of that: the job's M nodes stay
+under ``JOB_LISTINGS_PER_S`` listings a second in all (a listing of the shared file system is 4-5 metadata
+operations; the scale harness counts them, tools/bench/scale_sim/folder.py). Up to 100 nodes that floor is under the
+usual first bound, 0.2 s; at 512 nodes a node's waits are 0.5-1 s from the first.
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-JOB_LISTINGS_PER_S = 500.0
-"""The job's nodes' listings a second, in all, that their waits keep to on average (a wait's bound: twice that)."""
+JOB_LISTINGS_PER_S = 1000.0
+"""The most listings a second that the job's nodes make in all while they wait."""
 GROWTH = 1.5
 
 
 def poll_waits(nodes: int, first: float = 0.2, cap: float = 1.0, rng: random.Random | None = None) -> Iterator[float]:
-    """Endless waits for one of ``nodes`` nodes polling at once: from ``first``, growing to ``cap``, both at least
-    ``nodes / JOB_LISTINGS_PER_S``; each drawn uniform within [0.5, 1.5] of that."""
+    """Endless waits for one of ``nodes`` nodes polling at once, each uniform within [1/2, 1] of its bound; the bound
+    from ``first``, growing to ``cap``, both at least ``2 * nodes / JOB_LISTINGS_PER_S``."""
     draw = (rng or random).uniform
-    floor = nodes / JOB_LISTINGS_PER_S
-    wait, cap = max(first, floor), max(cap, floor)
+    floor = 2.0 * nodes / JOB_LISTINGS_PER_S
+    bound, cap = max(first, floor), max(cap, floor)
     while True:
-        yield wait * draw(0.5, 1.5)
-        wait = min(wait * GROWTH, cap)
+        yield draw(bound / 2, bound)
+        bound = min(bound * GROWTH, cap)
