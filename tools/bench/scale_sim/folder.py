@@ -3,6 +3,7 @@ file system that counts metadata operations and delays each by 20 ms, caches off
 
     .venv/bin/python -m tools.bench.scale_sim.folder 64 128 256 512     # a row per rank count, then the goals
     .venv/bin/python -m tools.bench.scale_sim.folder --cache 1 64 512   # clients keep names, attributes 1 s
+    .venv/bin/python -m tools.bench.scale_sim.folder --as-ranks 4096 512  # 64 nodes polling as 512 would
     .venv/bin/python -m tools.bench.scale_sim --parts folder
 
 The job folder is ``<mount>/runs/sim/1``, each node with a mount of its own (a client: its kernel's locks are its
@@ -35,18 +36,22 @@ access; opendir, readdir and releasedir; open, create and release); ``agree_ok``
 out) and ``report_beat_check_max_s``; ``report_requeued`` (nodes that found the batch shell gone);
 ``report_read_s``: one read of all the reports after the round (the watcher's every pass does it, and ``finish``);
 ``heartbeat_gap_max_s``: the longest time between two touches of the heartbeat over the rounds, as the file system
-saw them; ``folder_ops`` and ``folder_ops_per_s``: the rounds' ops, the busiest round's rate; ``load_avg``: the
-machine's 1-minute load average at the end (the times are this machine's: far above its core count, they stretch).
+saw them; with ``--as-ranks A``, each node polls on the schedule of a job of A / 8 nodes (:mod:`slurm_titan.records.
+polls`) and ``<round>_peak_ops_per_s_as`` is the busiest second times A / ranks: that many nodes each doing what one
+of these does (this machine's file system serves ~6,000 operations a second at most, a few thousand with hundreds of
+mounts: a round of that many nodes run here would measure it); ``folder_ops`` and ``folder_ops_per_s``: the rounds'
+ops, the busiest round's rate; ``load_avg``: the machine's 1-minute load average at the end (the times are this
+machine's: far above its core count, they stretch).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -67,7 +72,7 @@ from slurm_titan.node.supervisor.supervisor import write_report
 from slurm_titan.node.supervisor.watchdog import PEER_WAIT_S, Hang, Watchdog
 from slurm_titan.ram.choice import Holding
 from slurm_titan.ram.exchange import HoldingsExchange
-from slurm_titan.records import run_folder
+from slurm_titan.records import polls, run_folder
 from slurm_titan.records.held_folder import HeldFolder
 from tools.bench.scale_sim.goals import Goal, judge
 from tools.local_fs.slow_fs import SlowFs
@@ -125,11 +130,13 @@ _SYNC: _Sync | None = None
 """A worker process's :class:`_Sync`."""
 
 
-def _ready(shims: str, started: Barrier, sync: _Sync) -> None:
-    """A worker process's start: the shims on its PATH, then it waits for the others (and the harness)."""
+def _ready(shims: str, started: Barrier, sync: _Sync, listings_per_s: float) -> None:
+    """A worker process's start: the shims on its PATH, the job's listing budget (the nodes' poll schedule), then it
+    waits for the others (and the harness)."""
     global _SYNC
     _on_path(shims)
     _SYNC = sync
+    polls.JOB_LISTINGS_PER_S = listings_per_s
     started.wait()
 
 
@@ -216,15 +223,15 @@ Run = Callable[..., list[Result]]
 
 
 @contextmanager
-def _workers(nodes: int, shims: Path) -> Iterator[Run]:
-    """:data:`Run` over every node, the nodes spread as threads over worker processes, started (and ready) before
-    it is given."""
+def _workers(nodes: int, shims: Path, listings_per_s: float) -> Iterator[Run]:
+    """:data:`Run` over every node, the nodes spread as threads over worker processes (whose job listing budget is
+    ``listings_per_s``), started (and ready) before it is given."""
     context = multiprocessing.get_context("spawn")
     count = min(nodes, PROCESSES)
     groups = [list(range(first, nodes, count)) for first in range(count)]
     started = context.Barrier(count + 1)
     sync = _Sync(context.Value("i", 0), context.Event(), context.Value("d", 0.0))
-    with context.Pool(count, initializer=_ready, initargs=(str(shims), started, sync)) as pool:
+    with context.Pool(count, initializer=_ready, initargs=(str(shims), started, sync, listings_per_s)) as pool:
         started.wait()
 
         def run(task: Callable[..., Result], start: Callable[[], float], *args: Any) -> list[Result]:
@@ -327,15 +334,19 @@ def _write_shims(folder: Path) -> Path:
     return folder
 
 
-def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S, cache_s: float = 0.0) -> dict[str, float]:
-    """One row: both rounds at ``ranks`` simulated ranks, on a fresh slow file system under ``workdir`` whose
-    metadata operations take ``delay_s`` each, its clients keeping names and attributes ``cache_s`` seconds."""
+def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S, cache_s: float = 0.0,
+            as_ranks: int | None = None) -> dict[str, float]:
+    """One row: the rounds at ``ranks`` simulated ranks, on a fresh slow file system under ``workdir`` whose
+    metadata operations take ``delay_s`` each, its clients keeping names and attributes ``cache_s`` seconds; each node
+    polling as one of ``as_ranks`` would (the module's docstring)."""
     nodes = max(ranks // RANKS_PER_NODE, 1)
+    scale = (as_ranks or ranks) / ranks
     root = workdir / f"folder-{ranks}"
     shutil.rmtree(root, ignore_errors=True)
     shims = _write_shims(root / "bin")
     mounts = [root / "mnt" / str(node) for node in range(nodes)]
-    with SlowFs(root / "backing", mounts, delay_s, cache_s=cache_s) as fs, _workers(nodes, shims) as run:
+    with SlowFs(root / "backing", mounts, delay_s, cache_s=cache_s) as fs, \
+            _workers(nodes, shims, polls.JOB_LISTINGS_PER_S / scale) as run:
         job_dirs = [mount / "runs" / "sim" / JOB_ID for mount in fs.mountpoints]
         run_folder.attempt_folder(job_dirs[0], ATTEMPT).mkdir(parents=True)
         with _watching(fs, job_dirs[0], nodes, shims) as beat:
@@ -344,16 +355,21 @@ def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S, cache_s: float 
             row |= _outcome_round(fs, run, _ram_node, "ram", job_dirs)
             row |= _report_round(fs, run, job_dirs) | _heartbeat(fs.stats()["touches"].get(beat, []))
         row |= _read_all(job_dirs[0], nodes)
+    if as_ranks:
+        row |= {f"{name}_peak_ops_per_s_as": row[f"{name}_peak_ops_per_s"] * scale for name in ROUNDS}
     return row | {"folder_ops": sum(row[f"{name}_ops"] for name in ROUNDS),
                   "folder_ops_per_s": max(row[f"{name}_ops_per_s"] for name in ROUNDS),
                   "load_avg": os.getloadavg()[0]}
 
 
 if __name__ == "__main__":
-    cache = float(sys.argv[2]) if sys.argv[1:2] == ["--cache"] else 0.0  # seconds, as an NFS client's caches
-    ranks = sys.argv[3:] if sys.argv[1:2] == ["--cache"] else sys.argv[1:]
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.scale_sim.folder")
+    ap.add_argument("ranks", type=int, nargs="*", default=[64, 128, 256, 512])
+    ap.add_argument("--cache", type=float, default=0.0, help="seconds the clients keep names and attributes")
+    ap.add_argument("--as-ranks", type=int, help="each node polls as one of a job of this many ranks would")
+    args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="scale-sim-folder-") as tmp:
-        rows = [measure(int(n), Path(tmp), cache_s=cache) for n in ranks or (64, 128, 256, 512)]
+        rows = [measure(n, Path(tmp), cache_s=args.cache, as_ranks=args.as_ranks) for n in args.ranks]
     for row in rows:
         print(json.dumps({key: round(value, 3) for key, value in row.items()}))
     for goal in GOALS:
