@@ -21,11 +21,11 @@ A :class:`Store` is a checkpoint location (a backend plus a root inside it); ``o
 - **Retries are the store's** (:mod:`.backoff`): each small operation, and each request of a bulk
   transfer (an S3 part, a range, a file on fsspec), is retried alone under the store's
   :class:`.backoff.Backoff`, waiting out a throttling store up to its deadline (other transient
-  failures: a few tries, one where the backend's library retries them itself, :attr:`Store.library_retries`, and
-  inside a file that a library streams); a bulk transfer's
-  requests run in the slots of the store's :class:`.concurrency.AdaptiveLimit`, which shrinks while
-  the store throttles, an upload's at the turns of its :class:`.concurrency.Pace` (an uploader's share of
-  the job's rate). A caller sees a failure only once the policy is used up.
+  failures: a few tries; one where a library retries them itself, a small operation where
+  :attr:`Store.library_retries` says so and a file that s3fs streams); a bulk transfer's requests run
+  in the slots of the store's :class:`.concurrency.AdaptiveLimit`, which shrinks while the store
+  throttles, an upload's at the turns of its :class:`.concurrency.Pace` (an uploader's share of the
+  job's rate). A caller sees a failure only once the policy is used up.
 """
 
 from __future__ import annotations
