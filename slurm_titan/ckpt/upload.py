@@ -359,7 +359,12 @@ class CheckpointSync:
     def _upload_step(self, st: _Step) -> None:
         step = st.step
         st.status = "uploading"
-        if self._retrying("checking the commit record", lambda: commit.is_committed(self.store, step), st):
+
+        def committed() -> bool:  # the upload's first request, at its turn: every rank's save begins at once
+            self.store.upload_pace.wait()
+            return commit.is_committed(self.store, step)
+
+        if self._retrying("checking the commit record", committed, st):
             log.warning("checkpoint step %d is already committed at %s; keeping that one, not uploading",
                         step, self.store.url(layout.step_dir(step)))
             st.status = "already-committed"

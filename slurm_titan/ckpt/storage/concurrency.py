@@ -65,7 +65,8 @@ class AdaptiveLimit:
 
 class Pace:
     """Turns to start requests, at most ``rate`` a second (0: no pacing), evenly apart: no burst, not even after
-    an idle while; the first turn is at a random moment within one gap of the first ask. Thread-safe."""
+    an idle while; the first turn, and the first after an idle while (the next save's), is at a random moment within
+    one gap of its ask, so that clients that begin together (every rank's save) take their turns apart. Thread-safe."""
 
     def __init__(self, rate: float, *, clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self.gap = 1.0 / rate if rate > 0 else 0.0
@@ -81,7 +82,7 @@ class Pace:
             return
         with self.lock:
             now = self.clock.now()
-            if self.next is None:
+            if self.next is None or self.next < now:
                 self.next = now + self.rng.uniform(0.0, self.gap)
             turn = max(now, self.next)
             self.next = turn + self.gap
