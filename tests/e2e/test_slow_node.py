@@ -12,7 +12,7 @@ counted): the ~40 steps left at the slowed pace gain more than twice the swap's 
 machine. The run
 COMPLETED with every loss equal to the reference's, and after the swap every node works as fast as the others
 (the judge's scores of the next attempt; a step's wall time would measure the machine's other load too).
-Without a spare it is named and alerted, and training goes on to the end.
+Without a spare it is named and alerted, and training goes on to the end (throttled until it is named).
 """
 
 from __future__ import annotations
@@ -43,15 +43,20 @@ def reference(reference_losses) -> dict[int, str]:
     return reference_losses(60, *SLOW_NODE_STEPS)
 
 
-def _throttled_run(cli: Cli, *config: str) -> tuple[str, Path, str, ThrottleAtStep, dict]:
+def _throttled_run(cli: Cli, *config: str, until_named: bool = False) -> tuple[str, Path, str, ThrottleAtStep, dict]:
+    """The run, rank 1's node throttled from THROTTLE_AT to the end, or (``until_named``) until the batch shell
+    names it."""
     job = cli.submit(*config)
     folder = job_dir(cli, job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
     slow = cli.status(job)["attempts"][0]["hosts"][1]
     with ThrottleAtStep(folder, job, slow, rank=1, step=THROTTLE_AT, fraction=0.6) as throttle:
-        status = cli.wait(job, timeout=1800)
+        if until_named:
+            wait_for_log(folder / f"{job}_0_log.out", f"slow node {slow}", timeout=1800)
+        else:
+            cli.wait(job, timeout=1800)
     assert throttle.throttled_at is not None and throttle.pids, "the node's ranks were never throttled"
-    return job, folder, slow, throttle, status
+    return job, folder, slow, throttle, cli.wait(job, timeout=1800)
 
 
 def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dict[int, str]) -> None:
@@ -80,7 +85,8 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, reference: dic
 
 
 def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(cli: Cli, reference: dict[int, str]) -> None:
-    job, folder, slow, throttle, status = _throttled_run(cli, *SLOW_NODE_STEPS, *JUDGE)
+    # throttled until it is named: the steps after it would only crawl
+    job, folder, slow, throttle, status = _throttled_run(cli, *SLOW_NODE_STEPS, *JUDGE, until_named=True)
     assert status["state"] == "COMPLETED", status
     [attempt] = status["attempts"]  # no restart: the run went on on the slow node
     [named] = attempt["slow"]
