@@ -50,6 +50,13 @@ log = logging.getLogger("slurm_titan.ckpt.upload")
 
 T = TypeVar("T")
 
+RETRY_MAX_S = 20.0
+"""The longest wait between two tries of a rank's upload, its receipt or its commit (full jitter, growing from
+``retry_initial``): after an outage the uploads resume within this of the store's return. A store that throttles is
+waited out inside each try (:class:`.storage.Backoff`), so this bounds how often an unreachable store is asked: every
+10 s on average, per rank.
+"""
+
 
 @runtime_checkable
 class Uploader(Protocol):
@@ -138,7 +145,7 @@ class CheckpointSync:
     def __init__(self, remote: str | Store, local_folder: str, *, rank: int = 0, world_size: int = 1,
                  config_digest: str = "", attempt: str | None = None, retention: Retention = KEEP_ALL,
                  endpoint_url: str | None = None, storage_options: dict | None = None, retry_initial: float = 1.0,
-                 retry_max: float = 60.0, poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM,
+                 retry_max: float = RETRY_MAX_S, poll_interval: float = 1.0, algorithm: str = DEFAULT_ALGORITHM,
                  nice: int = 10, upload_cpus: frozenset[int] | None = None, upload_rate: float = 0.0) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"bad rank {rank} / world size {world_size}")
