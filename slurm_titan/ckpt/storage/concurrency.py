@@ -63,10 +63,15 @@ class AdaptiveLimit:
                 self.cond.notify_all()
 
 
+IDLE_S = 10.0
+"""A pace asked nothing for this long is idle: its next ask (the next save's first) starts afresh."""
+
+
 class Pace:
     """Turns to start requests, at most ``rate`` a second (0: no pacing), evenly apart: no burst, not even after
-    an idle while; the first turn, and the first after an idle while (the next save's), is at a random moment within
-    one gap of its ask, so that clients that begin together (every rank's save) take their turns apart. Thread-safe."""
+    an idle while, and no wait for a caller slower than the pace; the first turn, and the first after ``IDLE_S`` of
+    no asks (the next save's), is at a random moment within one gap of its ask, so that clients that begin together
+    (every rank's save) take their turns apart. Thread-safe."""
 
     def __init__(self, rate: float, *, clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
         self.gap = 1.0 / rate if rate > 0 else 0.0
@@ -74,6 +79,8 @@ class Pace:
         self.rng = rng or random.Random()
         self.next: float | None = None
         """When the next turn is (None: before the first ask)."""
+        self.asked = 0.0
+        """When the last ask came."""
         self.lock = threading.Lock()
 
     def wait(self) -> None:
@@ -82,8 +89,9 @@ class Pace:
             return
         with self.lock:
             now = self.clock.now()
-            if self.next is None or self.next < now:
+            if self.next is None or (self.next < now and now - self.asked > IDLE_S):
                 self.next = now + self.rng.uniform(0.0, self.gap)
+            self.asked = now
             turn = max(now, self.next)
             self.next = turn + self.gap
         if turn > now:
