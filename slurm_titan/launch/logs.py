@@ -86,7 +86,7 @@ class Follower:
 
 
 def newest_stacks(job_dir: Path) -> list[Path]:
-    """The stack files of the newest attempt that has any, by rank."""
+    """The stack files of the newest attempt that has any, by node."""
     for attempt in reversed(run_folder.attempt_numbers(job_dir)):
         if files := run_folder.stack_files(job_dir, attempt):
             return files

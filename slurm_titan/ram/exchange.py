@@ -5,7 +5,8 @@ Every node's recovery needs every node's holding (the steps it holds, where its 
 every node, that is M^2 reads of the job folder (262,144 at 512 nodes, several metadata operations each, at every
 attempt's start); collected, it is 2M: node 0 reads the M holdings (``READERS`` at a time) and writes them whole as
 ``holdings.json``; the others wait for that name in the folder's listing (polls growing to ``MAX_POLL_S``, spread:
-:mod:`slurm_titan.records.polls`) and read it once.
+:mod:`slurm_titan.records.polls`, the first after a wait: every node publishes at once, and node 0 has M holdings to
+read before the file can be there) and read it once.
 """
 
 from __future__ import annotations
@@ -89,10 +90,12 @@ class HoldingsExchange:
     def _wait_for_collected(self) -> dict:
         deadline = time.monotonic() + self.timeout_s + COLLECT_S
         waits = poll_waits(self.nodes, self.poll_s, MAX_POLL_S)
-        while COLLECTED not in self.folder.names():
+        while True:
+            time.sleep(next(waits))  # first: every node has just published, node 0 has M holdings to read
+            if COLLECTED in self.folder.names():
+                break
             if time.monotonic() > deadline:
                 return {"why": f"node {COLLECTOR} collected no holdings within {self.timeout_s + COLLECT_S:.0f} s"}
-            time.sleep(next(waits))
         try:
             collected = json.loads(self.folder.read_text(COLLECTED))
         except (OSError, ValueError) as error:

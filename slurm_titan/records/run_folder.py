@@ -29,7 +29,8 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
         trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it)
         restore/                             node.supervisor.restore: the nodes' agreement on each checkpoint candidate
                                              (ckpt.agree: step-<S>/node-<N>.ok, or .json with a rejection)
-        stacks/rank-<R>.txt                  node.supervisor.stacks: each rank's Python stacks, dumped on a hang
+        stacks/node-<N>.txt                  node.supervisor.stacks: node N's ranks' Python stacks, dumped on a hang
+                                             (stacks/rank-<R>.txt, a file a rank, in runs before 2026-12-06)
         timing/node-<N>.json                 node.supervisor.timing: node N's ranks' steps, working and wall time
                                              (records.node_timing), replaced every few seconds
         node-scores.jsonl                    node.batch.straggler: every node's score against the others over
@@ -150,11 +151,11 @@ def node_report_name(node: int) -> str:
     return f"node-{node}.json"
 
 
-def node_files(folder: Path) -> set[int]:
-    """The N of the `node-N.json` files in `folder` (node reports): one listing, however many nodes (a lookup per
-    node and per poll, on a shared file system, grows with the square of the node count)."""
+def node_files(folder: Path, suffix: str = ".json") -> set[int]:
+    """The N of the `node-N<suffix>` files in `folder` (node reports, by default): one listing, however many nodes
+    (a lookup per node and per poll, on a shared file system, grows with the square of the node count)."""
     try:
-        return node_numbers(os.listdir(folder), ".json")
+        return node_numbers(os.listdir(folder), suffix)
     except OSError:
         return set()
 
@@ -163,11 +164,6 @@ def node_numbers(names: list[str], suffix: str) -> set[int]:
     """The N of the names `node-N<suffix>` among `names`."""
     return {int(name[5:-len(suffix)]) for name in names if name.startswith("node-") and name.endswith(suffix)
             and name[5:-len(suffix)].isdigit()}
-
-
-def reported_nodes(job_dir: Path, attempt: int) -> set[int]:
-    """The nodes whose report (:func:`node_report`) is in the attempt's folder."""
-    return node_files(attempt_folder(job_dir, attempt))
 
 
 def stop_file(job_dir: Path, attempt: int, node: int) -> Path:
@@ -216,17 +212,24 @@ def restore_verdicts(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / RESTORE_VERDICTS
 
 
+STACKS = "stacks"
+"""The folder of an attempt's folder that holds the stacks its nodes' watchdogs took."""
+
+
 def stacks_folder(job_dir: Path, attempt: int) -> Path:
-    return attempt_folder(job_dir, attempt) / "stacks"
+    return attempt_folder(job_dir, attempt) / STACKS
 
 
-def stack_file(job_dir: Path, attempt: int, rank: int) -> Path:
-    return stacks_folder(job_dir, attempt) / f"rank-{rank}.txt"
+def node_stacks_name(node: int) -> str:
+    """The name of node `node`'s stacks file (every rank of the node, each under `==> rank R <==`)."""
+    return f"node-{node}.txt"
 
 
 def stack_files(job_dir: Path, attempt: int) -> list[Path]:
-    """The stack files of an attempt, by rank."""
-    return sorted(stacks_folder(job_dir, attempt).glob("rank-*.txt"), key=lambda p: int(p.stem.partition("-")[2] or 0))
+    """The stack files of an attempt, by node (by rank in runs that wrote a file a rank)."""
+    folder = stacks_folder(job_dir, attempt)
+    return [folder / node_stacks_name(node) for node in sorted(node_files(folder, ".txt"))] or sorted(
+        folder.glob("rank-*.txt"), key=lambda p: int(p.stem.partition("-")[2] or 0))
 
 
 def timing_folder(job_dir: Path, attempt: int) -> Path:

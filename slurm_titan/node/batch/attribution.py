@@ -29,18 +29,26 @@ import json
 import signal
 import socket
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from slurm_titan import failure_kinds
 from slurm_titan.doctor import TRANSIENT_CHECKS, Finding, failures, node_rank
 from slurm_titan.node.culprit import culprit_key
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 
+T = TypeVar("T")
+R = TypeVar("R")
 LOST = "lost"
 CRASHED = "crashed"
 HUNG = "hung"
 PREFLIGHT = "preflight"
+READERS = 16
+"""Files of the job folder the batch shell reads at once after an attempt (the nodes' reports, the crashed ranks'
+logs): on a shared file system each read waits on the server's lookups, not on this host."""
 
 
 @dataclass(frozen=True)
@@ -92,16 +100,29 @@ def exit_description(code: int | None) -> str:
 
 
 def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
-    """The node reports of an attempt that exist and parse, by node rank (one listing, then a read of each)."""
-    reports = {}
-    for node in sorted(run_folder.reported_nodes(job_dir, attempt)):
-        if node >= nodes:
-            continue
-        try:
-            reports[node] = json.loads(run_folder.node_report(job_dir, attempt, node).read_text())
-        except (OSError, ValueError):
-            continue
-    return reports
+    """The node reports of an attempt that exist and parse, by node rank: one listing, then each report read by its
+    name through the attempt's folder held open, `READERS` at once (a read by path walked the whole path: at 64 nodes
+    on a shared file system with 20 ms lookups, the batch shell spent 29 s reading the reports before deciding)."""
+    with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as folder:
+        wanted = sorted(node for node in run_folder.node_numbers(folder.names(), ".json") if node < nodes)
+        texts = _each(lambda node: _read_report(folder, node), wanted)
+    return {node: report for node, report in zip(wanted, texts, strict=True) if report is not None}
+
+
+def _read_report(folder: HeldFolder, node: int) -> dict | None:
+    try:
+        report = json.loads(folder.read_text(run_folder.node_report_name(node)))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _each(read: Callable[[T], R], items: list[T]) -> list[R]:
+    """`read` of every item, in order, `READERS` at once."""
+    if len(items) <= 1:
+        return [read(item) for item in items]
+    with ThreadPoolExecutor(min(READERS, len(items))) as pool:
+        return list(pool.map(read, items))
 
 
 def silent_nodes(reported: Collection[int], hosts: list[str]) -> list[str]:
@@ -113,9 +134,10 @@ def silent_nodes(reported: Collection[int], hosts: list[str]) -> list[str]:
 def symptom_nodes(reports: dict[int, dict], job_dir: Path) -> set[int]:
     """The nodes whose first crashed rank's log shows a peer's or the network's symptom (failure_kinds.NETWORK):
     they died because another rank did, not first (one rank log's tail read a crashed node)."""
-    return {node for node, report in reports.items() if (failure := report.get("first_failure"))
-            and failure_kinds.classify_log(run_folder.rank_log(job_dir, int(failure["rank"]))).kind
-            == failure_kinds.NETWORK}
+    crashed = [(node, int(failure["rank"])) for node, report in reports.items()
+               if (failure := report.get("first_failure"))]
+    kinds = _each(lambda crash: failure_kinds.classify_log(run_folder.rank_log(job_dir, crash[1])).kind, crashed)
+    return {node for (node, _), kind in zip(crashed, kinds, strict=True) if kind == failure_kinds.NETWORK}
 
 
 def read_sightings(job_dir: Path, attempt: int) -> dict[int, float]:

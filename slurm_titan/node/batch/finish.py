@@ -19,7 +19,6 @@ records the attempt's end in the run history, then:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -46,17 +45,15 @@ REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
 TIME_LIMIT_MARGIN_S = 90  # slurmctld sends the --signal up to ~60 s earlier than asked
 
 
-def attempt_exit_code(job_dir: Path, attempt: int, nodes: int, srun_exit_code: int) -> int:
-    """Combine the node reports: a node's failure wins, then a checkpoint-to-stop, then success.
+def attempt_exit_code(reports: dict[int, dict], nodes: int, srun_exit_code: int) -> int:
+    """Combine the node reports (`attribution.read_reports`): a node's failure wins, then a checkpoint-to-stop, then
+    success.
 
     A node without a report was killed before it could write one: the attempt failed.
     """
-    codes = []
-    for node in range(nodes):
-        path = run_folder.node_report(job_dir, attempt, node)
-        if not path.is_file():
-            return srun_exit_code or 1
-        codes.append(json.loads(path.read_text())["exit_code"])
+    if len(reports) < nodes:
+        return srun_exit_code or 1
+    codes = [report["exit_code"] for report in reports.values()]
     failures = [code for code in codes if code not in (0, ExitCode.PREEMPTED)]
     if failures:
         return failures[0]
@@ -138,7 +135,8 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
              env: dict[str, str]) -> tuple[Outcome, int]:
     """Decide what follows `attempt`, leave out the node it blames if it should, record the end and
     send its alert. Returns the outcome and the attempt's exit code."""
-    code = attempt_exit_code(job_dir, attempt.number, len(attempt.hosts), srun_exit_code)
+    reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))  # once: 512 of them take seconds
+    code = attempt_exit_code(reports, len(attempt.hosts), srun_exit_code)
     near_limit = code == ExitCode.PREEMPTED and near_time_limit(job_id, spec.signal_seconds)
     run = run_so_far(job_dir, attempt.number, int(env.get("SLURM_RESTART_COUNT", "0")))
     preflight = attribution.preflight_failure(read_verdict(job_dir, attempt.number), attempt.hosts,
@@ -151,7 +149,7 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     if outcome.reason == SLOW_NODE and slow is not None:
         excluded = swap_out(job_dir, slow, env)
     elif code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
-        failure, excluded = blame(job_dir, job_id, attempt, outcome, env)
+        failure, excluded = blame(job_dir, job_id, attempt, outcome, env, reports)
     elif preflight is not None:
         allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
         excluded = leave_out(job_dir, job_id, attempt, outcome, preflight, allocated, _unhealthy(allocated), env)
@@ -171,15 +169,14 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     return outcome, code
 
 
-def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome,
-          env: dict[str, str]) -> tuple[attribution.NodeFailure | None, list[str]]:
-    """The failure of `attempt` and its node (a lost node: one the step watcher's probe found lost, else found by
-    probing the silent ones), with the kind its log shows; that node is left out when it should be, and the
-    cluster's node ledger records it. After the watcher's probe no silent node is probed again: each was silent
-    at its probe, and those it did not find lost answered it."""
+def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, env: dict[str, str],
+          reports: dict[int, dict]) -> tuple[attribution.NodeFailure | None, list[str]]:
+    """The failure of `attempt` (its node reports: `attribution.read_reports`) and its node (a lost node: one the
+    step watcher's probe found lost, else found by probing the silent ones), with the kind its log shows; that node
+    is left out when it should be, and the cluster's node ledger records it. After the watcher's probe no silent
+    node is probed again: each was silent at its probe, and those it did not find lost answered it."""
     allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
     unhealthy = _unhealthy(allocated)
-    reports = attribution.read_reports(job_dir, attempt.number, len(attempt.hosts))
     silent = attribution.silent_nodes(reports, attempt.hosts)
     lost = {host for host in silent if host in unhealthy}
     found = step_watch.found_lost(job_dir, attempt.number)

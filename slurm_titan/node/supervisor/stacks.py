@@ -1,4 +1,5 @@
-"""The Python stacks of a node's ranks, taken by the supervisor on a hang, into `<job>/attempts/<A>/stacks/`.
+"""The Python stacks of a node's ranks, taken by the supervisor on a hang, into one file of the node's,
+`<job>/attempts/<A>/stacks/node-<N>.txt`.
 
 py-spy first (`py-spy dump --nonblocking --pid P`: it reads the rank's memory without stopping it, so it
 works on a rank that is itself stopped; the project installs py-spy with its `train`/`npu` extras). When
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.signals import DUMP_SIGNAL
 
 PY_SPY_TIMEOUT_S = 20.0
@@ -59,6 +61,14 @@ def py_spy() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
+def write_stacks(attempt_dir: HeldFolder, node: int, stacks: dict[int, str]) -> None:
+    """The ranks' stacks (rank -> text) in node `node`'s file of the attempt's stacks folder, each under a
+    `==> rank R <==` line, in rank order (:func:`run_folder.node_stacks_name`)."""
+    with attempt_dir.sub(run_folder.STACKS) as folder:
+        folder.write_text(run_folder.node_stacks_name(node), "".join(
+            f"==> rank {rank} <==\n{text.rstrip()}\n" for rank, text in sorted(stacks.items())))
+
+
 def _ptrace_note() -> str:
     try:
         scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
@@ -75,9 +85,10 @@ class StackDumper:
     method: str = ""
     why: str = ""
 
-    def dump(self, ranks: dict[int, int], job_dir: Path, attempt: int) -> dict[int, str]:
-        """Write every rank's stacks (rank -> pid) into the attempt's stacks folder; returns each rank's text."""
-        run_folder.stacks_folder(job_dir, attempt).mkdir(parents=True, exist_ok=True)
+    def dump(self, ranks: dict[int, int], attempt_dir: HeldFolder, node: int) -> dict[int, str]:
+        """Write every rank's stacks (rank -> pid) into the node's one file in the attempt's stacks folder
+        (`attempt_dir`, held open: a name each, where a file a rank by its path walked the whole path again, ~12
+        lookups a rank on a shared file system, as every node of a hang writes at once); returns each rank's text."""
         stacks: dict[int, str] = {}
         spy = py_spy()
         if spy is None:
@@ -101,8 +112,7 @@ class StackDumper:
         stacks |= self._faulthandler(missing)
         if missing and stacks.keys() - missing.keys() and spy:
             self.method = "py-spy, faulthandler for some ranks"
-        for rank, text in stacks.items():
-            run_folder.stack_file(job_dir, attempt, rank).write_text(text)
+        write_stacks(attempt_dir, node, stacks)
         return stacks
 
     def _faulthandler(self, ranks: dict[int, int]) -> dict[int, str]:

@@ -48,6 +48,8 @@ from slurm_titan.signals import ignore_signals, take_stop_signals
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
 PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
+FIRST_VIEW_S = 1.0
+"""How long a hung node's stack dump may take before its report says its first view (the culprit without stacks)."""
 
 
 def write_report(attempt_dir: HeldFolder, node: int, code: int, rank_codes: dict[int, int],
@@ -238,9 +240,11 @@ class RankGroup:
 
 
     def _hung(self, late: list[int], running: set[int], on_hang: Callable[[Hang], None]) -> dict[int, int]:
-        """Name the node's culprit at once (`on_hang` writes it down: srun may end this supervisor soon,
-        when another node exits first), then dump the stacks, name it again with them, wait for the other
-        nodes' reports (Watchdog.wait_for_peers) unless the culprit was found stopped, kill the ranks."""
+        """Name the node's culprit at once, dump the stacks, name it again with them (`on_hang` writes it down; the
+        first view too when the stacks take over `FIRST_VIEW_S`: srun may end this supervisor, SIGTERM then SIGKILL
+        after Slurm's KillWait, when another node exits first), wait for the other nodes' reports
+        (Watchdog.wait_for_peers) unless the culprit was found stopped, kill the ranks. One report where the stacks
+        come quickly (py-spy: ~50 ms for a node's ranks): every node of a hang writes it within the same second."""
         assert self.watchdog is not None
         now = time.time()
         pids = {rank: self.processes[rank].pid for rank in sorted(running)}
@@ -248,9 +252,14 @@ class RankGroup:
         say(f"watchdog: rank(s) {','.join(map(str, late))} made no progress within the budget: hang of rank "
             f"{self.hang.rank} at step {self.hang.step} ({self.hang.phase}, no progress for "
             f"{now - self.hang.since:.0f} s, budget {self.hang.budget_s:.0f} s, state {self.hang.state})")
-        on_hang(self.hang)
         self.on_failure()
-        self.hang = self.watchdog.investigate(pids, now)
+        first_view = threading.Timer(FIRST_VIEW_S, on_hang, (self.hang,))
+        first_view.start()
+        try:
+            self.hang = self.watchdog.investigate(pids, now)
+        finally:
+            first_view.cancel()
+            first_view.join()  # its report, if it was due, is written before this one
         on_hang(self.hang)
         if self.hang.rank not in self.watchdog.late_stopped:  # a stopped culprit: no other node's view is stronger
             self.watchdog.wait_for_peers()
@@ -279,6 +288,7 @@ class NodeSupervisor:
         self.attempt_dir: HeldFolder | None = None  # the attempt's folder, held for life: reports, heartbeat, verdicts
         self.node = 0
         self.first_written: float | None = None  # the time of this node's first report of the attempt
+        self.reported_hang: Hang | None = None  # the hang this node's last report carried
         self.beat_at_failure: batch_host.BeatMark | None = None  # the batch shell's heartbeat when the ranks failed
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -339,7 +349,7 @@ class NodeSupervisor:
             env |= memory.rank_env()
         timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
         watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
-                            learns=rdzv.node_rank == 0, say=say, nodes=rdzv.num_nodes,
+                            learns=rdzv.node_rank == 0, say=say, node=rdzv.node_rank, nodes=rdzv.num_nodes,
                             timing=timing) if spec.watchdog else None
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
                                on_failure=self._mark_beat)
@@ -422,13 +432,17 @@ class NodeSupervisor:
         """This node's report of the attempt (:func:`write_report`)."""
         assert self.attempt_dir is not None
         self.first_written = self.first_written or time.time()
+        self.reported_hang = hang
         write_report(self.attempt_dir, self.node, code, rank_codes, failed_first, hang,
                      first_written=self.first_written)
 
     def _finish(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
                 hang: Hang | None = None) -> None:
-        """Write the node's report (:meth:`_report`); exit non-zero only on failure."""
-        self._report(code, rank_codes, failed_first, hang)
+        """Write the node's report (:meth:`_report`), unless it is there already: a hang's, written as it was seen
+        (the ranks' codes, the kill's, would add nothing that anyone reads, and every node of a hang would write
+        once more at the same moment); exit non-zero only on failure."""
+        if hang is None or hang != self.reported_hang:
+            self._report(code, rank_codes, failed_first, hang)
         say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == ExitCode.PREEMPTED else ""))
         if code not in (0, ExitCode.PREEMPTED):
             sys.exit(code)

@@ -3,7 +3,7 @@
 Every rank rewrites its progress record (records.rank_progress) in a node-local folder this watchdog makes;
 each poll of the supervisor reads them and compares the time since each rank's last progress with its
 phase's budget (node.budgets); the records also go to the node's timing report (node.supervisor.timing). On a
-hang it dumps the stacks of every rank of the node (node.supervisor.stacks) into `<job>/attempts/<A>/stacks/`,
+hang it dumps the stacks of every rank of the node (node.supervisor.stacks) into `<job>/attempts/<A>/stacks/`
 and names the node's culprit (node.culprit): a rank that does not run at all (stopped, or in uninterruptible
 sleep) first, then one that is not waiting in a collective, then the one least far in steps and phases, then the
 one whose last progress is the oldest. The supervisor then kills the ranks and reports the hang (ExitCode.HANG);
@@ -72,9 +72,9 @@ class Watchdog:
     """One node's watchdog over its ranks (global rank numbers)."""
 
     def __init__(self, limits: Budgets, ranks: list[int], job_dir: Path, attempt: int, learns: bool,
-                 say: Callable[[str], None], nodes: int = 1, timing: TimingReport | None = None) -> None:
+                 say: Callable[[str], None], node: int = 0, nodes: int = 1, timing: TimingReport | None = None) -> None:
         self.limits, self.job_dir, self.attempt, self.say, self.learns = limits, job_dir, attempt, say, learns
-        self.nodes, self.timing = nodes, timing
+        self.node, self.nodes, self.timing = node, nodes, timing
         self.attempt_dir = HeldFolder(run_folder.attempt_folder(job_dir, attempt))  # the peers' reports
         self.folder = Path(tempfile.mkdtemp(prefix="slurm-titan-progress-", dir=_scratch_root()))
         self.records = {rank: self.folder / f"rank-{rank}.progress" for rank in ranks}
@@ -145,9 +145,9 @@ class Watchdog:
         """Dump every rank's stacks, then name the culprit with them (and with the records and process
         states from before the dump: the faulthandler fallback wakes a stopped rank, which then runs on)."""
         progress, states = self.read(), {rank: stacks.process_state(pid) for rank, pid in pids.items()}
-        taken = self.dumper.dump(pids, self.job_dir, self.attempt)
+        taken = self.dumper.dump(pids, self.attempt_dir, self.node)
         self.say(f"watchdog: stacks of ranks {','.join(map(str, sorted(taken)))} in "
-                 f"{run_folder.stacks_folder(self.job_dir, self.attempt)} "
+                 f"{run_folder.stacks_folder(self.job_dir, self.attempt) / run_folder.node_stacks_name(self.node)} "
                  f"(by {self.dumper.method}{': ' + self.dumper.why if self.dumper.why else ''})")
         return self._culprit(progress, states, now, taken)
 
@@ -170,11 +170,16 @@ class Watchdog:
         watchdog could see it stopped (the strongest sign of the stuck rank). One listing a poll, the polls
         growing from `poll_s` to 1 s and spread (every node waits at once: on a shared file system, M nodes' polls,
         :mod:`slurm_titan.records.polls`), through the attempt's folder held open (no walk of the whole path at each
-        poll)."""
+        poll); the first after one wait, not as this node's report is written: every node of a hang writes its own
+        within the same second, and the others' are seldom all there yet."""
+        if self.nodes <= 1:
+            return
         deadline, waits = time.monotonic() + timeout_s, poll_waits(self.nodes, poll_s, PEER_POLL_MAX_S)
-        while time.monotonic() < deadline and len(run_folder.node_numbers(self.attempt_dir.names(), ".json")) < \
-                self.nodes:
+        while True:
             time.sleep(min(next(waits), max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline or len(
+                    run_folder.node_numbers(self.attempt_dir.names(), ".json")) >= self.nodes:
+                return
 
     def close(self) -> None:
         self.attempt_dir.close()

@@ -44,4 +44,6 @@ def test_four_nodes_agree_and_report_through_the_slow_file_system(tmp_path):
     assert row["ram_open"] <= 6 * 4  # each publishes one; node 0 reads them and writes one; the others read that one
     assert row["report_ops"] > 0 and row["report_list"] >= 3 * 4  # reports written, peers waited for
     assert row["report_requeued"] == 0  # the batch shell lived (the probe answers in any case)
+    # the batch shell's read of the reports: the folder walked once, then ~4 a report (a name); a walk a report, 56
+    assert row["report_read_ok"] == 4 and row["report_read_ops"] <= 30 + 4 * 4
     assert row["heartbeat_touches"] >= 2 and 0 < row["heartbeat_gap_max_s"] < float("inf")  # measured

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,3 +69,15 @@ def test_without_the_collector_the_others_give_up_after_its_time(tmp_path: Path,
         side.publish(_holding(1))
         with pytest.raises(MemoryUnavailable, match=r"node 0 collected no holdings within 0 s"):
             side.gather()
+
+
+def test_a_node_looks_for_the_collected_file_only_after_a_wait(tmp_path: Path, monkeypatch) -> None:
+    with HeldFolder(tmp_path / "ram") as held:
+        HoldingsExchange(held, 0, 1).publish(_holding(0))
+        held.replace_text(exchange.COLLECTED, '{"holdings": []}')  # there already: still not listed at once
+        listings: list[float] = []
+        names = held.names
+        monkeypatch.setattr(held, "names", lambda: listings.append(time.monotonic()) or names())
+        started = time.monotonic()
+        assert HoldingsExchange(held, 1, NODES, poll_s=0.2).gather() == []
+    assert len(listings) == 1 and listings[0] - started >= 0.1  # every node publishes as this one just did

@@ -17,10 +17,12 @@ srun (a ``sleep``) is ended after the rounds. Three rounds, each counted apart (
 - ``ram``: the RAM tier's holdings (:class:`~slurm_titan.ram.exchange.HoldingsExchange`): every node publishes its
   own, node 0 collects them, every node reads the collection (``NodeMemory.publish`` and ``recover``);
 - ``report``: a hang that every node's watchdog sees within ``SPREAD_S``. Each node, as the supervisor's ``_hung`` and
-  ``__call__`` do: its report written twice (``supervisor.write_report``: the first view, the heartbeat's time noted
-  (``batch_host.mark_beat``), then the report with the stacks), ``Watchdog.wait_for_peers``, the batch shell's
-  heartbeat checked (``batch_host.requeue_if_batch_shell_gone``), its final report, through the attempt's folder that
-  the node holds open from its start. Not simulated: the stack dumps (they need the ranks' processes).
+  ``__call__`` do: the heartbeat's time noted (``batch_host.mark_beat``), its ranks' stacks written
+  (``stacks.write_stacks``, right away: py-spy takes them in ~50 ms, which needs the ranks' processes), its report
+  (``supervisor.write_report``, once: the first view alone is written only when the stacks take over
+  ``supervisor.FIRST_VIEW_S``, and the report stays as the node's last: ``NodeSupervisor._finish``),
+  ``Watchdog.wait_for_peers``, the batch shell's heartbeat checked (``batch_host.requeue_if_batch_shell_gone``),
+  through the attempt's folder that the node holds open from its start.
 
 A node's supervisor opens the attempt's folder (and the verdicts' and the RAM tier's in it) once at its start and
 holds it, and builds its watchdog: here each node does so before each round, all nodes then start together, and
@@ -32,9 +34,10 @@ Figures (ops: the file system's metadata operations): ``<round>_ops``, ``_s`` (t
 ``_peak_ops_per_s`` (its busiest second), ``_lookup``, ``_list`` and ``_open`` (ops by what they were: getattr and
 access; opendir, readdir and releasedir; open, create and release); ``agree_ok`` (nodes that agreed), ``ram_ok``
 (nodes that gathered every holding); the longest
-``report_write_max_s`` (a node's two reports), ``report_peer_wait_max_s`` (``report_peer_timeouts``: waits that ran
-out) and ``report_beat_check_max_s``; ``report_requeued`` (nodes that found the batch shell gone);
-``report_read_s``: one read of all the reports after the round (the watcher's every pass does it, and ``finish``);
+``report_write_max_s`` (a node's report and its stacks), ``report_peer_wait_max_s`` (``report_peer_timeouts``:
+waits that ran out) and ``report_beat_check_max_s``; ``report_requeued`` (nodes that found the batch shell gone);
+``report_read_s``, ``report_read_ops`` and ``report_read_ok`` (reports read): one read of all the reports after the
+round (``finish``'s, as an attempt ends);
 ``heartbeat_gap_max_s``: the longest time between two touches of the heartbeat over the rounds, as the file system
 saw them; with ``--as-ranks A``, each node polls on the schedule of a job of A / 8 nodes
 (:mod:`slurm_titan.records.polls`) and ``<round>_peak_ops_per_s_as`` is the busiest second times A / ranks: that
@@ -68,7 +71,7 @@ from slurm_titan.ckpt import NodeAgreement
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch import attribution, step_watch
 from slurm_titan.node.budgets import Budgets, WatchdogSpec
-from slurm_titan.node.supervisor import batch_host
+from slurm_titan.node.supervisor import batch_host, stacks
 from slurm_titan.node.supervisor.supervisor import write_report
 from slurm_titan.node.supervisor.watchdog import PEER_WAIT_S, Hang, Watchdog
 from slurm_titan.ram.choice import Holding
@@ -85,6 +88,8 @@ START_S = 0.2
 """From a round's start to its nodes' first step (the task's way to the worker processes, which are ready)."""
 LATE_S = 2.0
 SPREAD_S = 1.0
+STACK_TEXT = "Thread 0x7f00 (active): \"MainThread\"\n" + "    forward (torchtitan/models/llama3/model.py:300)\n" * 60
+"""A rank's stacks as py-spy gives them, near their real size (~3 KB)."""
 AGREE_TIMEOUT_S = 600.0
 ATTEMPT, JOB_ID, STEP = 0, "1", 100
 ROUNDS = ("agree", "ram", "report")
@@ -187,15 +192,14 @@ def _report_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
         _sleep_until(_all_set_up() + SPREAD_S * node / nodes)
         times = [time.time()]  # the hang seen, reported, peers waited for, batch shell checked
         hang = Hang(ranks[0], STEP, "step", times[0] - 60, times[0], 45.0, "S", False, True)
-        write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang, first_written=times[0])
         failed = batch_host.mark_beat(attempt_dir)
+        stacks.write_stacks(watchdog.attempt_dir, node, dict.fromkeys(ranks, STACK_TEXT))
         write_report(attempt_dir, node, ExitCode.HANG, {}, None, hang, first_written=times[0])  # with the stacks
         times.append(time.time())
         watchdog.wait_for_peers()
         times.append(time.time())
         lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, failed, f"n{node}")
         times.append(time.time())
-        write_report(attempt_dir, node, ExitCode.HANG, {rank: -9 for rank in ranks}, None, hang, first_written=times[0])
     finally:
         watchdog.close()
         attempt_dir.close()
@@ -320,11 +324,12 @@ def _heartbeat(touches: list[float]) -> dict[str, float]:
             "heartbeat_gap_max_s": max((b - a for a, b in zip(touches, touches[1:])), default=float("inf"))}
 
 
-def _read_all(job_dir: Path, nodes: int) -> dict[str, float]:
-    """One read of every node's report, as each pass of the watcher and ``finish`` make it."""
-    start = time.monotonic()
-    attribution.read_reports(job_dir, ATTEMPT, nodes)
-    return {"report_read_s": time.monotonic() - start}
+def _read_all(fs: SlowFs, job_dir: Path, nodes: int) -> dict[str, float]:
+    """One read of every node's report, as ``finish`` makes it once an attempt ended: its time and operations."""
+    before, start = sum(fs.stats()["metadata"].values()), time.monotonic()
+    read = len(attribution.read_reports(job_dir, ATTEMPT, nodes))
+    return {"report_read_s": time.monotonic() - start, "report_read_ops": sum(fs.stats()["metadata"].values()) - before,
+            "report_read_ok": float(read)}
 
 
 def _write_shims(folder: Path) -> Path:
@@ -355,7 +360,7 @@ def measure(ranks: int, workdir: Path, delay_s: float = DELAY_S, cache_s: float 
             row |= _outcome_round(fs, run, _agree_node, "agree", job_dirs)
             row |= _outcome_round(fs, run, _ram_node, "ram", job_dirs)
             row |= _report_round(fs, run, job_dirs) | _heartbeat(fs.stats()["touches"].get(beat, []))
-        row |= _read_all(job_dirs[0], nodes)
+        row |= _read_all(fs, job_dirs[0], nodes)
     if as_ranks:
         row |= {f"{name}_peak_ops_per_s_as": row[f"{name}_peak_ops_per_s"] * scale for name in ROUNDS}
     return row | {"folder_ops": sum(row[f"{name}_ops"] for name in ROUNDS),

@@ -120,7 +120,8 @@ def _view(job_dir: Path, node: int, nodes: int, kind: str, stuck: int, pids: dic
     """Node `node`'s watchdog's view of the hang (None when it finds no rank late), its clock `entered` when the
     ranks entered step STEP."""
     ranks = list(range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE))
-    watchdog = Watchdog(BUDGETS, ranks, job_dir, ATTEMPT, learns=node == 0, say=lambda text: None, nodes=nodes)
+    watchdog = Watchdog(BUDGETS, ranks, job_dir, ATTEMPT, learns=node == 0, say=lambda text: None, node=node,
+                        nodes=nodes)
     try:
         watchdog.arm()
         for rank, path in watchdog.records.items():

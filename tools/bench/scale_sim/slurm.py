@@ -166,7 +166,9 @@ def _blame(job_dir: Path, hosts: list[str]) -> attribution.NodeFailure | None:
     """The batch shell's blame of the failed attempt (`finish`, about to restart in the allocation)."""
     env = {"SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NAME": "sim", "SLURM_JOB_NODELIST": ",".join(hosts),
            "SLURM_CLUSTER_NAME": "scale-sim"}
-    return finish.blame(job_dir, JOB_ID, finish.Attempt(hangs.ATTEMPT, hosts), Outcome("failed", RESTART), env)[0]
+    reports = attribution.read_reports(job_dir, hangs.ATTEMPT, len(hosts))
+    return finish.blame(job_dir, JOB_ID, finish.Attempt(hangs.ATTEMPT, hosts), Outcome("failed", RESTART), env,
+                        reports)[0]
 
 
 def _lost(failure: attribution.NodeFailure | None) -> set[str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_titan.errors import ExitCode
+from slurm_titan.node.batch.attribution import read_reports
 from slurm_titan.node.batch.finish import attempt_exit_code
 from slurm_titan.node.batch.outcome import REQUEUE, RESTART, STOP, Outcome, RunSoFar, decide
 from slurm_titan.node.batch_spec import RetryPolicy
@@ -81,11 +82,13 @@ def _report(job_dir: Path, node: int, code: int, failure: dict | None = None) ->
 
 def test_attempt_code_from_node_reports(tmp_path: Path) -> None:
     _report(tmp_path, 0, ExitCode.PREEMPTED)
-    assert attempt_exit_code(tmp_path, 0, 2, 0) == 1  # node 1 never reported: killed, so failed
+    assert attempt_exit_code(read_reports(tmp_path, 0, 2), 2, 0) == 1  # node 1 never reported: killed, so failed
     _report(tmp_path, 1, 0)
-    assert attempt_exit_code(tmp_path, 0, 2, 0) == ExitCode.PREEMPTED
+    assert attempt_exit_code(read_reports(tmp_path, 0, 2), 2, 0) == ExitCode.PREEMPTED
     _report(tmp_path, 1, 9)
-    assert attempt_exit_code(tmp_path, 0, 2, 137) == 9
+    assert attempt_exit_code(read_reports(tmp_path, 0, 2), 2, 137) == 9
+    run_folder.node_report(tmp_path, 0, 1).write_text('{"exit_code": ')  # torn: its node was killed writing it
+    assert attempt_exit_code(read_reports(tmp_path, 0, 2), 2, 0) == 1
 
 
 def test_history_records_attempts_and_time_lost(tmp_path: Path) -> None:

@@ -253,7 +253,8 @@ def test_the_step_of_a_lost_node_is_ended_not_waited_for_and_blamed_without_a_se
     monkeypatch.setattr(finish, "probe_failures", probe)
     monkeypatch.setattr(finish, "_unhealthy", lambda hosts: set())  # Slurm has not marked n2 down yet
     env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TITAN_HOME": str(tmp_path / "home"), "SLURM_CLUSTER_NAME": "c"}
-    failure, _ = finish.blame(tmp_path, "42", finish.Attempt(0, ["n1", "n2"]), Outcome("failed", RESTART), env)
+    failure, _ = finish.blame(tmp_path, "42", finish.Attempt(0, ["n1", "n2"]), Outcome("failed", RESTART), env,
+                              attribution.read_reports(tmp_path, 0, 2))
     assert failure is not None and failure.describe() == "node n2 lost" and probed == [["n2"]]  # the watcher's round
 
 

@@ -24,6 +24,7 @@ from slurm_titan.node.budgets import Budgets, Calibration, WatchdogSpec
 from slurm_titan.node.supervisor import stacks, watchdog
 from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.records import node_timing, rank_progress, run_folder
+from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.rank_progress import Phase, Progress
 from tests.support.paths import REPO
 from tests.support.reports import node_report
@@ -198,9 +199,9 @@ def test_a_stopped_rank_is_detected_and_its_stack_dumped(tmp_path: Path, method:
         dog.close()
     assert (hang.rank, hang.phase, hang.frozen, hang.state) == (1, "step", True, "T")
     assert hang.since <= stopped_at and hang.step > 1
-    text = (tmp_path / "attempts" / "0" / "stacks" / "rank-1.txt").read_text()
-    assert "train_forever" in text, text
-    assert (tmp_path / "attempts" / "0" / "stacks" / "rank-0.txt").is_file()
+    text = (tmp_path / "attempts" / "0" / "stacks" / "node-0.txt").read_text()
+    rank0, _, rank1 = text.removeprefix("==> rank 0 <==\n").partition("==> rank 1 <==\n")
+    assert "train_forever" in rank1 and rank0.strip(), text
     assert f"(by {method}" in said[-1] and (method == "py-spy" or "py-spy missing" in said[-1])
 
 
@@ -379,7 +380,10 @@ def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path)
     assert failure.describe() == "hung on n1 rank 0 at step 12 (step)"
 
 
-def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slow_stacks", [False, True])
+def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path, slow_stacks: bool,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_titan.node.supervisor import supervisor
     from slurm_titan.node.supervisor.rendezvous import Rendezvous
     from slurm_titan.node.supervisor.supervisor import RankGroup
 
@@ -394,25 +398,61 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
     seen: list[watchdog.Hang] = []
     waited: list[bool] = []
     dog.wait_for_peers = lambda: waited.append(True)  # type: ignore[method-assign]
+    monkeypatch.setattr(supervisor, "FIRST_VIEW_S", 0.05 if slow_stacks else 60.0)
+    if slow_stacks:  # the stacks take longer than FIRST_VIEW_S: the first view is reported meanwhile
+        dump = dog.dumper.dump
+        monkeypatch.setattr(dog.dumper, "dump", lambda *args: time.sleep(1.0) or dump(*args))
     try:
         codes = group.wait(on_hang=seen.append)
     finally:
         dog.close()
     assert codes == {2: -signal.SIGKILL, 3: -signal.SIGKILL}
     assert waited  # stopped in its first step: found by the first step's budget, so it hears the other nodes
-    assert len(seen) == 2 and seen[0].rank == seen[1].rank == 3 == group.hang.rank  # said before the dump, then after
-    assert (tmp_path / "attempts" / "0" / "stacks" / "rank-3.txt").is_file()
+    assert [view.rank for view in seen] == [3] * (1 + slow_stacks) and seen[-1] == group.hang  # the last: with stacks
+    assert [view.in_collective is None for view in seen] == [True] * slow_stacks + [False]
+    assert "==> rank 3 <==" in (tmp_path / "attempts" / "0" / "stacks" / "node-0.txt").read_text()
+
+
+def test_a_node_waits_for_its_peers_reports_listing_after_a_wait(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    dog = watchdog.Watchdog(LIMITS, [0], tmp_path, 0, learns=False, say=lambda _: None, node=0, nodes=3)
+    lone = watchdog.Watchdog(LIMITS, [0], tmp_path / "lone", 0, learns=False, say=lambda _: None)
+    listings: list[float] = []
+    for dog_ in (dog, lone):
+        names = dog_.attempt_dir.names
+        monkeypatch.setattr(dog_.attempt_dir, "names", lambda names=names: listings.append(time.monotonic()) or names())
+    reports = run_folder.attempt_folder(tmp_path, 0)
+    for node in range(3):
+        (reports / run_folder.node_report_name(node)).write_text("{}")
+    try:
+        lone.wait_for_peers()
+        assert listings == []  # one node: no peers to wait for
+        started = time.monotonic()
+        dog.wait_for_peers(poll_s=0.2)
+        assert len(listings) == 1 and listings[0] - started >= 0.1  # every report there: one listing, after a wait
+        (reports / run_folder.node_report_name(2)).unlink()
+        started = time.monotonic()
+        dog.wait_for_peers(timeout_s=1.0, poll_s=0.2)
+        assert time.monotonic() - started >= 1.0 and len(listings) > 2  # node 2 never reported: waited it out
+    finally:
+        dog.close()
+        lone.close()
 
 
 def test_logs_stacks_prints_the_newest_attempt_that_has_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from slurm_titan.launch import logs
 
     for attempt, text in ((0, "old"), (1, "new")):
-        folder = run_folder.stacks_folder(tmp_path, attempt)
-        folder.mkdir(parents=True)
-        for rank in (1, 0):
-            (folder / f"rank-{rank}.txt").write_text(f"{text} stack of rank {rank}\n")
+        with HeldFolder(run_folder.attempt_folder(tmp_path, attempt)) as folder:
+            for node in (10, 2):
+                stacks.write_stacks(folder, node, {2 * node + 1: f"{text} stack\n", 2 * node: "  its peer\n"})
     (tmp_path / "attempts" / "2").mkdir()  # a later attempt without a hang
-    assert [path.read_text() for path in logs.newest_stacks(tmp_path)] == ["new stack of rank 0\n",
-                                                                          "new stack of rank 1\n"]
+    assert [path.read_text() for path in logs.newest_stacks(tmp_path)] == [
+        "==> rank 4 <==\n  its peer\n==> rank 5 <==\nnew stack\n",
+        "==> rank 20 <==\n  its peer\n==> rank 21 <==\nnew stack\n"]
     assert logs.newest_stacks(tmp_path / "elsewhere") == []
+    before = run_folder.stacks_folder(tmp_path / "older", 0)  # a run from before: a file a rank
+    before.mkdir(parents=True)
+    for rank in (10, 2):
+        (before / f"rank-{rank}.txt").write_text(f"stack of rank {rank}\n")
+    assert [path.name for path in logs.newest_stacks(tmp_path / "older")] == ["rank-2.txt", "rank-10.txt"]
