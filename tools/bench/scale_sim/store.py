@@ -19,7 +19,8 @@ counters:
 - ``throttled save``: step 2000, over receipts an earlier attempt left for it (every rank's), with 50 % of the
   requests answered 503 SlowDown (Retry-After 1) for the save's first 10 s; the retries' waves, and beside them the
   first tries' (requests the pace spaces evenly: where they reach the store in waves too, the harness's processes,
-  not the code, decided when requests left);
+  not the code, decided when requests left), and every request's (``save_all_peak_ratio``: first tries and retries
+  together, the busiest 100 ms over their mean per 100 ms over the 10 s, the issue's words read as they stand);
 - ``restore``: every node restores the newest complete step, unthrottled, then again on fresh disks with the
   store's budget (a token bucket per prefix) at half the request rate the unthrottled restore made, for 60 s;
 - ``refused``: one node restores while the store refuses every GET of a data file, with a retry budget
@@ -285,6 +286,8 @@ def _save(proxies: Proxies, task: dict[str, Any], ranks: int, step: int, env: di
             "chance_peak_ratio": _chance(_peak_ratio, retries, end), "retries": float(len(retries)),
             "wave_ratio": _wave_ratio(retries, end), "chance_wave_ratio": _chance(_wave_ratio, retries, end),
             "first_wave_ratio": _wave_ratio(first, end), "chance_first_wave_ratio": _chance(_wave_ratio, first, end),
+            "all_peak_ratio": _peak_ratio(every := sorted(first + retries), end),
+            "chance_all_peak_ratio": _chance(_peak_ratio, every, end),
             "requests": len(requests), "throttled": sum(r.status == 503 for r in requests),
             "parts": sum(r.method == "PUT" and "partNumber=" in r.path and r.status == 200 for r in requests),
             "receipt_gets": receipt_gets, "receipt_polls": sum(map(_is_receipt_listing, requests)),
@@ -369,6 +372,8 @@ def measure(ranks: int, workdir: Path, throttled_s: float = THROTTLED_S, part_si
             "save_chance_wave_ratio": throttled["chance_wave_ratio"],
             "save_first_wave_ratio": throttled["first_wave_ratio"],
             "save_chance_first_wave_ratio": throttled["chance_first_wave_ratio"],
+            "save_all_peak_ratio": throttled["all_peak_ratio"],
+            "save_chance_all_peak_ratio": throttled["chance_all_peak_ratio"],
             "commit_ratio": throttled["commit_s"] / max(plain["commit_s"], 1e-3),
             "receipt_gets_per_rank": throttled["receipt_gets"] / ranks, "receipt_polls": throttled["receipt_polls"],
             "stale_requests": throttled["stale_requests"],
