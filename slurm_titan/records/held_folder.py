@@ -33,19 +33,28 @@ def _open_in(parent: int, name: str) -> int:
 
 class HeldFolder:
     """``path``, made with its parents when missing, opened until :meth:`close` (or the ``with`` block's end), with
-    ``parent``, a descriptor of its parent folder (for the listings), which it takes over: opened by path here when
-    not given, so that the walk of the whole path is made once, as the folder is taken, and never in a round that
-    every node starts at once (a hang's, whose first listing walked it)."""
+    ``parent``, a descriptor of its parent folder (for the listings), which it takes over. Not given, it is opened by
+    path here, so that the walk of the whole path is made once, as the folder is taken, and never in a round that
+    every node starts at once (a hang's, whose first listing walked it); with ``lists=False`` (a folder only written
+    through) not until a first listing: one descriptor fewer to open and close."""
 
-    def __init__(self, path: Path, parent: int | None = None) -> None:
-        self.path = path
+    def __init__(self, path: Path, parent: int | None = None, *, lists: bool = True) -> None:
+        self.path = path = path.absolute()
+        if parent is None and not lists:
+            self.parent: int | None = None
+            try:
+                self.fd = os.open(path, FOLDER)
+            except FileNotFoundError:
+                path.mkdir(parents=True, exist_ok=True)
+                self.fd = os.open(path, FOLDER)
+            return
         if parent is None:
             try:
                 parent = os.open(path.parent, FOLDER)
             except FileNotFoundError:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 parent = os.open(path.parent, FOLDER)
-        self.parent: int | None = parent
+        self.parent = parent
         try:
             self.fd = _open_in(parent, path.name)
         except OSError:
@@ -105,6 +114,8 @@ class HeldFolder:
 
     def names(self) -> list[str]:
         """The folder's entries now: the folder opened again by its name in its parent, listed, closed."""
+        if self.parent is None:
+            self.parent = os.open(self.path.parent, FOLDER)
         fresh = os.open(self.path.name, FOLDER, dir_fd=self.parent)
         try:
             return os.listdir(fresh)

@@ -103,9 +103,12 @@ def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
     """The node reports of an attempt that exist and parse, by node rank: one listing, then each report read by its
     name through the attempt's folder held open, `READERS` at once (a read by path walked the whole path: at 64 nodes
     on a shared file system with 20 ms lookups, the batch shell spent 29 s reading the reports before deciding)."""
-    with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as folder:
-        wanted = sorted(node for node in run_folder.node_numbers(folder.names(), ".json") if node < nodes)
-        texts = _each(lambda node: _read_report(folder, node), wanted)
+    try:
+        with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as folder:
+            wanted = sorted(node for node in run_folder.node_numbers(folder.names(), ".json") if node < nodes)
+            texts = _each(lambda node: _read_report(folder, node), wanted)
+    except OSError:  # the folder cannot be listed: no node reported (the attempt failed)
+        return {}
     return {node: report for node, report in zip(wanted, texts, strict=True) if report is not None}
 
 

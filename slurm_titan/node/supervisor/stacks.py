@@ -86,9 +86,10 @@ class StackDumper:
     why: str = ""
 
     def dump(self, ranks: dict[int, int], attempt_dir: HeldFolder, node: int) -> dict[int, str]:
-        """Write every rank's stacks (rank -> pid) into the node's one file in the attempt's stacks folder
-        (`attempt_dir`, held open: a name each, where a file a rank by its path walked the whole path again, ~12
-        lookups a rank on a shared file system, as every node of a hang writes at once); returns each rank's text."""
+        """Write every rank's stacks (rank -> pid) into the node's one file in the attempt's stacks folder,
+        `node-<N>.txt` (through `attempt_dir`, held open: a file a rank, each by its path, walked the whole path again,
+        ~12 lookups a rank on a shared file system, as every node of a hang writes at once); returns each rank's
+        text. A file that cannot be written is said in `why`: the stacks still name the culprit."""
         stacks: dict[int, str] = {}
         spy = py_spy()
         if spy is None:
@@ -112,7 +113,10 @@ class StackDumper:
         stacks |= self._faulthandler(missing)
         if missing and stacks.keys() - missing.keys() and spy:
             self.method = "py-spy, faulthandler for some ranks"
-        write_stacks(attempt_dir, node, stacks)
+        try:
+            write_stacks(attempt_dir, node, stacks)
+        except OSError as error:
+            self.why = f"{self.why}; " * bool(self.why) + f"not written: {error}"
         return stacks
 
     def _faulthandler(self, ranks: dict[int, int]) -> dict[int, str]:

@@ -260,7 +260,7 @@ class RankGroup:
         finally:
             first_view.cancel()
             first_view.join()  # its report, if it was due, is written before this one
-        on_hang(self.hang)
+            on_hang(self.hang)  # with the stacks; the first view when taking them failed
         if self.hang.rank not in self.watchdog.late_stopped:  # a stopped culprit: no other node's view is stronger
             self.watchdog.wait_for_peers()
         self.kill()
@@ -432,9 +432,9 @@ class NodeSupervisor:
         """This node's report of the attempt (:func:`write_report`)."""
         assert self.attempt_dir is not None
         self.first_written = self.first_written or time.time()
-        self.reported_hang = hang
         write_report(self.attempt_dir, self.node, code, rank_codes, failed_first, hang,
                      first_written=self.first_written)
+        self.reported_hang = hang
 
     def _finish(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
                 hang: Hang | None = None) -> None:

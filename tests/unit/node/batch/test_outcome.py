@@ -89,6 +89,9 @@ def test_attempt_code_from_node_reports(tmp_path: Path) -> None:
     assert attempt_exit_code(read_reports(tmp_path, 0, 2), 2, 137) == 9
     run_folder.node_report(tmp_path, 0, 1).write_text('{"exit_code": ')  # torn: its node was killed writing it
     assert attempt_exit_code(read_reports(tmp_path, 0, 2), 2, 0) == 1
+    run_folder.attempts_folder(tmp_path / "unlistable").parent.mkdir()
+    run_folder.attempts_folder(tmp_path / "unlistable").write_text("")  # not a folder: nothing can be read
+    assert read_reports(tmp_path / "unlistable", 0, 2) == {}
 
 
 def test_history_records_attempts_and_time_lost(tmp_path: Path) -> None:

@@ -380,8 +380,8 @@ def test_a_crash_before_the_hang_was_seen_is_blamed_after_it_not(tmp_path: Path)
     assert failure.describe() == "hung on n1 rank 0 at step 12 (step)"
 
 
-@pytest.mark.parametrize("slow_stacks", [False, True])
-def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path, slow_stacks: bool,
+@pytest.mark.parametrize("stacks_are", ["quick", "slow", "failing"])
+def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_path: Path, stacks_are: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_titan.node.supervisor import supervisor
     from slurm_titan.node.supervisor.rendezvous import Rendezvous
@@ -392,25 +392,34 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
     limits = Budgets(watchdog=WatchdogSpec(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=1, step_factor=3,
                                            save_s=5, upload_s=5, stopped_s=100), step_cap_s=100)
     rdzv = Rendezvous("127.0.0.1", 29500, node_rank=1, num_nodes=2, procs_per_node=2, hosts=("a", "b"))
-    dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None)
+    dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None, node=1, nodes=2)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
                       tmp_path, watchdog=dog)
     seen: list[watchdog.Hang] = []
     waited: list[bool] = []
     dog.wait_for_peers = lambda: waited.append(True)  # type: ignore[method-assign]
+    slow_stacks = stacks_are == "slow"
     monkeypatch.setattr(supervisor, "FIRST_VIEW_S", 0.05 if slow_stacks else 60.0)
+    dump = dog.dumper.dump
     if slow_stacks:  # the stacks take longer than FIRST_VIEW_S: the first view is reported meanwhile
-        dump = dog.dumper.dump
         monkeypatch.setattr(dog.dumper, "dump", lambda *args: time.sleep(1.0) or dump(*args))
+    if stacks_are == "failing":  # taking them fails: the first view is reported all the same
+        monkeypatch.setattr(dog.dumper, "dump", lambda *args: (_ for _ in ()).throw(OSError("no more processes")))
     try:
+        if stacks_are == "failing":
+            with pytest.raises(OSError, match="no more processes"):
+                group.wait(on_hang=seen.append)
+            assert [(view.rank, view.in_collective) for view in seen] == [(3, None)]
+            return
         codes = group.wait(on_hang=seen.append)
     finally:
+        group.kill()
         dog.close()
     assert codes == {2: -signal.SIGKILL, 3: -signal.SIGKILL}
     assert waited  # stopped in its first step: found by the first step's budget, so it hears the other nodes
     assert [view.rank for view in seen] == [3] * (1 + slow_stacks) and seen[-1] == group.hang  # the last: with stacks
     assert [view.in_collective is None for view in seen] == [True] * slow_stacks + [False]
-    assert "==> rank 3 <==" in (tmp_path / "attempts" / "0" / "stacks" / "node-0.txt").read_text()
+    assert "==> rank 3 <==" in (tmp_path / "attempts" / "0" / "stacks" / "node-1.txt").read_text()
 
 
 def test_a_node_waits_for_its_peers_reports_listing_after_a_wait(tmp_path: Path,
@@ -437,6 +446,15 @@ def test_a_node_waits_for_its_peers_reports_listing_after_a_wait(tmp_path: Path,
     finally:
         dog.close()
         lone.close()
+
+
+def test_stacks_that_cannot_be_written_are_said_and_still_returned(tmp_path: Path) -> None:
+    (tmp_path / "attempt").mkdir()
+    (tmp_path / "attempt" / run_folder.STACKS).write_text("")  # a file where the folder goes
+    dumper = stacks.StackDumper({})
+    with HeldFolder(tmp_path / "attempt") as folder:
+        assert dumper.dump({}, folder, 0) == {}
+    assert "not written: " in dumper.why and "stacks" in dumper.why
 
 
 def test_logs_stacks_prints_the_newest_attempt_that_has_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
