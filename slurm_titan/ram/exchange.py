@@ -3,26 +3,24 @@ node 0 collects them all into one file, which the others read.
 
 Every node's recovery needs every node's holding (the steps it holds, where its snapshot server listens). Read by
 every node, that is M^2 reads of the job folder (262,144 at 512 nodes, several metadata operations each, at every
-attempt's start); collected, it is 2M: node 0 reads the M holdings (``READERS`` at a time) and writes them whole as
-``holdings.json``; the others wait for that name in the folder's listing (polls growing to ``MAX_POLL_S``, spread:
-:mod:`slurm_titan.records.polls`, the first after a wait: every node publishes at once, and node 0 has M holdings to
-read before the file can be there) and read it once.
+attempt's start); collected, it is 2M: node 0 reads the M holdings (16 at a time: ``held_folder.read_each``) and
+writes them whole as ``holdings.json``; the others wait for that name in the folder's listing (polls growing to
+``MAX_POLL_S``, spread: :mod:`slurm_titan.records.polls`, the first after a wait: every node publishes at once, and
+node 0 has M holdings to read before the file can be there) and read it once.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from slurm_titan.ram.choice import Holding
-from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.held_folder import HeldFolder, read_each
 from slurm_titan.records.polls import poll_waits
 
 COLLECTED = "holdings.json"
 COLLECTOR = 0
-READERS = 16
 TIMEOUT_S = 300.0
 """How long the collector waits for every node's holding (a node that died before its ranks started sends none)."""
 COLLECT_S = 120.0
@@ -73,8 +71,7 @@ class HoldingsExchange:
                                            f"{self.timeout_s:.0f} s"})
             time.sleep(next(waits))
         try:
-            with ThreadPoolExecutor(min(READERS, self.nodes)) as readers:
-                holdings = list(readers.map(self.read, range(self.nodes)))
+            holdings = read_each(self.read, list(range(self.nodes)))
         except (OSError, ValueError) as error:
             return self._write({"why": str(error)})
         return self._write({"holdings": [asdict(h) for h in holdings]})

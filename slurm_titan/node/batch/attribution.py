@@ -29,26 +29,19 @@ import json
 import signal
 import socket
 from collections.abc import Callable, Collection
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from slurm_titan import failure_kinds
 from slurm_titan.doctor import TRANSIENT_CHECKS, Finding, failures, node_rank
 from slurm_titan.node.culprit import culprit_key
 from slurm_titan.records import run_folder
-from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.held_folder import HeldFolder, read_each
 
-T = TypeVar("T")
-R = TypeVar("R")
 LOST = "lost"
 CRASHED = "crashed"
 HUNG = "hung"
 PREFLIGHT = "preflight"
-READERS = 16
-"""Files of the job folder the batch shell reads at once after an attempt (the nodes' reports, the crashed ranks'
-logs): on a shared file system each read waits on the server's lookups, not on this host."""
 
 
 @dataclass(frozen=True)
@@ -101,12 +94,12 @@ def exit_description(code: int | None) -> str:
 
 def read_reports(job_dir: Path, attempt: int, nodes: int) -> dict[int, dict]:
     """The node reports of an attempt that exist and parse, by node rank: one listing, then each report read by its
-    name through the attempt's folder held open, `READERS` at once (a read by path walked the whole path: at 64 nodes
-    on a shared file system with 20 ms lookups, the batch shell spent 29 s reading the reports before deciding)."""
+    name through the attempt's folder held open, 16 at once (`read_each`; a read by path walked the whole path: at 64
+    nodes on a shared file system with 20 ms lookups, the batch shell spent 29 s reading them before deciding)."""
     try:
         with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as folder:
             wanted = sorted(node for node in run_folder.node_numbers(folder.names(), ".json") if node < nodes)
-            texts = _each(lambda node: _read_report(folder, node), wanted)
+            texts = read_each(lambda node: _read_report(folder, node), wanted)
     except OSError:  # the folder cannot be listed: no node reported (the attempt failed)
         return {}
     return {node: report for node, report in zip(wanted, texts, strict=True) if report is not None}
@@ -120,14 +113,6 @@ def _read_report(folder: HeldFolder, node: int) -> dict | None:
     return report if isinstance(report, dict) else None
 
 
-def _each(read: Callable[[T], R], items: list[T]) -> list[R]:
-    """`read` of every item, in order, `READERS` at once."""
-    if len(items) <= 1:
-        return [read(item) for item in items]
-    with ThreadPoolExecutor(min(READERS, len(items))) as pool:
-        return list(pool.map(read, items))
-
-
 def silent_nodes(reported: Collection[int], hosts: list[str]) -> list[str]:
     """The attempt's nodes that wrote no report (lost, or killed hard by srun after another node failed):
     `reported`, the nodes that did (the reports by node, or only their numbers)."""
@@ -139,7 +124,7 @@ def symptom_nodes(reports: dict[int, dict], job_dir: Path) -> set[int]:
     they died because another rank did, not first (one rank log's tail read a crashed node)."""
     crashed = [(node, int(failure["rank"])) for node, report in reports.items()
                if (failure := report.get("first_failure"))]
-    kinds = _each(lambda crash: failure_kinds.classify_log(run_folder.rank_log(job_dir, crash[1])).kind, crashed)
+    kinds = read_each(lambda crash: failure_kinds.classify_log(run_folder.rank_log(job_dir, crash[1])).kind, crashed)
     return {node for (node, _), kind in zip(crashed, kinds, strict=True) if kind == failure_kinds.NETWORK}
 
 

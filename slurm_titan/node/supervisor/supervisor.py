@@ -288,7 +288,6 @@ class NodeSupervisor:
         self.attempt_dir: HeldFolder | None = None  # the attempt's folder, held for life: reports, heartbeat, verdicts
         self.node = 0
         self.first_written: float | None = None  # the time of this node's first report of the attempt
-        self.reported_hang: Hang | None = None  # the hang this node's last report carried
         self.beat_at_failure: batch_host.BeatMark | None = None  # the batch shell's heartbeat when the ranks failed
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -434,15 +433,14 @@ class NodeSupervisor:
         self.first_written = self.first_written or time.time()
         write_report(self.attempt_dir, self.node, code, rank_codes, failed_first, hang,
                      first_written=self.first_written)
-        self.reported_hang = hang
 
     def _finish(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
                 hang: Hang | None = None) -> None:
-        """Write the node's report (:meth:`_report`), unless it is there already: a hang's, written as it was seen
-        (the ranks' codes, the kill's, would add nothing that anyone reads, and every node of a hang would write
-        once more at the same moment); exit non-zero only on failure."""
-        if hang is None or hang != self.reported_hang:
-            self._report(code, rank_codes, failed_first, hang)
+        """Write the node's report (:meth:`_report`), unless it is a hang's: that one was written as it was seen
+        (`RankGroup.wait`'s `on_hang`; the ranks' codes, the kill's, would add nothing that anyone reads, and every
+        node of a hang would write once more at the same moment); exit non-zero only on failure."""
+        if hang is None:
+            self._report(code, rank_codes, failed_first)
         say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == ExitCode.PREEMPTED else ""))
         if code not in (0, ExitCode.PREEMPTED):
             sys.exit(code)

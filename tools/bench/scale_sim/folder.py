@@ -43,9 +43,8 @@ saw them; with ``--as-ranks A``, each node polls on the schedule of a job of A /
 (:mod:`slurm_titan.records.polls`) and ``<round>_peak_ops_per_s_as`` is the busiest second times A / ranks: that
 many nodes each doing what one of these does (this machine's file system, one process for every mount, served
 ~3,300 ``stat`` calls a second from 64 mounts and ~1,350 from 256: a round of that many nodes run here would measure
-it); ``folder_ops`` and ``folder_ops_per_s``: the rounds'
-ops, the busiest round's rate; ``load_avg``: the machine's 1-minute load average at the end (the times are this
-machine's: far above its core count, they stretch).
+it); ``folder_ops`` and ``folder_ops_per_s``: the rounds' ops, the busiest round's rate; ``load_avg``: the machine's
+1-minute load average at the end (the times are this machine's: far above its core count, they stretch).
 """
 
 from __future__ import annotations

@@ -79,6 +79,8 @@ GOALS = (
     Goal("save at 50% SlowDown: bytes sent / bytes needed", "save_bytes_ratio", 1.1, kind="every"),
     Goal("save at 50% SlowDown: busiest 100 ms of retries / their mean over the second around it",
          "save_wave_ratio", 2.0, kind="largest"),
+    Goal("save at 50% SlowDown: busiest 100 ms of every request / their mean over the 10 s", "save_all_peak_ratio",
+         2.0, kind="largest"),
     Goal("commit at 50% SlowDown / unthrottled", "commit_ratio", 2.0, kind="every"),
     # a receipt is read once, or twice when rewritten between the listing and the read; not once a poll
     Goal("commit: receipt GETs per rank", "receipt_gets_per_rank", 3.0, kind="every"),
