@@ -48,6 +48,9 @@ NODES = "SLURM_TITAN_NODES"
 (launch.plan.STEP_NODES), node.supervisor.rendezvous, node.batch.step_watch and node.batch.finish read it."""
 NUM_NODES = "SLURM_TITAN_NUM_NODES"
 """node.batch.allocation writes how many NODES there are; the srun line reads it."""
+STARTED_AHEAD = "SLURM_TITAN_STARTED_AHEAD"
+"""node.batch.ahead writes 1 into the srun step it starts ahead of the batch shell's decision; node.supervisor reads
+it: its ranks import, then wait for the decision (run_folder.AHEAD_WORD)."""
 
 # ---- written by the node supervisor into each rank ---------------------------------------------------
 JOB_DIR = "SLURM_TITAN_JOB_DIR"
@@ -63,6 +66,9 @@ PROGRESS_FILE = "SLURM_TITAN_PROGRESS_FILE"
 the record there from the rank."""
 STACK_FILE = "SLURM_TITAN_STACK_FILE"
 """node.supervisor.watchdog writes the node-local file of the rank's faulthandler; rank.stacks registers it."""
+START_FD = "SLURM_TITAN_START_FD"
+"""node.supervisor writes the pipe the rank waits at, once torch and torchtitan are imported, for the word to train
+(with the environment settled after the node's preflight); rank.start_gate reads it."""
 RESTORE_FD = "SLURM_TITAN_RESTORE_FD"
 """node.supervisor writes the pipe the rank waits at for the node's restore; rank.restore_gate reads it."""
 

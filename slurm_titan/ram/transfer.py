@@ -148,7 +148,7 @@ class SnapshotServer:
 
 def _request(host: str, port: int, token: str, method: str, path: str, body: BinaryIO | bytes | None = None,
              headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
-    connection = http.client.HTTPConnection(host, port, timeout=TIMEOUT_S)
+    connection = http.client.HTTPConnection(host, port, timeout=TIMEOUT_S, blocksize=CHUNK)
     connection.request(method, path, body=body, headers={"Authorization": f"Bearer {token}", **(headers or {})})
     return connection.getresponse()
 

@@ -10,7 +10,7 @@ import os
 import sys
 
 from slurm_titan import envvars
-from slurm_titan.rank import preemption, stacks
+from slurm_titan.rank import preemption, stacks, start_gate
 from slurm_titan.records import rank_progress
 
 
@@ -35,6 +35,7 @@ def main() -> None:
     prepare_device(os.environ.get(envvars.DEVICE, "npu"))
     from torchtitan.train import main as torchtitan_main
 
+    start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()
 

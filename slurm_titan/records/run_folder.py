@@ -191,6 +191,15 @@ def report_sightings(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / REPORT_SIGHTINGS
 
 
+AHEAD = "next-started-ahead.json"
+"""The srun step the batch shell started ahead for the attempt after this one (its attempt, pid and nodes), in this
+attempt's folder (node.batch.ahead)."""
+AHEAD_EXIT = "next-started-ahead-exit"
+"""That step's srun exit code, written when it ended, beside it."""
+AHEAD_WORD = "started-ahead-word.json"
+"""The batch shell's word to a step started ahead, in its own attempt's folder: train as this attempt, or end."""
+
+
 def lost_nodes(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "lost-nodes.json"
 

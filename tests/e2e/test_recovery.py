@@ -73,6 +73,8 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
         assert first["cause"] == f"crashed on {fault.signalled[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
         assert first["excluded"] == []  # a first failure without a spare: the node stays
         assert second["first_step"] == 5 and first["steps_retrained"] >= 6  # step 8 was not complete: from step 4
+        # attempt 1 ran in the step started ahead as the failure was seen: its ranks imported meanwhile
+        assert "attempt 1 on" in node_log_text(cli, job) and "(in the step started ahead" in node_log_text(cli, job)
         assert_same_training(cli, job, reference)
         shown = cli("status", job).stdout
         assert "crashed on" in shown and "restart" in shown

@@ -87,8 +87,10 @@ def next_attempt_number(job_dir: Path) -> int:
     return number
 
 
-def next_attempt(job_dir: Path, wanted: int, env: Mapping[str, str] | None = None) -> AttemptPlan | None:
-    """The next attempt on this allocation, or None when too few healthy, non-excluded nodes are left."""
+def next_attempt(job_dir: Path, wanted: int, env: Mapping[str, str] | None = None,
+                 number: int | None = None) -> AttemptPlan | None:
+    """The next attempt on this allocation (numbered `number` when it is claimed already: node.batch.ahead), or None
+    when too few healthy, non-excluded nodes are left."""
     env = os.environ if env is None else env
     allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
     try:
@@ -99,7 +101,7 @@ def next_attempt(job_dir: Path, wanted: int, env: Mapping[str, str] | None = Non
     nodes = choose_nodes(allocated, wanted, unhealthy, set(read_excluded(job_dir)))
     if len(nodes) < wanted:
         return None
-    return AttemptPlan(next_attempt_number(job_dir), tuple(nodes))
+    return AttemptPlan(next_attempt_number(job_dir) if number is None else number, tuple(nodes))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,13 +32,13 @@ from slurm_titan import envvars, slurm
 from slurm_titan.doctor import read_verdict
 from slurm_titan.errors import ClusterError, ExitCode
 from slurm_titan.hostlist import expand_hostlist
-from slurm_titan.node.batch import allocation, attribution, memory, notify, step_watch
+from slurm_titan.node.batch import ahead, allocation, attribution, memory, notify, step_watch
 from slurm_titan.node.batch.outcome import REQUEUE, RESTART, SLOW_NODE, STOP, Outcome, RunSoFar, decide
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import BatchSpec, load_or_exit
 from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import probe_failures
-from slurm_titan.records import history, ledger, run_folder, slow_nodes
+from slurm_titan.records import history, ledger, slow_nodes
 from slurm_titan.records.slow_nodes import SWAP
 
 REQUEUE_TRIES = 5  # pauses 2, 4, 8, 16 s between them
@@ -108,18 +108,6 @@ class Attempt:
 
     number: int
     hosts: list[str]
-
-
-def srun_command(job_dir: Path, job_id: str) -> str:
-    """submitit's srun command, from the job's own submission script (run again for a restart): from its
-    `srun ` line to submitit's `# teardown` marker (an NPU job's command spans several lines)."""
-    script = run_folder.submission_script(job_dir, job_id)
-    text = script.read_text()
-    start = text.find("\nsrun ")
-    end = text.find("\n# teardown", start)
-    if start < 0 or end < 0:
-        raise RuntimeError(f"{script} has no srun command before '# teardown'")
-    return text[start + 1:end].strip()
 
 
 def run_so_far(job_dir: Path, attempt: int, requeues: int) -> RunSoFar:
@@ -226,15 +214,17 @@ def _unhealthy(hosts: list[str]) -> set[str]:
         return set()
 
 
-def restart_in_allocation(job_dir: Path, job_id: str, spec: BatchSpec) -> allocation.AttemptPlan | None:
-    """The next attempt inside this allocation, on `spec.nodes` or else (`preemption.allow_shrink`) on the
-    largest of `spec.shrink_to` that the good nodes left allow; None (with the reason said) when it cannot go on."""
+def restart_in_allocation(job_dir: Path, job_id: str, spec: BatchSpec,
+                          number: int | None = None) -> allocation.AttemptPlan | None:
+    """The next attempt inside this allocation (numbered `number` when a step started ahead claimed it), on
+    `spec.nodes` or else (`preemption.allow_shrink`) on the largest of `spec.shrink_to` that the good nodes left
+    allow; None (with the reason said) when it cannot go on."""
     left = slurm.time_left_seconds(job_id)
     if left is not None and left <= spec.signal_seconds + TIME_LIMIT_MARGIN_S:
         say(f"{left} s left in the allocation: requeueing instead of restarting in it")
         return None
     for count in (spec.nodes, *spec.shrink_to):
-        if (plan := allocation.next_attempt(job_dir, count)) is not None:
+        if (plan := allocation.next_attempt(job_dir, count, number=number)) is not None:
             if count < spec.nodes:
                 say(f"fewer than {spec.nodes} healthy nodes left in the allocation: going on with {count} "
                     "(preemption.allow_shrink)")
@@ -259,22 +249,44 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
         if outcome.action == STOP:
+            ahead.dismiss(job_dir, attempt.number)
             if code != 0 or attempt.number > 0:  # a failure kept snapshots somewhere: a node left out, say
                 clear_memory(spec, env)
             return code
-        if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec)):
+        started = ahead.find(job_dir, attempt.number)
+        if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec,
+                                                                        started.attempt if started else None)):
             env |= plan.env()
-            attempt = Attempt(plan.attempt, list(plan.nodes))
-            say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(plan.nodes)}")
-            srun = subprocess.Popen(["bash", "-c", f"exec {srun_command(job_dir, job_id)}"], env=env)
-            step_watch.watch(job_dir, plan.attempt, list(plan.nodes), srun.pid,
-                             slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, list(plan.nodes), env))
-            srun_exit_code = srun.wait()
+            failed, attempt = attempt.number, Attempt(plan.attempt, list(plan.nodes))
+            srun_exit_code = run_attempt(job_dir, job_id, failed, plan, spec, env)
             continue
+        ahead.dismiss(job_dir, attempt.number)
         if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
             history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
             clear_memory(spec, env)
         return requeue_job(job_dir, job_id, attempt.number)
+
+
+def run_attempt(job_dir: Path, job_id: str, failed: int, plan: allocation.AttemptPlan, spec: BatchSpec,
+                env: dict[str, str]) -> int:
+    """Run `plan` inside the allocation after attempt `failed` and watch it to its end: in the srun step started
+    ahead for it when it runs on its nodes (node.batch.ahead), else in a new one; the srun's exit code. A failure
+    seen in it starts the next attempt's step ahead on the same nodes."""
+    nodes = list(plan.nodes)
+    started = ahead.step_for(job_dir, failed, plan)
+    say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(nodes)}"
+        + (" (in the step started ahead: its ranks imported meanwhile)" if started else ""))
+    if started is None:
+        srun = subprocess.Popen(["bash", "-c", ahead.srun_command(job_dir, job_id)], env=env)
+    step_watch.watch(job_dir, plan.attempt, nodes, started.pid if started else srun.pid,
+                     slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, nodes, env),
+                     on_failure=lambda: start_next_ahead(job_dir, job_id, plan, env))
+    return started.wait() if started else srun.wait()
+
+
+def start_next_ahead(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, env: dict[str, str]) -> None:
+    """Start the attempt after `plan` ahead, on its nodes (node.batch.ahead); its srun is this process's child."""
+    ahead.start_ahead(job_dir, job_id, plan.attempt, plan.nodes, env)
 
 
 def clear_memory(spec: BatchSpec, env: dict[str, str]) -> None:

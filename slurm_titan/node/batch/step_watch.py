@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Self
 
 from slurm_titan import envvars
-from slurm_titan.node.batch import attribution
+from slurm_titan.errors import ExitCode
+from slurm_titan.node.batch import ahead, attribution
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.node.srun_probe import probe_failures
@@ -116,6 +117,7 @@ class _Sightings(_Background):
         self.attempt_dir = attempt_dir
         self.seen: dict[int, float] = {}
         self.before: set[int] | None = None  # the reports already there at the first listing: when is unknown
+        self.changed = threading.Event()  # set when a listing found a new report
         self._lock = threading.Lock()
 
     def nodes(self) -> set[int]:
@@ -134,6 +136,7 @@ class _Sightings(_Background):
                 self.before = reported  # not sighted: written before this watcher looked (the nodes' clocks decide)
             elif new := reported - self.seen.keys() - self.before:
                 self.seen |= dict.fromkeys(new, now)
+                self.changed.set()
                 with contextlib.suppress(OSError):  # written again with the next report
                     self.attempt_dir.replace_text(run_folder.REPORT_SIGHTINGS, json.dumps(self.seen))
 
@@ -145,18 +148,30 @@ class _Sightings(_Background):
                 return
 
 
+def failure_reported(attempt_dir: HeldFolder, node: int) -> bool:
+    """Whether node `node`'s report says its ranks failed (or hung): not finished, stopped to requeue, or a
+    preflight failure (which is not restarted on the same nodes)."""
+    try:
+        code = json.loads(attempt_dir.read_text(run_folder.node_report_name(node)))["exit_code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT)
+
+
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
           poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures,
-          slow: SlowNodeWatch | None = None) -> list[str]:
+          slow: SlowNodeWatch | None = None, on_failure: Callable[[], None] | None = None) -> list[str]:
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer (recorded first:
     :func:`record_lost`). Returns those nodes.
 
     Silent nodes that answered a probe are probed again only after twice the wait (up to REPROBE_MAX_S): one
     probe round per failure, not one every `grace_s` while the reports trickle in. With `slow`, a node it
-    names for a swap ends the attempt with one USR2 to srun (the ranks save and stop)."""
+    names for a swap ends the attempt with one USR2 to srun (the ranks save and stop). `on_failure` is called
+    once, as the first report of a failure is seen (each new report is read once; node.batch.ahead)."""
     waiting_since: float | None = None
     wait_s = grace_s
     swapping = False
+    read: set[int] = set()  # the reports read for a failure
     with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s), \
             _Sightings(attempt_dir) as sightings:
         while alive(srun_pid):
@@ -164,6 +179,11 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
                 swapping = True
                 os.kill(srun_pid, signal.SIGUSR2)
             reported = sightings.nodes()
+            if on_failure is not None and (new := reported - read):
+                read |= new
+                if any(failure_reported(attempt_dir, node) for node in sorted(new)):
+                    on_failure()
+                    on_failure = None
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s
@@ -177,7 +197,8 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
                     os.kill(srun_pid, signal.SIGKILL)
                     return lost
                 waiting_since, wait_s = time.monotonic(), min(2 * wait_s, REPROBE_MAX_S)
-            time.sleep(poll_s)
+            sightings.changed.wait(poll_s)  # a new report is looked at as it is sighted
+            sightings.changed.clear()
     return []
 
 
@@ -201,13 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--shell-pid", type=int, required=True)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is for the ranks
+    signal.signal(signal.SIGUSR2, lambda *_: None)  # Slurm's warning is for the ranks (caught, not ignored: the
+    # srun started ahead must not inherit an ignored USR2, which the slow-node swap sends it)
     srun = find_srun(args.shell_pid)
     if srun is not None:
         attempt, hosts = int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(",")
         slow = SlowNodeWatch.for_attempt(load_or_exit(args.job_dir), args.job_dir, attempt, hosts, os.environ)
-        watch(args.job_dir, attempt, hosts, srun, slow=slow)
-    return 0
+        def start_next_ahead() -> None:
+            ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts), os.environ)
+
+        watch(args.job_dir, attempt, hosts, srun, slow=slow, on_failure=start_next_ahead)
+    return 0  # a step started ahead is this process's child: its recorder thread keeps the process until it ends
 
 
 if __name__ == "__main__":

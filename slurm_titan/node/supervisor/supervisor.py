@@ -48,6 +48,10 @@ from slurm_titan.signals import ignore_signals, take_stop_signals
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
 PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
+WORD_POLL_S = 0.2
+"""How often a step started ahead looks for the batch shell's word (one lookup through the held attempt folder)."""
+WORD_WAIT_S = 600.0
+"""How long a step started ahead waits for that word before it ends by itself (a batch shell that died)."""
 FIRST_VIEW_S = 1.0
 """How long a hung node's stack dump may take before its report says its first view (the culprit without stacks)."""
 
@@ -73,9 +77,10 @@ def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
 
 
 class RankGroup:
-    """The training processes of this node. With `gated`, each rank's checkpoint hook waits on a
-    pipe (rank.restore_gate) until :meth:`release` says how the node's restore went; meanwhile
-    :meth:`plan` may ask it what its load reads. With a `watchdog`, :meth:`wait` also ends on a hang
+    """The training processes of this node. Each imports torch and torchtitan, then waits at a pipe (rank.start_gate)
+    until :meth:`start` gives the word, with the environment settled since. With `gated`, each rank's checkpoint
+    hook then waits on a second pipe (rank.restore_gate) until :meth:`release` says how the node's restore went;
+    meanwhile :meth:`plan` may ask it what its load reads. With a `watchdog`, :meth:`wait` also ends on a hang
     (from the release on, or from the start ungated)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], rdzv: rendezvous.Rendezvous, job_dir: Path,
@@ -85,7 +90,9 @@ class RankGroup:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.failed_first: dict[str, float | int] | None = None  # rank, exit_code, time: the first failure seen
         self.exit_times: dict[int, float] = {}  # when each rank exited, as its waiter thread saw it
-        self.gates: dict[int, int] = {}  # write ends of the ranks' pipes, by rank
+        self.gates: dict[int, int] = {}  # write ends of the ranks' restore pipes, by rank
+        self.starts: dict[int, int] = {}  # write ends of the ranks' start pipes, by rank, until start()
+        self.gated = gated
         self.gate_lock = threading.Lock()  # the restore's thread plans, the supervisor's may release
         self.watchdog = watchdog
         self.hang: Hang | None = None  # the hang that ended wait(), once the watchdog saw one
@@ -95,18 +102,31 @@ class RankGroup:
             rank = int(rank_env["RANK"])
             if watchdog:
                 rank_env |= watchdog.rank_env(rank)
+            start = os.pipe()
+            rank_env[envvars.START_FD] = str(start[0])
+            self.starts[rank] = start[1]
             gate = os.pipe() if gated else None
             if gate:
                 rank_env[envvars.RESTORE_FD] = str(gate[0])
                 self.gates[rank] = gate[1]
+            read_ends = (start[0], *gate[:1]) if gate else (start[0],)
             with run_folder.rank_log(job_dir, rank).open("ab") as log:
                 self.processes[rank] = subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
-                                                        preexec_fn=ignore_signals, pass_fds=gate[:1] if gate else ())
-            if gate:
-                os.close(gate[0])
+                                                        preexec_fn=ignore_signals, pass_fds=read_ends)
+            for fd in read_ends:
+                os.close(fd)
             threading.Thread(target=self._time_exit, args=(rank,), name=f"rank-{rank}-waiter", daemon=True).start()
-        if watchdog and not gated:
-            watchdog.arm()
+
+    def start(self, env: dict[str, str]) -> None:
+        """Give every rank the word to train, with `env` added to its environment (armed from here when ungated)."""
+        word = json.dumps(env).encode() + b"\n"
+        for fd in self.starts.values():
+            with contextlib.suppress(BrokenPipeError):  # that rank has exited already: wait() sees it
+                os.write(fd, word)
+            os.close(fd)
+        self.starts.clear()
+        if self.watchdog and not self.gated:
+            self.watchdog.arm()
 
     def _time_exit(self, rank: int) -> None:
         """Block on one rank and note when it exited: the attribution compares these times across nodes,
@@ -214,7 +234,10 @@ class RankGroup:
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL the ranks still running and reap them."""
+        """SIGKILL the ranks still running (those not started yet too) and reap them."""
+        for fd in self.starts.values():
+            os.close(fd)
+        self.starts.clear()
         self.signal_all(signal.SIGKILL)
         for process in self.processes.values():
             process.wait()
@@ -284,7 +307,10 @@ class NodeSupervisor:
         self.stop_file: Path | None = None
         self.terminated = False  # Slurm sent SIGTERM: the job may have lost its batch host (node.supervisor.batch_host)
         self.ranks: RankGroup | None = None
+        self.watchdog: Watchdog | None = None
         self.memory: NodeMemory | None = None
+        self.awaiting_word = False  # a step started ahead, waiting for the batch shell's word (node.batch.ahead)
+        self.signalled_ahead = False  # a stop signal came meanwhile: the step ends without training
         self.attempt_dir: HeldFolder | None = None  # the attempt's folder, held for life: reports, heartbeat, verdicts
         self.node = 0
         self.first_written: float | None = None  # the time of this node's first report of the attempt
@@ -293,6 +319,9 @@ class NodeSupervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
         name = signal.Signals(signum).name
+        if self.awaiting_word:  # the job stops or ends: this step, started ahead, has nothing to save
+            self.signalled_ahead = True
+            return
         self.terminated = self.terminated or signum == signal.SIGTERM
         if self.stop_file and not self.stop_file.exists():
             say(f"got {name}: the ranks checkpoint at the end of this step, then stop")
@@ -323,9 +352,22 @@ class NodeSupervisor:
         say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
             f"{rdzv.master_addr}:{rdzv.master_port}, world size {rdzv.world_size}, "
             f"ranks {first}..{first + rdzv.procs_per_node - 1}, device {spec.device}")
+        env |= envvars.RankAttemptEnv(job_dir, envvars.attempt_id(job_id, attempt), self.stop_file).to_env()
+        restoring = bool(spec.checkpoint and spec.checkpoint.remote)
+        if spec.checkpoint:
+            env |= spec.checkpoint.rank_env(job_id)
+        timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
+        self.watchdog = watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir,
+                                            attempt, learns=rdzv.node_rank == 0, say=say, node=rdzv.node_rank,
+                                            nodes=rdzv.num_nodes, timing=timing) if spec.watchdog else None
+        # the ranks import torch and torchtitan while the node waits for the word (a step started ahead) and runs
+        # its preflight; they train once started, below
+        self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
+                               on_failure=self._mark_beat)
+        if env.get(envvars.STARTED_AHEAD):
+            self._wait_for_word(attempt_dir)
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
-        env |= envvars.RankAttemptEnv(job_dir, envvars.attempt_id(job_id, attempt), self.stop_file).to_env()
         doctor_warnings = []
         if spec.preflight:
             try:
@@ -336,22 +378,12 @@ class NodeSupervisor:
                 self._finish(ExitCode.PREFLIGHT, {})
             if doctor_warnings:
                 say(f"preflight warnings (training goes on):\n{format_table(doctor_warnings)}")
-        restoring = bool(spec.checkpoint and spec.checkpoint.remote)
-        if spec.checkpoint:
-            env |= spec.checkpoint.rank_env(job_id)
         short = [w for w in doctor_warnings if w.check == MEMORY_CHECK]  # checkpoint.memory.required: false
         if short:
             say("WARNING: RAM tier off for this attempt, the run goes on store-only: too little memory "
                 f"({short[0].found}; {short[0].expected})")
         self.memory = memory = self._memory(job_id, rdzv, job_dir, attempt) if restoring and not short else None
-        if memory:
-            env |= memory.rank_env()
-        timing = TimingReport(job_dir, attempt, rdzv.node_rank, rdzv.hosts[rdzv.node_rank])
-        watchdog = Watchdog(spec.watchdog, list(range(first, first + rdzv.procs_per_node)), job_dir, attempt,
-                            learns=rdzv.node_rank == 0, say=say, node=rdzv.node_rank, nodes=rdzv.num_nodes,
-                            timing=timing) if spec.watchdog else None
-        self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
-                               on_failure=self._mark_beat)
+        self.ranks.start(memory.rank_env() if memory else {})
         if restoring:  # while the ranks import torch and build the model
             self._restore(job_id, rdzv, attempt_dir.sub(run_folder.RESTORE_VERDICTS), memory)
         if memory:
@@ -363,6 +395,7 @@ class NodeSupervisor:
                 watchdog.close()
         hang = self.ranks.hang
         code = ExitCode.HANG if hang else node_exit_code(rank_codes)
+        self._conclude(code, rank_codes, self.ranks.failed_first, hang)  # the batch shell decides from it at once
         if memory:  # kept for the next attempt after a failure; gone when the ranks finished or stopped to requeue
             memory.close(keep=code not in (0, ExitCode.PREEMPTED))
         if self.terminated:
@@ -377,7 +410,30 @@ class NodeSupervisor:
             say(f"the job's batch host {lost} is lost: requeued the job from this node")
             history.append_event(job_dir, "end", attempt, exit_code=None, reason="failed", action="requeue",
                                  cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
-        self._finish(code, rank_codes, self.ranks.failed_first, hang)
+        self._exit(code)
+
+    def _wait_for_word(self, attempt_dir: HeldFolder) -> None:
+        """In a step the batch shell started ahead of its decision (node.batch.ahead), while the ranks import: wait for
+        its word (run_folder.AHEAD_WORD) and go on as this attempt, or end the step without a report (the batch shell
+        ends the attempt otherwise, a stop signal came, or no word came within WORD_WAIT_S)."""
+        self.awaiting_word = True
+        deadline = time.monotonic() + WORD_WAIT_S
+        go = False
+        while not self.signalled_ahead and time.monotonic() < deadline:
+            try:
+                go = bool(json.loads(attempt_dir.read_text(run_folder.AHEAD_WORD))["go"])
+                break
+            except (OSError, ValueError, KeyError, TypeError):  # not written yet (or being written: it is replaced)
+                time.sleep(WORD_POLL_S)
+        self.awaiting_word = False
+        if not go:
+            say("started ahead, not needed: the batch shell ended the attempt otherwise; no rank trained")
+            assert self.ranks is not None
+            self.ranks.kill()
+            if self.watchdog:
+                self.watchdog.close()
+            sys.exit(0)
+        say("started ahead: the batch shell's word came, the ranks' import began before it")
 
     def _memory(self, job_id: str, rdzv: rendezvous.Rendezvous, job_dir: Path, attempt: int) -> NodeMemory | None:
         """This node's RAM tier (checkpoint.memory), serving and published before its ranks start; None when off.
@@ -436,11 +492,25 @@ class NodeSupervisor:
 
     def _finish(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
                 hang: Hang | None = None) -> None:
-        """Write the node's report (:meth:`_report`), unless it is a hang's: that one was written as it was seen
-        (`RankGroup.wait`'s `on_hang`; the ranks' codes, the kill's, would add nothing that anyone reads, and every
-        node of a hang would write once more at the same moment); exit non-zero only on failure."""
+        """:meth:`_conclude`, then :meth:`_exit`."""
+        self._conclude(code, rank_codes, failed_first, hang)
+        self._exit(code)
+
+    def _conclude(self, code: int, rank_codes: dict[int, int], failed_first: dict[str, float | int] | None = None,
+                  hang: Hang | None = None) -> None:
+        """Kill the ranks still there (those that never trained: ended before the word to start) and write the node's
+        report (:meth:`_report`), unless it is a hang's: that one was written as it was seen (`RankGroup.wait`'s
+        `on_hang`; the ranks' codes, the kill's, would add nothing that anyone reads, and every node of a hang would
+        write once more at the same moment)."""
+        if self.ranks:
+            self.ranks.kill()
+        if self.watchdog:
+            self.watchdog.close()
         if hang is None:
             self._report(code, rank_codes, failed_first)
+
+    def _exit(self, code: int) -> None:
+        """Say the node is done; exit non-zero only on failure."""
         say(f"node done: exit code {code}" + (" (checkpointed to stop)" if code == ExitCode.PREEMPTED else ""))
         if code not in (0, ExitCode.PREEMPTED):
             sys.exit(code)

@@ -271,7 +271,7 @@ def test_finish_swaps_the_slow_node_for_the_spare(monkeypatch: pytest.MonkeyPatc
     (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 0\n")
     for name in ("srun", "scontrol"):
         (bin_dir / name).chmod(0o755)
-    (job_dir / "42_submission.sh").write_text("#!/bin/bash\nsrun --nodes=2 true\n# teardown\n")
+    (job_dir / "42_submission.sh").write_text("#!/bin/bash\n# command\nsrun --nodes=2 true\n# teardown\n")
     run_folder.attempt_folder(job_dir, 0).mkdir(parents=True)
     for node in (0, 1):
         node_report(job_dir, 0, node, HOSTS[node], ExitCode.PREEMPTED, None)

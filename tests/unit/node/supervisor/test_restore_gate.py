@@ -1,5 +1,6 @@
-"""The ranks start while their node restores the checkpoint, and wait for it at a pipe, answering the
-node's plan requests (what their load of a candidate of another world size reads) on the way."""
+"""The ranks start (importing torch and torchtitan) before the node gives them the word, then while their node
+restores the checkpoint, and wait for it at a pipe, answering the node's plan requests (what their load of a candidate
+of another world size reads) on the way."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.envvars import RESTORE_FD
+from slurm_titan.envvars import RESTORE_FD, START_FD
 from slurm_titan.node.budgets import Budgets, WatchdogSpec
 from slurm_titan.node.supervisor.rendezvous import Rendezvous
 from slurm_titan.node.supervisor.supervisor import RankGroup
@@ -160,3 +161,33 @@ def test_a_rank_that_never_reaches_its_gate_ends_the_plan_after_the_startup_budg
     finally:
         ranks.kill()
         dog.close()
+
+
+STARTING = ("import os; from slurm_titan.rank.start_gate import wait_for_start; print('imported', flush=True); "
+            f"wait_for_start(); print('started', os.environ.get('EXTRA'), {START_FD!r} in os.environ)")
+
+
+def _imported(tmp_path: Path) -> bool:
+    return all(log.startswith("imported") for log in _logs(tmp_path))
+
+
+def test_ranks_import_then_wait_for_the_word_and_take_its_environment(tmp_path):
+    ranks = _group(tmp_path, gated=False, rank=STARTING)
+    deadline = time.monotonic() + 30
+    while not _imported(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert all(p.poll() is None for p in ranks.processes.values()) and _imported(tmp_path)  # held at the start
+    assert not any("started" in log for log in _logs(tmp_path))
+    ranks.start({"EXTRA": "ram"})
+    assert ranks.wait() == {2: 0, 3: 0}
+    assert all(log.endswith("started ram False\n") for log in _logs(tmp_path))
+
+
+def test_ranks_whose_start_pipe_closes_without_a_word_end_without_training(tmp_path):
+    ranks = _group(tmp_path, gated=False, rank=STARTING)
+    for fd in ranks.starts.values():  # the supervisor went away before the word
+        os.close(fd)
+    ranks.starts.clear()
+    assert ranks.wait() == {2: 0, 3: 0}
+    assert not any("started" in log for log in _logs(tmp_path))

@@ -395,6 +395,7 @@ def test_the_supervisors_rank_group_kills_a_hung_node_and_reports_it_first(tmp_p
     dog = watchdog.Watchdog(limits, [2, 3], tmp_path, 0, learns=False, say=lambda _: None, node=1, nodes=2)
     group = RankGroup([sys.executable, "-c", rank_program], dict(os.environ, PYTHONPATH=str(REPO)), rdzv,
                       tmp_path, watchdog=dog)
+    group.start({})  # arms the watchdog (ungated)
     seen: list[watchdog.Hang] = []
     waited: list[bool] = []
     dog.wait_for_peers = lambda: waited.append(True)  # type: ignore[method-assign]

@@ -1,0 +1,130 @@
+"""The next attempt's srun step, started ahead of the batch shell's decision (runs in the batch shell).
+
+A restart inside the allocation waits for the failed step to end on every node, for `finish` to conclude, then
+for a new srun step, whose ranks spend seconds importing torch and torchtitan before they train (4-5 s of a
+10.7 s restart on the bundled cluster). So once the step watcher sees a node report a failure, it starts the
+next attempt's step on the same nodes at once (:func:`start_ahead`): each node's supervisor starts its ranks,
+which import and then wait (rank.start_gate), and waits itself for the batch shell's word (run_folder.AHEAD_WORD).
+The step's attempt number is claimed as it starts (the next free one: `finish` numbers the restart with it). When
+`finish` restarts on those nodes, it tells the step to go (:func:`step_for`); otherwise (other nodes, a requeue, the
+end) it tells it to end and kills its srun (:func:`dismiss`): its ranks trained nothing, its supervisors wrote no
+report. The srun is the starting process's child: a thread there records its exit code in the failed attempt's
+folder (run_folder.AHEAD_EXIT), where `finish` reads it, whichever process started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_titan import envvars
+from slurm_titan.node.batch.allocation import AttemptPlan, next_attempt_number
+from slurm_titan.records import run_folder
+from slurm_titan.records.whole_file import replace_text
+
+EXIT_POLL_S = 0.5
+
+
+def srun_command(job_dir: Path, job_id: str) -> str:
+    """submitit's command block from the job's own submission script (run again for each attempt after the first):
+    from its `# command` marker to its `# teardown` marker (the environment it exports, then srun, whose command
+    spans several lines on an NPU job), srun exec'ed so that the shell's pid is srun's."""
+    script = run_folder.submission_script(job_dir, job_id)
+    text = script.read_text()
+    start = text.find("\n# command\n")
+    srun = text.find("\nsrun ", start)
+    end = text.find("\n# teardown", srun)
+    if min(start, srun, end) < 0:
+        raise RuntimeError(f"{script} has no srun command between '# command' and '# teardown'")
+    return f"{text[start + len('# command') + 2:srun + 1]}exec {text[srun + 1:end].strip()}"
+
+
+def start_ahead(job_dir: Path, job_id: str, failed: int, nodes: tuple[str, ...],
+                env: Mapping[str, str]) -> threading.Thread:
+    """Start the step of the attempt after `failed` on `nodes` ahead of the decision, its number claimed now (the next
+    free one); returns the thread that records its srun's exit code (the starting process waits for it before it
+    exits: the srun is its child)."""
+    plan = AttemptPlan(next_attempt_number(job_dir), nodes)
+    srun = subprocess.Popen(["bash", "-c", srun_command(job_dir, job_id)],
+                            env={**env, **plan.env(), envvars.STARTED_AHEAD: "1"})
+    folder = run_folder.attempt_folder(job_dir, failed)
+    replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
+                                                         "nodes": list(nodes)}))
+
+    def record() -> None:
+        code = srun.wait()
+        with contextlib.suppress(OSError):  # the job folder is gone: nobody is left to read it
+            replace_text(folder / run_folder.AHEAD_EXIT, str(code))
+
+    recorder = threading.Thread(target=record, name="srun-started-ahead", daemon=False)
+    recorder.start()
+    return recorder
+
+
+@dataclass(frozen=True)
+class AheadStep:
+    """The step started ahead during an attempt, as `finish` finds it."""
+
+    folder: Path  # the folder of the attempt during which it was started
+    attempt: int  # its own attempt's number
+    pid: int
+    nodes: tuple[str, ...]
+
+    def exit_code(self) -> int | None:
+        """Its srun's exit code once it ended, else None."""
+        try:
+            return int((self.folder / run_folder.AHEAD_EXIT).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def tell(self, go: bool) -> None:
+        """The batch shell's word to the step's supervisors."""
+        replace_text(self.folder.parent / str(self.attempt) / run_folder.AHEAD_WORD, json.dumps({"go": go}))
+
+    def wait(self) -> int:
+        """Until its srun ended; its exit code."""
+        while (code := self.exit_code()) is None:
+            time.sleep(EXIT_POLL_S)
+        return code
+
+
+def find(job_dir: Path, failed: int) -> AheadStep | None:
+    """The step started ahead during attempt `failed`, None when none was (or its record does not read)."""
+    folder = run_folder.attempt_folder(job_dir, failed)
+    try:
+        data = json.loads((folder / run_folder.AHEAD).read_text())
+        return AheadStep(folder, int(data["attempt"]), int(data["pid"]), tuple(str(node) for node in data["nodes"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def step_for(job_dir: Path, failed: int, plan: AttemptPlan) -> AheadStep | None:
+    """The step started ahead during attempt `failed`, told to go, when it is `plan`'s (its number, its nodes) and
+    its srun still runs; else None, that step (if any) told to end first."""
+    step = find(job_dir, failed)
+    if step is None:
+        return None
+    if (step.attempt, step.nodes) != (plan.attempt, plan.nodes) or step.exit_code() is not None:
+        dismiss(job_dir, failed)
+        return None
+    step.tell(go=True)
+    return step
+
+
+def dismiss(job_dir: Path, failed: int) -> None:
+    """End the step started ahead during attempt `failed`, if any: its supervisors are told, its srun killed (a node
+    of it may be lost, and srun would wait for it)."""
+    if (step := find(job_dir, failed)) is None or step.exit_code() is not None:
+        return
+    with contextlib.suppress(OSError):
+        step.tell(go=False)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(step.pid, signal.SIGKILL)

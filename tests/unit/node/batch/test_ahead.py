@@ -1,0 +1,104 @@
+"""The next attempt's srun step started ahead of the batch shell's decision: started on the first failure report,
+told to go when the restart runs on its nodes, ended otherwise (a stand-in srun on PATH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_titan.node.batch import ahead, allocation, step_watch
+from slurm_titan.node.batch.allocation import AttemptPlan
+from slurm_titan.records import run_folder
+from tests.support.reports import node_report
+
+
+@pytest.fixture
+def job_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A job folder with a submission script whose srun is a stand-in: it notes what it was started with, then
+    waits for its word (as the supervisors would) and exits 0 on go, 3 otherwise."""
+    job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
+    job_dir.mkdir(), bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"""#!/bin/sh
+d={job_dir}/attempts/$SLURM_TITAN_ATTEMPT_INDEX
+echo "$SLURM_TITAN_NODES $SLURM_TITAN_STARTED_AHEAD $SUBMITIT_EXECUTOR" > $d/started-with
+for i in $(seq 100); do
+  grep -q true $d/{run_folder.AHEAD_WORD} 2>/dev/null && exit 0
+  grep -q false $d/{run_folder.AHEAD_WORD} 2>/dev/null && exit 3
+  sleep 0.1
+done
+exit 4
+""")
+    (bin_dir / "srun").chmod(0o755)
+    (job_dir / "42_submission.sh").write_text("#!/bin/bash\n# command\nexport SUBMITIT_EXECUTOR=slurm\n"
+                                              "srun --nodes=$SLURM_TITAN_NUM_NODES x\n# teardown\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return job_dir
+
+
+def _started(job_dir: Path, nodes: tuple[str, ...]) -> threading.Thread:
+    """Attempt 0 failed: the step of attempt 1 started ahead on `nodes`."""
+    run_folder.attempt_folder(job_dir, 0).mkdir(parents=True)
+    recorder = ahead.start_ahead(job_dir, "42", 0, nodes, dict(os.environ))
+    folder = run_folder.attempt_folder(job_dir, 1)
+    deadline = time.monotonic() + 10
+    while not (folder / "started-with").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return recorder
+
+
+def test_a_step_started_ahead_on_the_restarts_nodes_is_told_to_go_and_waited_for(
+        job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocation, "unhealthy_nodes", lambda hosts: set())
+    _started(job_dir, ("n1", "n2"))
+    assert (run_folder.attempt_folder(job_dir, 1) / "started-with").read_text() == "n1,n2 1 slurm\n"
+    step = ahead.find(job_dir, 0)
+    assert step is not None and (step.attempt, step.nodes) == (1, ("n1", "n2"))  # attempt 1 claimed as it started
+    assert allocation.next_attempt(job_dir, 2, {"SLURM_JOB_NODELIST": "n[1-2]"}, number=step.attempt) == \
+        AttemptPlan(1, ("n1", "n2"))
+    assert ahead.step_for(job_dir, 0, AttemptPlan(1, ("n1", "n2"))) == step
+    assert step.wait() == 0  # the stand-in saw the word to go
+
+
+def test_a_step_started_ahead_on_other_nodes_is_ended_and_a_new_one_is_needed(job_dir: Path) -> None:
+    recorder = _started(job_dir, ("n1", "n2"))
+    assert ahead.step_for(job_dir, 0, AttemptPlan(1, ("n2", "n3"))) is None  # n1 left out: the spare n3 instead
+    recorder.join(10)
+    assert json.loads((run_folder.attempt_folder(job_dir, 1) / run_folder.AHEAD_WORD).read_text()) == {"go": False}
+    assert (run_folder.attempt_folder(job_dir, 0) / run_folder.AHEAD_EXIT).read_text() in ("3", "-9")  # told, killed
+    ahead.dismiss(job_dir, 0)  # once ended, nothing more to do
+
+
+def test_no_step_started_ahead_is_none(job_dir: Path) -> None:
+    assert ahead.step_for(job_dir, 0, AttemptPlan(1, ("n1", "n2"))) is None
+    ahead.dismiss(job_dir, 0)
+
+
+def test_the_first_failure_report_starts_the_next_attempt_ahead_once(tmp_path: Path) -> None:
+    srun = subprocess.Popen(["sleep", "1.5"])
+    node_report(tmp_path, 0, 1, "n2", 0, None)  # n2 finished: nothing to start
+    calls: list[float] = []
+    timers = [threading.Timer(0.3, node_report, (tmp_path, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 1})),
+              threading.Timer(0.6, node_report, (tmp_path, 0, 2, "n3", 1, {"rank": 2, "exit_code": 1, "time": 2}))]
+    for timer in timers:
+        timer.start()
+    started = time.monotonic()
+    step_watch.watch(tmp_path, 0, ["n1", "n2", "n3"], srun.pid, grace_s=5, poll_s=1.0, probe=lambda _: set(),
+                     on_failure=lambda: calls.append(time.monotonic() - started))
+    assert len(calls) == 1 and 0.3 <= calls[0] < 0.3 + 0.5  # at its sighting, not the watcher's next 1 s poll
+
+
+@pytest.mark.parametrize("code", [0, 75, 78])  # finished, checkpointed to stop, a preflight failure
+def test_reports_of_no_failure_start_nothing_ahead(tmp_path: Path, code: int) -> None:
+    srun = subprocess.Popen(["sleep", "0.5"])
+    node_report(tmp_path, 0, 0, "n1", code, None)
+    calls: list[bool] = []
+    step_watch.watch(tmp_path, 0, ["n1"], srun.pid, grace_s=5, poll_s=0.05, probe=lambda _: set(),
+                     on_failure=lambda: calls.append(True))
+    assert calls == []
+

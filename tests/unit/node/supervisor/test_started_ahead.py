@@ -1,0 +1,57 @@
+"""A node supervisor of a step started ahead (node.batch.ahead): its ranks import while it waits for the batch shell's
+word; it goes on as the attempt on "go", and ends without a report, its ranks killed, on "end" or a stop signal."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_titan.node.supervisor.rendezvous import Rendezvous
+from slurm_titan.node.supervisor.supervisor import NodeSupervisor, RankGroup
+from slurm_titan.records import run_folder
+from slurm_titan.records.held_folder import HeldFolder
+from tests.support.paths import repo_pythonpath
+
+WAITING = "from slurm_titan.rank.start_gate import wait_for_start; wait_for_start(); print('trained')"
+
+
+def _supervisor(tmp_path: Path) -> tuple[NodeSupervisor, HeldFolder]:
+    supervisor = NodeSupervisor(spec=None)  # type: ignore[arg-type]  # the wait reads nothing of the spec
+    rdzv = Rendezvous("127.0.0.1", 29500, node_rank=0, num_nodes=1, procs_per_node=2, hosts=("a",))
+    supervisor.ranks = RankGroup([sys.executable, "-c", WAITING], repo_pythonpath(), rdzv, tmp_path)
+    supervisor.stop_file = run_folder.stop_file(tmp_path, 1, 0)
+    return supervisor, HeldFolder(run_folder.attempt_folder(tmp_path, 1))
+
+
+def _later(action: Any, *args: Any) -> None:
+    threading.Timer(0.3, action, args).start()
+
+
+def test_the_word_to_go_lets_the_node_go_on_with_its_ranks_waiting_to_start(tmp_path: Path) -> None:
+    supervisor, attempt_dir = _supervisor(tmp_path)
+    _later(attempt_dir.replace_text, run_folder.AHEAD_WORD, json.dumps({"go": True}))
+    supervisor._wait_for_word(attempt_dir)
+    assert supervisor.ranks is not None and all(p.poll() is None for p in supervisor.ranks.processes.values())
+    supervisor.ranks.start({})
+    assert supervisor.ranks.wait() == {0: 0, 1: 0}
+
+
+@pytest.mark.parametrize("ended_by", ["word", "signal"])
+def test_a_step_not_needed_ends_quietly_its_ranks_killed(tmp_path: Path, ended_by: str) -> None:
+    supervisor, attempt_dir = _supervisor(tmp_path)
+    if ended_by == "word":
+        _later(attempt_dir.replace_text, run_folder.AHEAD_WORD, json.dumps({"go": False}))
+    else:  # the job is cancelled or preempted meanwhile: nothing of this step to save
+        _later(supervisor._on_signal, signal.SIGTERM, None)
+    with pytest.raises(SystemExit) as ended:
+        supervisor._wait_for_word(attempt_dir)
+    assert ended.value.code == 0
+    assert supervisor.ranks is not None and {p.returncode for p in supervisor.ranks.processes.values()} == {-9}
+    assert not run_folder.node_report(tmp_path, 1, 0).exists() and not supervisor.stop_file.exists()
+    assert not supervisor.terminated
