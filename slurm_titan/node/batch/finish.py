@@ -8,7 +8,8 @@ records the attempt's end in the run history, then:
 
 - restarts inside the allocation after an unplanned failure: a new srun step (submitit's own srun
   line from the job's submission script) on the healthy nodes this run has not left out, spares
-  first; no trip through the queue. Then it decides again, in a loop;
+  first; no trip through the queue; or the step the watcher started ahead on the same nodes as the failure was
+  seen (node.batch.ahead), which is told to end otherwise. Then it decides again, in a loop;
 - or `scontrol requeue`s the job (a preemption, the time limit, or a failure when the allocation
   has too few good nodes or too little time left), with the nodes this run left out in the pending
   job's ExcNodeList. A missing or failing scontrol is an error that says so, never a silent

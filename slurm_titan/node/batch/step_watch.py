@@ -14,7 +14,9 @@ other nodes' supervisors (`node.supervisor.batch_host`) that the batch shell sti
 failure. It lists the reports and touches the heartbeat through the attempt's folder held open
 (``records.held_folder``: a lookup of one name, not of every name of the path, on a shared file system), and records
 when each report first appeared on its own clock (``report-sightings.json``), the one clock on which `finish` orders
-the nodes' failures (``attribution.on_one_clock``). The first
+the nodes' failures (``attribution.on_one_clock``). The first report of a failure it sees starts the next
+attempt's srun step ahead on the same nodes (node.batch.ahead; the step is this process's child, so the first
+attempt's watcher process stays until that step ends). The first
 attempt's watcher is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the
 batch shell's children); `finish` watches the steps it starts itself with :func:`watch`.
 """

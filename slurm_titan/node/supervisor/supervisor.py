@@ -1,7 +1,9 @@
 """The node supervisor: the one Slurm task per node, started by submitit on every node of a job.
 
 It derives the rendezvous from Slurm's variables, starts one training process per device with
-RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, streams each rank's output to
+RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (each imports torch and torchtitan, then waits for the
+word to train: given after the node's preflight, and in a step the batch shell started ahead of its decision,
+node.batch.ahead, only once that decision is to train here), streams each rank's output to
 `<job>/logs/rank-R.log`, passes Slurm's warning signals on to the ranks, stops the node's other
 ranks when one fails, watches their progress (`slurm_titan.node.supervisor.watchdog`: a rank without progress
 within its phase's budget is a hang: the node's stacks are dumped and its ranks killed), and reports
@@ -42,6 +44,7 @@ from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
 from slurm_titan.records import history, run_folder
 from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.polls import poll_waits
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
 from slurm_titan.signals import ignore_signals, take_stop_signals
 
@@ -49,7 +52,8 @@ STOP_GRACE_S = 15.0
 POLL_S = 0.5
 PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
 WORD_POLL_S = 0.2
-"""How often a step started ahead looks for the batch shell's word (one lookup through the held attempt folder)."""
+"""How often a step started ahead looks for the batch shell's word (one lookup through the held attempt folder), at
+most: a large job's nodes look less often (records.polls)."""
 WORD_WAIT_S = 600.0
 """How long a step started ahead waits for that word before it ends by itself (a batch shell that died)."""
 FIRST_VIEW_S = 1.0
@@ -365,7 +369,7 @@ class NodeSupervisor:
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
                                on_failure=self._mark_beat)
         if env.get(envvars.STARTED_AHEAD):
-            self._wait_for_word(attempt_dir)
+            self._wait_for_word(attempt_dir, rdzv.num_nodes)
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
         doctor_warnings = []
@@ -412,19 +416,20 @@ class NodeSupervisor:
                                  cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
         self._exit(code)
 
-    def _wait_for_word(self, attempt_dir: HeldFolder) -> None:
+    def _wait_for_word(self, attempt_dir: HeldFolder, nodes: int) -> None:
         """In a step the batch shell started ahead of its decision (node.batch.ahead), while the ranks import: wait for
         its word (run_folder.AHEAD_WORD) and go on as this attempt, or end the step without a report (the batch shell
         ends the attempt otherwise, a stop signal came, or no word came within WORD_WAIT_S)."""
         self.awaiting_word = True
         deadline = time.monotonic() + WORD_WAIT_S
         go = False
+        waits = poll_waits(nodes, first=WORD_POLL_S, cap=WORD_POLL_S)  # the job's nodes within the folder's budget
         while not self.signalled_ahead and time.monotonic() < deadline:
             try:
                 go = bool(json.loads(attempt_dir.read_text(run_folder.AHEAD_WORD))["go"])
                 break
             except (OSError, ValueError, KeyError, TypeError):  # not written yet (or being written: it is replaced)
-                time.sleep(WORD_POLL_S)
+                time.sleep(next(waits))
         self.awaiting_word = False
         if not go:
             say("started ahead, not needed: the batch shell ended the attempt otherwise; no rank trained")

@@ -36,7 +36,7 @@ def _later(action: Any, *args: Any) -> None:
 def test_the_word_to_go_lets_the_node_go_on_with_its_ranks_waiting_to_start(tmp_path: Path) -> None:
     supervisor, attempt_dir = _supervisor(tmp_path)
     _later(attempt_dir.replace_text, run_folder.AHEAD_WORD, json.dumps({"go": True}))
-    supervisor._wait_for_word(attempt_dir)
+    supervisor._wait_for_word(attempt_dir, 1)
     assert supervisor.ranks is not None and all(p.poll() is None for p in supervisor.ranks.processes.values())
     supervisor.ranks.start({})
     assert supervisor.ranks.wait() == {0: 0, 1: 0}
@@ -50,7 +50,7 @@ def test_a_step_not_needed_ends_quietly_its_ranks_killed(tmp_path: Path, ended_b
     else:  # the job is cancelled or preempted meanwhile: nothing of this step to save
         _later(supervisor._on_signal, signal.SIGTERM, None)
     with pytest.raises(SystemExit) as ended:
-        supervisor._wait_for_word(attempt_dir)
+        supervisor._wait_for_word(attempt_dir, 1)
     assert ended.value.code == 0
     assert supervisor.ranks is not None and {p.returncode for p in supervisor.ranks.processes.values()} == {-9}
     assert not run_folder.node_report(tmp_path, 1, 0).exists() and not supervisor.stop_file.exists()
