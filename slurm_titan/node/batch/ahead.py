@@ -31,6 +31,18 @@ from slurm_titan.records import run_folder
 from slurm_titan.records.whole_file import replace_text
 
 EXIT_POLL_S = 0.5
+EXIT_GRACE_S = 10.0  # after its srun is gone, how long its exit code may take to be written
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is still the step's srun (or the shell about to exec it), not ended: a zombie has ended, and
+    another process that took the pid since is not it."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return comm in ("srun", "bash") and state not in ("Z", "X")
 
 
 def srun_command(job_dir: Path, job_id: str) -> str:
@@ -56,8 +68,13 @@ def start_ahead(job_dir: Path, job_id: str, failed: int, nodes: tuple[str, ...],
     srun = subprocess.Popen(["bash", "-c", srun_command(job_dir, job_id)],
                             env={**env, **plan.env(), envvars.STARTED_AHEAD: "1"})
     folder = run_folder.attempt_folder(job_dir, failed)
-    replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
-                                                         "nodes": list(nodes)}))
+    try:
+        replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
+                                                             "nodes": list(nodes)}))
+    except OSError:
+        srun.kill()  # a step nobody can find would wait for a word that never comes
+        srun.wait()
+        raise
 
     def record() -> None:
         code = srun.wait()
@@ -90,8 +107,15 @@ class AheadStep:
         replace_text(self.folder.parent / str(self.attempt) / run_folder.AHEAD_WORD, json.dumps({"go": go}))
 
     def wait(self) -> int:
-        """Until its srun ended; its exit code."""
+        """Until its srun ended; its exit code (1 when it ended without one written: its recorder could not)."""
+        ended_at = None
         while (code := self.exit_code()) is None:
+            if _running(self.pid):
+                ended_at = None
+            elif ended_at is None:
+                ended_at = time.monotonic()
+            elif time.monotonic() - ended_at > EXIT_GRACE_S:
+                return 1
             time.sleep(EXIT_POLL_S)
         return code
 
@@ -126,5 +150,6 @@ def dismiss(job_dir: Path, failed: int) -> None:
         return
     with contextlib.suppress(OSError):
         step.tell(go=False)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(step.pid, signal.SIGKILL)
+    if _running(step.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(step.pid, signal.SIGKILL)

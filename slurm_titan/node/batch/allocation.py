@@ -81,10 +81,15 @@ def choose_nodes(allocated: list[str], wanted: int, unhealthy: set[str], exclude
 
 
 def next_attempt_number(job_dir: Path) -> int:
-    """Create and return the next free `attempts/<A>` number."""
-    number = max(run_folder.attempt_numbers(job_dir), default=-1) + 1
-    run_folder.attempt_folder(job_dir, number).mkdir(parents=True)
-    return number
+    """Create and return the next free `attempts/<A>` number (the batch shell's two processes may claim at once: the
+    first attempt's step watcher and `finish`, node.batch.ahead)."""
+    while True:
+        number = max(run_folder.attempt_numbers(job_dir), default=-1) + 1
+        try:
+            run_folder.attempt_folder(job_dir, number).mkdir(parents=True)
+            return number
+        except FileExistsError:
+            continue
 
 
 def next_attempt(job_dir: Path, wanted: int, env: Mapping[str, str] | None = None,

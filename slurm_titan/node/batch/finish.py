@@ -257,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         started = ahead.find(job_dir, attempt.number)
         if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec,
                                                                         started.attempt if started else None)):
+            step = ahead.step_for(job_dir, attempt.number, plan)  # told to go, or (if any) to end
+            if started and not step:  # an attempt's number is one step's: the step ended keeps its own
+                plan = allocation.AttemptPlan(allocation.next_attempt_number(job_dir), plan.nodes)
             env |= plan.env()
-            failed, attempt = attempt.number, Attempt(plan.attempt, list(plan.nodes))
-            srun_exit_code = run_attempt(job_dir, job_id, failed, plan, spec, env)
+            attempt = Attempt(plan.attempt, list(plan.nodes))
+            srun_exit_code = run_attempt(job_dir, job_id, plan, spec, env, step)
             continue
         ahead.dismiss(job_dir, attempt.number)
         if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
@@ -268,13 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         return requeue_job(job_dir, job_id, attempt.number)
 
 
-def run_attempt(job_dir: Path, job_id: str, failed: int, plan: allocation.AttemptPlan, spec: BatchSpec,
-                env: dict[str, str]) -> int:
-    """Run `plan` inside the allocation after attempt `failed` and watch it to its end: in the srun step started
-    ahead for it when it runs on its nodes (node.batch.ahead), else in a new one; the srun's exit code. A failure
-    seen in it starts the next attempt's step ahead on the same nodes."""
+def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: BatchSpec, env: dict[str, str],
+                started: ahead.AheadStep | None) -> int:
+    """Run `plan` inside the allocation and watch it to its end: in `started`, the srun step started ahead for it
+    (node.batch.ahead, told to go), else in a new one; the srun's exit code. A failure seen in it starts the next
+    attempt's step ahead on the same nodes."""
     nodes = list(plan.nodes)
-    started = ahead.step_for(job_dir, failed, plan)
     say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(nodes)}"
         + (" (in the step started ahead: its ranks imported meanwhile)" if started else ""))
     if started is None:

@@ -184,7 +184,11 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
             if on_failure is not None and (new := reported - read):
                 read |= new
                 if any(failure_reported(attempt_dir, node) for node in sorted(new)):
-                    on_failure()
+                    try:
+                        on_failure()
+                    except Exception as error:  # noqa: BLE001 - the restart only starts later without it
+                        print(f"slurm-titan: WARNING: attempt {attempt} failed; its next attempt's step could not be "
+                              f"started ahead ({type(error).__name__}: {error})", file=sys.stderr, flush=True)
                     on_failure = None
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:

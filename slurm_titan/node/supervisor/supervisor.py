@@ -54,7 +54,7 @@ PLAN_POLL_S = 0.05  # how often a plan request looks for the ranks' answers
 WORD_POLL_S = 0.2
 """How often a step started ahead looks for the batch shell's word (one lookup through the held attempt folder), at
 most: a large job's nodes look less often (records.polls)."""
-WORD_WAIT_S = 600.0
+WORD_WAIT_S = 300.0
 """How long a step started ahead waits for that word before it ends by itself (a batch shell that died)."""
 FIRST_VIEW_S = 1.0
 """How long a hung node's stack dump may take before its report says its first view (the culprit without stacks)."""
@@ -238,10 +238,12 @@ class RankGroup:
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL the ranks still running (those not started yet too) and reap them."""
-        for fd in self.starts.values():
-            os.close(fd)
-        self.starts.clear()
+        """SIGKILL the ranks still running (those not started or released yet too) and reap them."""
+        with self.gate_lock:
+            for fd in [*self.starts.values(), *self.gates.values()]:
+                os.close(fd)
+            self.starts.clear()
+            self.gates.clear()
         self.signal_all(signal.SIGKILL)
         for process in self.processes.values():
             process.wait()
@@ -388,7 +390,7 @@ class NodeSupervisor:
                 f"({short[0].found}; {short[0].expected})")
         self.memory = memory = self._memory(job_id, rdzv, job_dir, attempt) if restoring and not short else None
         self.ranks.start(memory.rank_env() if memory else {})
-        if restoring:  # while the ranks import torch and build the model
+        if restoring:  # while the ranks build the model
             self._restore(job_id, rdzv, attempt_dir.sub(run_folder.RESTORE_VERDICTS), memory)
         if memory:
             memory.start_replicating()
@@ -430,9 +432,12 @@ class NodeSupervisor:
                 break
             except (OSError, ValueError, KeyError, TypeError):  # not written yet (or being written: it is replaced)
                 time.sleep(next(waits))
-        self.awaiting_word = False
+        self.awaiting_word = False  # a stop signal from here on takes the usual way (the stop file, the ranks)
+        if self.signalled_ahead:  # came before that, even after the word: this node does not train
+            go = False
         if not go:
-            say("started ahead, not needed: the batch shell ended the attempt otherwise; no rank trained")
+            say("started ahead, not needed (the batch shell's word was to end, a stop signal came, or no word came "
+                f"within {WORD_WAIT_S:.0f} s): no rank trained")
             assert self.ranks is not None
             self.ranks.kill()
             if self.watchdog:

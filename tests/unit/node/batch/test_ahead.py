@@ -102,3 +102,19 @@ def test_reports_of_no_failure_start_nothing_ahead(tmp_path: Path, code: int) ->
                      on_failure=lambda: calls.append(True))
     assert calls == []
 
+
+
+def test_a_step_whose_srun_ended_without_a_code_written_ended_failed_and_is_not_killed_again(
+        job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run_folder.attempt_folder(job_dir, 0).mkdir(parents=True)
+    step = ahead.AheadStep(run_folder.attempt_folder(job_dir, 0), 1, gone.pid, ("n1",))
+    monkeypatch.setattr(ahead, "EXIT_GRACE_S", 0.2)
+    assert step.wait() == 1
+    unrelated = subprocess.Popen(["sleep", "5"])  # its pid, were it the recorded one, is not an srun's: left alone
+    (run_folder.attempt_folder(job_dir, 0) / run_folder.AHEAD).write_text(
+        json.dumps({"attempt": 1, "pid": unrelated.pid, "nodes": ["n1"]}))
+    ahead.dismiss(job_dir, 0)
+    assert unrelated.poll() is None
+    unrelated.kill()

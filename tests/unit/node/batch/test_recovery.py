@@ -18,7 +18,7 @@ from slurm_titan.doctor.checks import node_findings
 from slurm_titan.doctor.facts import NodeFacts
 from slurm_titan.doctor.npu_smi import parse_npu_smi_info
 from slurm_titan.errors import ExitCode
-from slurm_titan.node.batch import allocation, attribution, finish, step_watch
+from slurm_titan.node.batch import ahead, allocation, attribution, finish, step_watch
 from slurm_titan.node.batch.outcome import RESTART, STOP, Outcome
 from slurm_titan.node.supervisor import rendezvous
 from slurm_titan.records import history, ledger, run_folder
@@ -217,6 +217,49 @@ def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2,n3"  # the spare took n1's place
     # n2 fails next, with no spare left: it is kept (a first failure), and the run goes on on n2,n3
     assert attempts[1].excluded == [] and (job_dir / "attempts/2/nodes").read_text().strip() == "n2,n3"
+
+
+def _started_ahead(job_dir: Path, tmp_path: Path, nodes: tuple[str, ...]) -> None:
+    """Attempt 0's failure started attempt 1's step ahead on `nodes`: an srun that waits for its word, then does what
+    the stand-in srun does (on go) or exits 3."""
+    waiting = tmp_path / "ahead-bin"
+    waiting.mkdir()
+    (waiting / "srun").write_text(f"""#!/bin/sh
+word=$JOB_DIR/attempts/$SLURM_TITAN_ATTEMPT_INDEX/{run_folder.AHEAD_WORD}
+for i in $(seq 200); do
+  grep -q true $word 2>/dev/null && exec {tmp_path / "bin" / "srun"} "$@"
+  grep -q false $word 2>/dev/null && exit 3
+  sleep 0.05
+done
+exit 4
+""")
+    (waiting / "srun").chmod(0o755)
+    ahead.start_ahead(job_dir, "42", 0, nodes, dict(os.environ, PATH=f"{waiting}:{os.environ['PATH']}"))
+
+
+def test_a_restart_on_the_nodes_of_the_step_started_ahead_runs_in_it(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")  # no spare: n1 stays (a first failure)
+    _started_ahead(job_dir, tmp_path, ("n1", "n2"))
+    assert _finish(job_dir) == 0
+    assert [(a.attempt, a.reason) for a in history.read_attempts(job_dir)] == [(0, "failed"), (1, "finished")]
+    assert json.loads((job_dir / "attempts/1" / run_folder.AHEAD_WORD).read_text()) == {"go": True}
+    assert (job_dir / "attempts/0" / run_folder.AHEAD_EXIT).read_text() == "0"  # it ran attempt 1, to its end
+
+
+def test_a_restart_on_other_nodes_ends_the_step_started_ahead_and_numbers_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Path) -> None:
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
+    _started_ahead(job_dir, tmp_path, ("n1", "n2"))  # attempt 1 claimed
+    assert _finish(job_dir) == 0  # n1 swapped for the spare n3
+    assert [(a.attempt, a.reason) for a in history.read_attempts(job_dir)] == [(0, "failed"), (2, "finished")]
+    assert json.loads((job_dir / "attempts/1" / run_folder.AHEAD_WORD).read_text()) == {"go": False}
+    assert (job_dir / "attempts/2/nodes").read_text().strip() == "n2,n3"
+    deadline = time.monotonic() + 10
+    while not (job_dir / "attempts/0" / run_folder.AHEAD_EXIT).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (job_dir / "attempts/0" / run_folder.AHEAD_EXIT).read_text() in ("3", "-9")
 
 
 def test_a_peer_memory_fault_leaves_the_named_peer_out_not_the_node_that_saw_it(

@@ -171,7 +171,7 @@ def _imported(tmp_path: Path) -> bool:
     return all(log.startswith("imported") for log in _logs(tmp_path))
 
 
-def test_ranks_import_then_wait_for_the_word_and_take_its_environment(tmp_path):
+def test_ranks_import_then_wait_for_the_word_and_take_its_environment(tmp_path: Path) -> None:
     ranks = _group(tmp_path, gated=False, rank=STARTING)
     deadline = time.monotonic() + 30
     while not _imported(tmp_path) and time.monotonic() < deadline:
@@ -184,7 +184,7 @@ def test_ranks_import_then_wait_for_the_word_and_take_its_environment(tmp_path):
     assert all(log.endswith("started ram False\n") for log in _logs(tmp_path))
 
 
-def test_ranks_whose_start_pipe_closes_without_a_word_end_without_training(tmp_path):
+def test_ranks_whose_start_pipe_closes_without_a_word_end_without_training(tmp_path: Path) -> None:
     ranks = _group(tmp_path, gated=False, rank=STARTING)
     for fd in ranks.starts.values():  # the supervisor went away before the word
         os.close(fd)
