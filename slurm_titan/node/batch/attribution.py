@@ -230,10 +230,12 @@ def exclusion_reason(failure: NodeFailure, spare_left: bool, earlier_culprits: l
 
     A lost node is left out, and so is one whose rank log shows a hardware fault (HBM ECC, UCE: retrying on
     it only fails again), and the peer node a peer's fault names (its device memory failed); a peer's fault
-    that names no peer leaves nothing out. A node blamed before in this run is left out (a node that fails
-    every time costs one retry, not the whole retry budget). With a healthy spare waiting, a node is left
-    out on its first failure: swapping costs nothing, and a suspect node may fail again; not on a fault CANN
-    says to retry (a link error).
+    that names no peer leaves nothing out. A node among `earlier_culprits` (blamed before in this run, and the
+    attempt failed again without progress: `finish.leave_out`) is left out: a node that fails every time costs one
+    retry, not the whole retry budget. One whose failures came with training between them is kept where no spare
+    waits: leaving it out would requeue the job (a wait in the queue, the RAM tier's snapshots lost) for what may be
+    chance. With a healthy spare waiting, a node is left out on its first failure: swapping costs nothing, and a
+    suspect node may fail again; not on a fault CANN says to retry (a link error).
     """
     if failure.kind == LOST:
         return "lost"

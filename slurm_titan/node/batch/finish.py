@@ -138,10 +138,11 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
     if outcome.reason == SLOW_NODE and slow is not None:
         excluded = swap_out(job_dir, slow, env)
     elif code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT):
-        failure, excluded = blame(job_dir, job_id, attempt, outcome, env, reports)
+        failure, excluded = blame(job_dir, job_id, attempt, outcome, env, reports, progressed=run.progressed)
     elif preflight is not None:
         allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
-        excluded = leave_out(job_dir, job_id, attempt, outcome, preflight, allocated, _unhealthy(allocated), env)
+        excluded = leave_out(job_dir, job_id, attempt, outcome, preflight, allocated, _unhealthy(allocated), env,
+                             progressed=False)
     swapped = slow if outcome.reason == SLOW_NODE else None
     cause = failure.describe() if failure else swapped and swapped.describe()
     history.append_event(job_dir, "end", attempt.number, exit_code=code, reason=outcome.reason,
@@ -159,11 +160,12 @@ def conclude(job_dir: Path, job_id: str, attempt: Attempt, srun_exit_code: int, 
 
 
 def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, env: dict[str, str],
-          reports: dict[int, dict]) -> tuple[attribution.NodeFailure | None, list[str]]:
+          reports: dict[int, dict], *, progressed: bool) -> tuple[attribution.NodeFailure | None, list[str]]:
     """The failure of `attempt` (its node reports: `attribution.read_reports`) and its node (a lost node: one the
     step watcher's probe found lost, else found by probing the silent ones), with the kind its log shows; that node
-    is left out when it should be, and the cluster's node ledger records it. After the watcher's probe no silent
-    node is probed again: each was silent at its probe, and those it did not find lost answered it."""
+    is left out when it should be (`progressed`: the attempt trained beyond every earlier one), and the cluster's node
+    ledger records it. After the watcher's probe no silent node is probed again: each was silent at its probe, and
+    those it did not find lost answered it."""
     allocated = expand_hostlist(env["SLURM_JOB_NODELIST"])
     unhealthy = _unhealthy(allocated)
     silent = attribution.silent_nodes(reports, attempt.hosts)
@@ -176,16 +178,19 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, env: d
     if failure is None:
         return None, []
     failure = attribution.classified(failure, job_dir, attempt.hosts)
-    return failure, leave_out(job_dir, job_id, attempt, outcome, failure, allocated, unhealthy, env)
+    return failure, leave_out(job_dir, job_id, attempt, outcome, failure, allocated, unhealthy, env,
+                              progressed=progressed)
 
 
 def leave_out(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, failure: attribution.NodeFailure,
-              allocated: list[str], unhealthy: set[str], env: dict[str, str]) -> list[str]:
+              allocated: list[str], unhealthy: set[str], env: dict[str, str], *, progressed: bool) -> list[str]:
     """Leave the node `failure` counts against out of the rest of the run when it should be
-    (`attribution.exclusion_reason`), and record the failure in the cluster's node ledger; the nodes left out."""
+    (`attribution.exclusion_reason`; a node blamed before counts as failing again only when this attempt made no
+    progress: `progressed`), and record the failure in the cluster's node ledger; the nodes left out."""
     left_out = set(allocation.read_excluded(job_dir))
     spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
-    culprits = [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
+    culprits = [] if progressed else \
+        [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
     excluded = []
     host, kind = failure.blamed()
     if outcome.action != STOP and (why := attribution.exclusion_reason(failure, spare, culprits)):

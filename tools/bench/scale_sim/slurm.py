@@ -168,7 +168,7 @@ def _blame(job_dir: Path, hosts: list[str]) -> attribution.NodeFailure | None:
            "SLURM_CLUSTER_NAME": "scale-sim"}
     reports = attribution.read_reports(job_dir, hangs.ATTEMPT, len(hosts))
     return finish.blame(job_dir, JOB_ID, finish.Attempt(hangs.ATTEMPT, hosts), Outcome("failed", RESTART), env,
-                        reports)[0]
+                        reports, progressed=True)[0]
 
 
 def _lost(failure: attribution.NodeFailure | None) -> set[str]:

@@ -219,6 +219,30 @@ def test_a_crash_restarts_inside_the_allocation_on_the_spare(monkeypatch: pytest
     assert attempts[1].excluded == [] and (job_dir / "attempts/2/nodes").read_text().strip() == "n2,n3"
 
 
+@pytest.mark.parametrize("trained_since", [True, False])
+def test_a_node_failing_again_without_a_spare_is_left_out_only_when_the_run_made_no_progress_since(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, trained_since: bool) -> None:
+    """n1 was blamed in attempt 0 (step 12 trained) and is blamed again in attempt 1, no spare: kept when attempt 1
+    trained beyond step 12 (its failures came with training between them: leaving it out would requeue the job),
+    left out (the job requeued without it) when it did not (it fails every time)."""
+    job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts={1})
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")  # no spare
+    requeued: list[str] = []
+    monkeypatch.setattr(finish, "requeue_job", lambda job_dir, job_id, attempt: requeued.append(job_id) or 0)
+    if not trained_since:  # the stand-in srun writes step attempt + 20 as the attempt's trained step
+        (tmp_path / "bin" / "srun").write_text((tmp_path / "bin" / "srun").read_text().replace(
+            "echo $((a + 20))", "echo 12"))
+    assert _finish(job_dir) == 0
+    attempts = history.read_attempts(job_dir)
+    assert attempts[0].excluded == [] and attempts[1].culprit == "n1"
+    if trained_since:
+        assert attempts[1].excluded == [] and [a.reason for a in attempts] == ["failed", "failed", "finished"]
+        assert requeued == []
+    else:
+        assert attempts[1].excluded == ["n1"] and "failed again" in allocation.read_excluded(job_dir)["n1"]
+        assert requeued == ["42"]
+
+
 def _started_ahead(job_dir: Path, tmp_path: Path, nodes: tuple[str, ...]) -> None:
     """Attempt 0's failure started attempt 1's step ahead on `nodes`: an srun that waits for its word, then does what
     the stand-in srun does (on go) or exits 3."""
@@ -297,7 +321,7 @@ def test_the_step_of_a_lost_node_is_ended_not_waited_for_and_blamed_without_a_se
     monkeypatch.setattr(finish, "_unhealthy", lambda hosts: set())  # Slurm has not marked n2 down yet
     env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TITAN_HOME": str(tmp_path / "home"), "SLURM_CLUSTER_NAME": "c"}
     failure, _ = finish.blame(tmp_path, "42", finish.Attempt(0, ["n1", "n2"]), Outcome("failed", RESTART), env,
-                              attribution.read_reports(tmp_path, 0, 2))
+                              attribution.read_reports(tmp_path, 0, 2), progressed=True)
     assert failure is not None and failure.describe() == "node n2 lost" and probed == [["n2"]]  # the watcher's round
 
 
@@ -343,7 +367,8 @@ def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.Cap
 def test_a_run_with_too_few_nodes_left_goes_on_with_fewer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     job_dir = _failed_attempt_0(monkeypatch, tmp_path, fail_attempts=set())
     allocation.exclude(job_dir, "n3", "lost")  # the spare is gone already
-    history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True)  # n1 failed before
+    history.append_event(job_dir, "end", -1, reason="failed", culprit="n1", progressed=True,
+                         trained_step=12)  # n1 failed before, at the step attempt 0 failed at too: no progress since
     assert _finish(job_dir, shrink_to=(1,)) == 0
     assert (job_dir / "attempts/1/nodes").read_text().strip() == "n2"  # n1 failed again: left out; n2 goes on alone
 
