@@ -27,6 +27,7 @@ from pathlib import Path
 
 from slurm_titan import envvars
 from slurm_titan.node.batch.allocation import AttemptPlan, next_attempt_number
+from slurm_titan.node.batch.processes import alive, command
 from slurm_titan.records import run_folder
 from slurm_titan.records.whole_file import replace_text
 
@@ -37,12 +38,12 @@ EXIT_GRACE_S = 10.0  # after its srun is gone, how long its exit code may take t
 def _running(pid: int) -> bool:
     """Whether `pid` is still the step's srun (or the shell about to exec it), not ended: a zombie has ended, and
     another process that took the pid since is not it."""
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return comm in ("srun", "bash") and state not in ("Z", "X")
+    return alive(pid) and command(pid) in ("srun", "bash")
+
+
+def start_srun(job_dir: Path, job_id: str, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """An attempt's srun step: submitit's command block (:func:`srun_command`) with `env` (the attempt's plan in it)."""
+    return subprocess.Popen(["bash", "-c", srun_command(job_dir, job_id)], env=env)
 
 
 def srun_command(job_dir: Path, job_id: str) -> str:
@@ -65,8 +66,7 @@ def start_ahead(job_dir: Path, job_id: str, failed: int, nodes: tuple[str, ...],
     free one); returns the thread that records its srun's exit code (the starting process waits for it before it
     exits: the srun is its child)."""
     plan = AttemptPlan(next_attempt_number(job_dir), nodes)
-    srun = subprocess.Popen(["bash", "-c", srun_command(job_dir, job_id)],
-                            env={**env, **plan.env(), envvars.STARTED_AHEAD: "1"})
+    srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: "1"})
     folder = run_folder.attempt_folder(job_dir, failed)
     try:
         replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,

@@ -285,7 +285,7 @@ def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: 
     say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(nodes)}"
         + (" (in the step started ahead: its ranks imported meanwhile)" if started else ""))
     if started is None:
-        srun = subprocess.Popen(["bash", "-c", ahead.srun_command(job_dir, job_id)], env=env)
+        srun = ahead.start_srun(job_dir, job_id, env)
     step_watch.watch(job_dir, plan.attempt, nodes, started.pid if started else srun.pid,
                      slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, nodes, env),
                      on_failure=lambda: start_next_ahead(job_dir, job_id, plan, env))

@@ -33,7 +33,7 @@ from slurm_titan.ckpt import (
     take_lease,
 )
 from slurm_titan.errors import SlurmTitanError
-from slurm_titan.node.batch.step_watch import alive
+from slurm_titan.node.batch.processes import alive
 from slurm_titan.node.batch_spec import LeasePlan, load_or_exit
 from slurm_titan.records.run_folder import fill
 

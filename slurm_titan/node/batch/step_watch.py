@@ -38,6 +38,7 @@ from typing import Self
 from slurm_titan import envvars
 from slurm_titan.errors import ExitCode
 from slurm_titan.node.batch import ahead, attribution
+from slurm_titan.node.batch.processes import alive, command, parent
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.node.srun_probe import probe_failures
@@ -51,15 +52,6 @@ SIGHT_POLL_S = 0.2
 listing is ~5 metadata operations: 25 a second from the batch shell, whatever the node count)."""
 REPROBE_MAX_S = 60.0
 FIND_SRUN_S = 120.0
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie counts as ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def record_lost(job_dir: Path, attempt: int, hosts: list[str]) -> None:
@@ -213,12 +205,8 @@ def find_srun(shell_pid: int, timeout_s: float = FIND_SRUN_S) -> int | None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and alive(shell_pid):
         for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and (entry / "comm").read_text().strip() == "srun" and \
-                        int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == shell_pid:
-                    return int(entry.name)
-            except (OSError, IndexError, ValueError):
-                continue
+            if entry.name.isdigit() and command(int(entry.name)) == "srun" and parent(int(entry.name)) == shell_pid:
+                return int(entry.name)
         time.sleep(0.2)
     return None
 
@@ -234,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if srun is not None:
         attempt, hosts = int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(",")
         slow = SlowNodeWatch.for_attempt(load_or_exit(args.job_dir), args.job_dir, attempt, hosts, os.environ)
+
         def start_next_ahead() -> None:
             ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts), os.environ)
 
