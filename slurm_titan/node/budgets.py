@@ -3,10 +3,9 @@
 Steps: a generous `first_step_s` for the first step of an attempt (compilation, warm-up), then
 max(`step_floor_s`, `step_factor` x the slowest step seen), capped `WATCHDOG_MARGIN_S` before torch's
 collective timeout (WatchdogSpec gives the order of firing). A rank the kernel shows stopped at every
-poll has a shorter step budget: max(`stopped_s`, `step_factor` x the slowest step), never longer than the
-step budget. The slowest step is learned: node 0's
-supervisor keeps it in `<job>/watchdog.json`, and the next attempt starts from it, calibrated (the way
-nvidia-resiliency-ext keeps its section timeouts in `ft_state.json`).
+poll, with no CPU time used since, has a shorter step budget: `stopped_s`, never longer than the step budget.
+The slowest step is learned: node 0's supervisor keeps it in `<job>/watchdog.json`, and the next attempt starts
+from it, calibrated (the way nvidia-resiliency-ext keeps its section timeouts in `ft_state.json`).
 """
 
 from __future__ import annotations
@@ -34,10 +33,11 @@ class WatchdogSpec:
     `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
     the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
     checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
-    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step is hung after
-    max(`stopped_s`, `step_factor` x the slowest step) instead: a stopped process neither computes nor waits
-    for a peer, and its node names it without waiting for the other nodes' views. Uninterruptible sleep (D)
-    keeps the step budget: a rank waiting on its device or on a slow mount can show it while healthy.
+    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step, its CPU time unchanged
+    since the first, is hung after `stopped_s` instead, however long its steps are: a stopped process neither
+    computes nor waits for a peer, and its node names it without waiting for the other nodes' views.
+    Uninterruptible sleep (D) keeps the step budget: a rank waiting on its device or on a slow mount can show it
+    while healthy.
 
     Order of firing (checked by launch.config): a budget ends at least WATCHDOG_MARGIN_S before the torch
     process-group timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
@@ -55,7 +55,7 @@ class WatchdogSpec:
     step_factor: int = 3
     save_s: int = 600
     upload_s: int = 1800
-    stopped_s: int = 15
+    stopped_s: int = 3  # 6 polls of the watchdog, each seeing it stopped with its CPU time frozen
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +80,7 @@ class Budgets:
         every other phase (the first step, start-up, restore and saves keep their own budgets)."""
         if progress.phase != Phase.STEP or progress.steps_done == 0:
             return None
-        slowest, watchdog = max(progress.slowest_step_s, learned_step_s), self.watchdog
-        return min(max(float(watchdog.stopped_s), watchdog.step_factor * slowest), self.step_budget(slowest))
+        return min(float(self.watchdog.stopped_s), self.step_budget(max(progress.slowest_step_s, learned_step_s)))
 
     def for_progress(self, progress: Progress, learned_step_s: float) -> float | None:
         """Seconds allowed since `progress.since`; None when the phase is not watched (the rank is done)."""

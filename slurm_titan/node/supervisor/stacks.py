@@ -33,11 +33,18 @@ COLLECTIVE_FRAMES = ("distributed_c10d.py", "_functional_collectives.py", "_fsdp
 
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of `pid` (R, S, D, T, t, Z, ...); '?' when it is gone."""
+    return process_sample(pid)[0]
+
+
+def process_sample(pid: int) -> tuple[str, int]:
+    """The kernel's state of `pid` and the CPU time its threads have used (user + system, in clock ticks):
+    ('?', 0) when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return "?"
-    return stat.rpartition(")")[2].split()[0]
+        return "?", 0
+    fields = stat.rpartition(")")[2].split()  # from field 3, the state; utime and stime are fields 14 and 15
+    return fields[0], int(fields[11]) + int(fields[12])
 
 
 def frozen(state: str) -> bool:

@@ -82,6 +82,7 @@ class Watchdog:
         self.learned = budgets.read_calibration(job_dir).slowest_step_s
         self.armed_at: float | None = None
         self.stopped_since: dict[int, float] = {}  # rank -> the first of the calls of overdue() that saw it stopped
+        self.stopped_cpu: dict[int, int] = {}  # rank -> its CPU ticks then: a stop that lets it run is no hang
         self.late_stopped: set[int] = set()  # the ranks the last overdue() found late by the stopped budget
         now = time.time()
         for path in self.records.values():
@@ -102,16 +103,18 @@ class Watchdog:
 
     def overdue(self, running: dict[int, int], now: float | None = None) -> list[int]:
         """The running ranks (rank -> pid) past their phase's budget, or stopped past their stopped budget
-        (:meth:`Budgets.stopped_budget`: seen stopped at every call since); learns the slowest step on the
+        (:meth:`Budgets.stopped_budget`: seen stopped at every call since, with no CPU time used meanwhile: a
+        duty-cycled stop, e.g. a CPU limiter's, lets it run between calls); learns the slowest step on the
         way. The ranks late by the stopped budget alone are kept in `late_stopped`."""
         if self.armed_at is None:
             return []
         now = time.time() if now is None else now
         for rank, pid in running.items():
-            if stacks.stopped(stacks.process_state(pid)):
-                self.stopped_since.setdefault(rank, now)
-            else:
+            state, cpu_ticks = stacks.process_sample(pid)
+            if not stacks.stopped(state):
                 self.stopped_since.pop(rank, None)
+            elif self.stopped_cpu.get(rank) != cpu_ticks or rank not in self.stopped_since:
+                self.stopped_since[rank], self.stopped_cpu[rank] = now, cpu_ticks  # it ran since: start over
         progress = self.read()
         self._learn(max((p.slowest_step_s for p in progress.values()), default=0.0))
         if self.timing:

@@ -46,9 +46,8 @@ def test_budgets_per_phase() -> None:
 def test_a_stopped_rank_has_a_shorter_budget_in_later_steps_only() -> None:
     stopped = LIMITS.stopped_budget
     assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 0.0) == 15
-    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=10.0), 0.0) == 30  # 3 x the slowest
-    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 90  # = the step budget
-    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 150  # learned
+    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 15  # however long steps are
+    assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 15
     assert stopped(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
     assert [stopped(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
                                                                 Phase.UPLOAD, Phase.DONE)] == [None] * 5  # I/O
@@ -232,6 +231,43 @@ def test_a_stopped_rank_is_hung_after_the_stopped_budget_a_sleeping_one_only_aft
         for child in ranks.values():
             child.kill()
             child.wait()
+        dog.close()
+
+
+SPINNER = RANK.replace("time.sleep(0.01)", "spin()").replace("def train_forever():", textwrap.dedent("""\
+    def spin():
+        end = time.process_time() + 0.01
+        while time.process_time() < end:
+            pass
+
+    def train_forever():"""))
+
+
+def test_a_rank_stopped_at_every_poll_but_running_between_them_is_no_hang(tmp_path: Path) -> None:
+    """A CPU limiter's duty cycle (stopped 0.05 s of every 0.25 s), every poll made in a stop: its CPU time grows
+    between the polls, so its stopped time starts over at each; stopped for good, it is hung after the budget."""
+    limits = Budgets(watchdog=WatchdogSpec(startup_s=5, restore_s=5, first_step_s=5, step_floor_s=60, step_factor=3,
+                                           save_s=5, upload_s=5, stopped_s=1), step_cap_s=100)
+    dog = watchdog.Watchdog(limits, [0], tmp_path, 0, learns=False, say=lambda _: None)
+    rank = _start_rank(dog, 0, SPINNER)
+    try:
+        dog.arm()
+        start = time.time()
+        while time.time() - start < 2.5:
+            os.kill(rank.pid, signal.SIGSTOP)
+            time.sleep(0.05)
+            assert stacks.process_state(rank.pid) == "T" and dog.overdue({0: rank.pid}) == []
+            os.kill(rank.pid, signal.SIGCONT)
+            time.sleep(0.2)
+        os.kill(rank.pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        while not dog.overdue({0: rank.pid}):
+            assert time.time() - stopped_at < 10, "the stopped rank was never found late"
+            time.sleep(0.1)
+        assert time.time() - stopped_at >= 1.0 and dog.late_stopped == {0}
+    finally:
+        rank.kill()
+        rank.wait()
         dog.close()
 
 
