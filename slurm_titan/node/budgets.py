@@ -3,7 +3,7 @@
 Steps: a generous `first_step_s` for the first step of an attempt (compilation, warm-up), then
 max(`step_floor_s`, `step_factor` x the slowest step seen), capped `WATCHDOG_MARGIN_S` before torch's
 collective timeout (WatchdogSpec gives the order of firing). A rank the kernel shows stopped at every
-poll, with no CPU time used since, has a shorter step budget: `stopped_s`, never longer than the step budget.
+poll, with no CPU time used since, has a shorter budget in every phase: `stopped_s`, never longer than the phase's.
 The slowest step is learned: node 0's supervisor keeps it in `<job>/watchdog.json`, and the next attempt starts
 from it, calibrated (the way nvidia-resiliency-ext keeps its section timeouts in `ft_state.json`).
 """
@@ -33,9 +33,10 @@ class WatchdogSpec:
     `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
     the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
     checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
-    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll of a later step, its CPU time unchanged
-    since the first, is hung after `stopped_s` instead, however long its steps are: a stopped process neither
-    computes nor waits for a peer, and its node names it without waiting for the other nodes' views.
+    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll, its CPU time unchanged since the
+    first, is hung after `stopped_s` instead, in any phase (a save's as a step's) and however long its steps are: a
+    stopped process neither computes, writes nor waits for a peer, and its node names it without waiting for the
+    other nodes' views.
     Uninterruptible sleep (D) keeps the step budget: a rank waiting on its device or on a slow mount can show it
     while healthy.
 
@@ -76,11 +77,11 @@ class Budgets:
         return min(max(float(watchdog.step_floor_s), watchdog.step_factor * slowest_step_s), float(self.step_cap_s))
 
     def stopped_budget(self, progress: Progress, learned_step_s: float) -> float | None:
-        """Seconds a rank may stay stopped (seen stopped at every poll) in a step after the first; None in
-        every other phase (the first step, start-up, restore and saves keep their own budgets)."""
-        if progress.phase != Phase.STEP or progress.steps_done == 0:
-            return None
-        return min(float(self.watchdog.stopped_s), self.step_budget(max(progress.slowest_step_s, learned_step_s)))
+        """Seconds a rank may stay stopped (seen stopped at every poll, its CPU time frozen), in any phase the
+        watchdog watches (a save's as a step's), never longer than the phase's own budget; None when the rank is
+        done."""
+        budget = self.for_progress(progress, learned_step_s)
+        return None if budget is None else min(float(self.watchdog.stopped_s), budget)
 
     def for_progress(self, progress: Progress, learned_step_s: float) -> float | None:
         """Seconds allowed since `progress.since`; None when the phase is not watched (the rank is done)."""

@@ -104,7 +104,7 @@ def _saving(cluster: LocalCluster) -> Callable[[dict[str, str], str], bool]:
 
 def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, cluster: LocalCluster,
                                                                    reference: dict[int, str]) -> None:
-    job = cli.submit(*CONFIG, "--set", "watchdog.save_s=60", paced=True)  # the default (600 s) suits 70B checkpoints
+    job = cli.submit(*CONFIG, paced=True)  # the stopped budget (3 s) holds in a save as in a step
     folder = job_dir(cli, job)
     with SignalAtStep(folder, job, {"RANK": "1"}, _saving(cluster), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
@@ -197,7 +197,8 @@ def test_a_rank_blocked_in_its_data_loader_is_found_and_the_run_recovers(cli: Cl
     feeder = Feeder(tmp_path / "fifo" / "train-1.jsonl", _shards(tmp_path)[1])
     feeder.start()
     try:
-        job = cli.submit(*config, paced=True)
+        # a blocked read is no stop: the step budget names it (a floor of 20 s, not the default 45 s, for the suite)
+        job = cli.submit(*config, "--set", "watchdog.step_floor_s=20", paced=True)
         wait_for(feeder.held.is_set, 600, "rank 1 to read its shard", 1)
         status = cli.wait(job, timeout=900)
     finally:

@@ -43,14 +43,14 @@ def test_budgets_per_phase() -> None:
             (Phase.STARTUP, Phase.RESTORE, Phase.SAVE, Phase.UPLOAD, Phase.DONE)] == [900, 800, 600, 1800, None]
 
 
-def test_a_stopped_rank_has_a_shorter_budget_in_later_steps_only() -> None:
+def test_a_stopped_rank_has_a_shorter_budget_in_every_watched_phase() -> None:
     stopped = LIMITS.stopped_budget
     assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 0.0) == 15
     assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=30.0), 0.0) == 15  # however long steps are
     assert stopped(Progress(Phase.STEP, 5, 0.0, steps_done=4, slowest_step_s=2.0), 50.0) == 15
-    assert stopped(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) is None  # the first step: compilation
+    assert stopped(Progress(Phase.STEP, 1, 0.0, steps_done=0), 0.0) == 15  # the first step: compiling is no stop
     assert [stopped(Progress(phase, 5, 0.0), 0.0) for phase in (Phase.STARTUP, Phase.RESTORE, Phase.SAVE,
-                                                                Phase.UPLOAD, Phase.DONE)] == [None] * 5  # I/O
+                                                                Phase.UPLOAD, Phase.DONE)] == [15] * 4 + [None]
     slow = Budgets(watchdog=WatchdogSpec(startup_s=900, restore_s=800, first_step_s=700, step_floor_s=10,
                                          step_factor=3, save_s=600, upload_s=1800, stopped_s=20), step_cap_s=1140)
     assert slow.stopped_budget(Progress(Phase.STEP, 5, 0.0, steps_done=4), 0.0) == 10  # never past the step budget
