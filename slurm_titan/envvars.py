@@ -49,8 +49,9 @@ NODES = "SLURM_TITAN_NODES"
 NUM_NODES = "SLURM_TITAN_NUM_NODES"
 """node.batch.allocation writes how many NODES there are; the srun line reads it."""
 STARTED_AHEAD = "SLURM_TITAN_STARTED_AHEAD"
-"""node.batch.ahead writes 1 into the srun step it starts ahead of the batch shell's decision; node.supervisor reads
-it: its ranks import, then wait for the decision (run_folder.AHEAD_WORD)."""
+"""node.batch.ahead writes the number of the attempt it follows into the srun step it starts ahead of the batch
+shell's decision; node.supervisor reads it: its ranks import, then it waits for that attempt's supervisor on its node
+to end (node.supervisor.presence) and for the decision (run_folder.AHEAD_WORD)."""
 
 # ---- written by the node supervisor into each rank ---------------------------------------------------
 JOB_DIR = "SLURM_TITAN_JOB_DIR"

@@ -126,7 +126,11 @@ class PreemptionSpec:
     restart loop after `max_failures_without_progress` failures in a row that trained no new step.
     With `allow_shrink`, a run whose allocation has too few good nodes left goes on inside it on fewer
     (down to `min_nodes`, default 1, at node counts whose world size the parallelism divides) instead
-    of requeueing; DCP reshards model and optimizer."""
+    of requeueing; DCP reshards model and optimizer. With `standby_step`, each attempt's next step is started on
+    the same nodes as soon as it trained its first step, its ranks imported (torch, torchtitan, torch_npu) and
+    waiting, so that a restart after a failure does not wait for the import (node.batch.ahead); it costs each node
+    one imported process per rank in host memory, and host CPU for the import beside the training. Off, the next
+    step is started ahead only once a failure is seen."""
 
     signal_seconds: int = 300
     max_requeues: int = 20
@@ -134,6 +138,7 @@ class PreemptionSpec:
     max_failures_without_progress: int = 3
     allow_shrink: bool = False
     min_nodes: int | None = None
+    standby_step: bool = False
 
 
 @dataclass

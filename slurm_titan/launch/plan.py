@@ -289,7 +289,8 @@ def _batch_spec(config: JobConfig, take_over: bool = False) -> BatchSpec:
                      signal_seconds=policy.signal_seconds, titan_module=config.torchtitan.module,
                      titan_config=config.torchtitan.config, straggler=_straggler_plan(config),
                      lease=_lease_plan(config, take_over),
-                     memory_dir=config.checkpoint.memory.dir if config.checkpoint.memory.enable else None)
+                     memory_dir=config.checkpoint.memory.dir if config.checkpoint.memory.enable else None,
+                     standby_step=policy.standby_step)
 
 
 def _lease_lines(batch: BatchSpec, python: str) -> str:

@@ -56,13 +56,14 @@ class BatchSpec:
     straggler: StragglerPlan  # the slow-node judge of the step watcher (node.batch.slow_watch)
     lease: LeasePlan | None = None  # the writer lease of the remote checkpoint location (none without one)
     memory_dir: str | None = None  # checkpoint.memory.dir with the RAM tier on: what a failed job leaves is removed
+    standby_step: bool = False  # preemption.standby_step: the next attempt's step started as each attempt trains
 
     def to_json(self) -> str:
         """The file's text: `format`, then the fields in order, one per line (the dry run shows it); no `lease`
-        or `memory_dir` without one."""
+        or `memory_dir` without one, no `standby_step` when off."""
         fields_ = asdict(self)
-        for optional in ("lease", "memory_dir"):
-            if fields_[optional] is None:
+        for optional in ("lease", "memory_dir", "standby_step"):
+            if fields_[optional] in (None, False):
                 del fields_[optional]
         return json.dumps({"format": FORMAT, **fields_}, indent=1)
 
@@ -93,6 +94,7 @@ class BatchSpec:
                                                        endpoint_url=_optional(lease, "endpoint_url", str, "lease."),
                                                        take_over=_field(lease, "take_over", bool, "lease.")),
             memory_dir=_optional(data, "memory_dir", str) if "memory_dir" in data else None,
+            standby_step=_field(data, "standby_step", bool) if "standby_step" in data else False,
         )
 
     @classmethod

@@ -204,8 +204,12 @@ def lost_nodes(job_dir: Path, attempt: int) -> Path:
     return attempt_folder(job_dir, attempt) / "lost-nodes.json"
 
 
+TRAINED_STEP = "trained-step"
+"""In an attempt's folder: the last step it trained (records.history.write_trained_step)."""
+
+
 def trained_step_file(job_dir: Path, attempt: int) -> Path:
-    return attempt_folder(job_dir, attempt) / "trained-step"
+    return attempt_folder(job_dir, attempt) / TRAINED_STEP
 
 
 def ram_folder(job_dir: Path, attempt: int) -> Path:

@@ -54,7 +54,8 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
     # 8; only then the held write lands, as a cut-off node's late write would (here an uploader cannot outlive its
     # rank: it dies with it): into attempt 0's own folder, overwriting nothing of the committed step.
     with ThrottledS3(s3_server) as proxy, Cli(slurm_env, tmp_path_factory.mktemp("late-write"), proxy) as cli:
-        job = cli.submit(*CONFIG, "--set", f"checkpoint.endpoint_url={proxy.endpoint}", paced=True)
+        job = cli.submit(*CONFIG, "--set", f"checkpoint.endpoint_url={proxy.endpoint}", "--set",
+                         "preemption.standby_step=true", paced=True)
         late = layout.data_key(8, layout.attempt_dir(envvars.attempt_id(job, 0)), "__1_0.distcp")
         proxy.configure(hold=re.escape(f"/{late}") + r"(\?|$)")
         folder = job_dir(cli, job)
@@ -73,8 +74,10 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
         assert first["cause"] == f"crashed on {fault.signalled[0]['SLURMD_NODENAME']} rank 1 with SIGKILL"
         assert first["excluded"] == []  # a first failure without a spare: the node stays
         assert second["first_step"] == 5 and first["steps_retrained"] >= 6  # step 8 was not complete: from step 4
-        # attempt 1 ran in the step started ahead as the failure was seen: its ranks imported meanwhile
-        assert "attempt 1 on" in node_log_text(cli, job) and "(in the step started ahead" in node_log_text(cli, job)
+        # attempt 1 ran in the standby step started as attempt 0 trained: its ranks imported long before the kill
+        logs = node_log_text(cli, job)
+        assert "attempt 0 trains (a standby step): the next attempt's step started ahead" in logs, logs
+        assert "attempt 1 on" in logs and "(in the step started ahead" in logs
         assert_same_training(cli, job, reference)
         shown = cli("status", job).stdout
         assert "crashed on" in shown and "restart" in shown

@@ -14,7 +14,8 @@ Reported per fault: detection (fault -> the node log's first word of it), fault 
 steps trained twice, the attempts and whether Slurm requeued. With --memory-interval N|auto every job runs with
 the RAM tier on (checkpoint.memory): besides, what a snapshot costs (the time it stops training over the median
 step: `snapshot_blocking_ratio`, from the ranks' logs) and the bytes replicated per snapshot and node (the
-supervisors' first copy to the partner). With --soak-minutes M, one job then trains for M minutes while a crash
+supervisors' first copy to the partner). With --standby every job keeps its next attempt's step standing by
+(preemption.standby_step). With --soak-minutes M, one job then trains for M minutes while a crash
 or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = distinct steps
 trained in the soak x the uninterrupted time per step (the mean interval between consecutive steps of one
 attempt in the soak, its checkpoint saves included) / its wall time; `goodput_strict` takes the median interval
@@ -105,7 +106,7 @@ def snapshot_figures(run: Run, interval: str | None) -> dict[str, Any]:
 
 def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
     """Submit, inject `kind` once rank 1 (or its node) reached `at_step`, wait for the end."""
-    sets = [f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=4", *memory_sets(bench)]
+    sets = [f"checkpoint.remote={bench.args.remote_base}/{{job_id}}", "checkpoint.interval=4", *recovery_sets(bench)]
     if kind == "node-spare":
         sets.append("slurm.spare_nodes=1")
     run = bench.submit(*sets)
@@ -133,7 +134,7 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
     rng = random.Random(seed)
     run = bench.submit(f"checkpoint.remote={bench.args.remote_base}/{{job_id}}",
                        f"checkpoint.interval={bench.args.soak_checkpoint_interval}",
-                       "torchtitan.args.training.steps=100000", "slurm.time=02:00:00", *memory_sets(bench))
+                       "torchtitan.args.training.steps=100000", "slurm.time=02:00:00", *recovery_sets(bench))
     log = run.job_dir / "logs" / "rank-0.log"
     bench.wait(run, lambda: log.exists() and step_reached(1)({}, log.read_text(errors="replace")))
     start, faults = time.time(), []
@@ -169,10 +170,11 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
             **snapshot_figures(run, bench.args.memory_interval)}
 
 
-def memory_sets(bench: Bench) -> list[str]:
-    """The RAM tier's settings (--memory-interval), none when it is off."""
+def recovery_sets(bench: Bench) -> list[str]:
+    """The RAM tier's settings (--memory-interval), none when it is off; the standby step's (--standby)."""
     interval = bench.args.memory_interval
-    return [] if interval is None else ["checkpoint.memory.enable=true", f"checkpoint.memory.interval={interval}"]
+    tier = [] if interval is None else ["checkpoint.memory.enable=true", f"checkpoint.memory.interval={interval}"]
+    return tier + (["preemption.standby_step=true"] if bench.args.standby else [])
 
 
 def uninterrupted_intervals(steps: list[tuple[int, float]], attempt_starts: list[float]) -> list[float]:
@@ -212,6 +214,8 @@ def main() -> int:
                     help="the soak's checkpoint.interval (default 10)")
     ap.add_argument("--memory-interval", default=None,
                     help="turn the RAM tier on: checkpoint.memory.interval (a step count or auto; default off)")
+    ap.add_argument("--standby", action="store_true",
+                    help="preemption.standby_step: each attempt's next step started, imported, as it trains")
     ap.set_defaults(remote="s3")
     args = ap.parse_args()
     code = 0

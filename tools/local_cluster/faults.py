@@ -17,11 +17,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_titan.envvars import ATTEMPT_INDEX
 from tools.local_cluster.cpu_throttle import CpuThrottle, ShareMeter, cpus_when_running, root
 
 
 def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
-    """The job's live training processes on this machine (every local node): pid -> their environment."""
+    """The job's live training processes on this machine (every local node): pid -> their environment. Each rank's
+    of its oldest live attempt only: a later attempt's step started ahead (a standby step, node.batch.ahead) has
+    ranks of the same number, which wait at their start gate and share the rank's log, until the attempt before
+    theirs ended."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -35,7 +39,14 @@ def rank_processes(job_id: str) -> dict[int, dict[str, str]]:
             continue
         if env.get("SLURM_JOB_ID") == job_id:
             found[int(entry.name)] = env
-    return found
+    oldest: dict[str | None, int] = {}
+    for env in found.values():
+        oldest[env.get("RANK")] = min(_attempt(env), oldest.get(env.get("RANK"), _attempt(env)))
+    return {pid: env for pid, env in found.items() if _attempt(env) == oldest[env.get("RANK")]}
+
+
+def _attempt(env: dict[str, str]) -> int:
+    return int(env.get(ATTEMPT_INDEX) or 0)
 
 
 SCAN_S = 0.1  # how often SignalAtStep searches /proc for new training processes (~1.3 ms a search)

@@ -2,14 +2,17 @@
 
 A restart inside the allocation waits for the failed step to end on every node, for `finish` to conclude, then
 for a new srun step, whose ranks spend seconds importing torch and torchtitan before they train (4-5 s of a
-10.7 s restart on the bundled cluster). So once the step watcher sees a node report a failure, it starts the
-next attempt's step on the same nodes at once (:func:`start_ahead`): each node's supervisor starts its ranks,
-which import and then wait (rank.start_gate), and waits itself for the batch shell's word (run_folder.AHEAD_WORD).
-The step's attempt number is claimed as it starts (the next free one: `finish` numbers the restart with it). When
-`finish` restarts on those nodes, it tells the step to go (:func:`step_for`); otherwise (other nodes, a requeue, the
-end) it tells it to end and kills its srun (:func:`dismiss`): its ranks trained nothing, its supervisors wrote no
-report. The srun is the starting process's child: a thread there records its exit code in the failed attempt's
-folder (run_folder.AHEAD_EXIT), where `finish` reads it, whichever process started it.
+10.7 s restart on the bundled cluster). So the step watcher starts the next attempt's step on the same nodes ahead
+(:func:`start_ahead`): once it sees a node report a failure, or, with `preemption.standby_step`, as soon as the
+attempt trained its first step (a standby step: the import is then done before any failure). Each node's supervisor
+starts its ranks, which import and then wait (rank.start_gate); it waits itself for the supervisor of the attempt
+it follows on its node to end (node.supervisor.presence: no lookup of the job folder while that attempt trains),
+then for the batch shell's word (run_folder.AHEAD_WORD). The step's attempt number is claimed as it starts (the
+next free one: `finish` numbers the restart with it). When `finish` restarts on those nodes, it tells the step to go
+(:func:`step_for`); otherwise (other nodes, a requeue, the end) it tells it to end and kills its srun
+(:func:`dismiss`): its ranks trained nothing, its supervisors wrote no report. The srun is the starting process's
+child: a thread there records its exit code in the folder of the attempt it was started during
+(run_folder.AHEAD_EXIT), where `finish` reads it, whichever process started it.
 """
 
 from __future__ import annotations
@@ -60,14 +63,14 @@ def srun_command(job_dir: Path, job_id: str) -> str:
     return f"{text[start + len('# command') + 2:srun + 1]}exec {text[srun + 1:end].strip()}"
 
 
-def start_ahead(job_dir: Path, job_id: str, failed: int, nodes: tuple[str, ...],
+def start_ahead(job_dir: Path, job_id: str, during: int, nodes: tuple[str, ...],
                 env: Mapping[str, str]) -> threading.Thread:
-    """Start the step of the attempt after `failed` on `nodes` ahead of the decision, its number claimed now (the next
+    """Start the step of the attempt after `during` on `nodes` ahead of the decision, its number claimed now (the next
     free one); returns the thread that records its srun's exit code (the starting process waits for it before it
     exits: the srun is its child)."""
     plan = AttemptPlan(next_attempt_number(job_dir), nodes)
-    srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: "1"})
-    folder = run_folder.attempt_folder(job_dir, failed)
+    srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during)})
+    folder = run_folder.attempt_folder(job_dir, during)
     try:
         replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
                                                              "nodes": list(nodes)}))
@@ -120,9 +123,9 @@ class AheadStep:
         return code
 
 
-def find(job_dir: Path, failed: int) -> AheadStep | None:
-    """The step started ahead during attempt `failed`, None when none was (or its record does not read)."""
-    folder = run_folder.attempt_folder(job_dir, failed)
+def find(job_dir: Path, during: int) -> AheadStep | None:
+    """The step started ahead during attempt `during`, None when none was (or its record does not read)."""
+    folder = run_folder.attempt_folder(job_dir, during)
     try:
         data = json.loads((folder / run_folder.AHEAD).read_text())
         return AheadStep(folder, int(data["attempt"]), int(data["pid"]), tuple(str(node) for node in data["nodes"]))
@@ -130,23 +133,23 @@ def find(job_dir: Path, failed: int) -> AheadStep | None:
         return None
 
 
-def step_for(job_dir: Path, failed: int, plan: AttemptPlan) -> AheadStep | None:
-    """The step started ahead during attempt `failed`, told to go, when it is `plan`'s (its number, its nodes) and
+def step_for(job_dir: Path, during: int, plan: AttemptPlan) -> AheadStep | None:
+    """The step started ahead during attempt `during`, told to go, when it is `plan`'s (its number, its nodes) and
     its srun still runs; else None, that step (if any) told to end first."""
-    step = find(job_dir, failed)
+    step = find(job_dir, during)
     if step is None:
         return None
     if (step.attempt, step.nodes) != (plan.attempt, plan.nodes) or step.exit_code() is not None:
-        dismiss(job_dir, failed)
+        dismiss(job_dir, during)
         return None
     step.tell(go=True)
     return step
 
 
-def dismiss(job_dir: Path, failed: int) -> None:
-    """End the step started ahead during attempt `failed`, if any: its supervisors are told, its srun killed (a node
+def dismiss(job_dir: Path, during: int) -> None:
+    """End the step started ahead during attempt `during`, if any: its supervisors are told, its srun killed (a node
     of it may be lost, and srun would wait for it)."""
-    if (step := find(job_dir, failed)) is None or step.exit_code() is not None:
+    if (step := find(job_dir, during)) is None or step.exit_code() is not None:
         return
     with contextlib.suppress(OSError):
         step.tell(go=False)

@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: BatchSpec, env: dict[str, str],
                 started: ahead.AheadStep | None) -> int:
     """Run `plan` inside the allocation and watch it to its end: in `started`, the srun step started ahead for it
-    (node.batch.ahead, told to go), else in a new one; the srun's exit code. A failure seen in it starts the next
-    attempt's step ahead on the same nodes."""
+    (node.batch.ahead, told to go), else in a new one; the srun's exit code. A failure seen in it (with
+    `standby_step`, its first trained step) starts the next attempt's step ahead on the same nodes."""
     nodes = list(plan.nodes)
     say(f"restarting in the allocation: attempt {plan.attempt} on {','.join(nodes)}"
         + (" (in the step started ahead: its ranks imported meanwhile)" if started else ""))
@@ -288,7 +288,7 @@ def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: 
         srun = ahead.start_srun(job_dir, job_id, env)
     step_watch.watch(job_dir, plan.attempt, nodes, started.pid if started else srun.pid,
                      slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, nodes, env),
-                     on_failure=lambda: start_next_ahead(job_dir, job_id, plan, env))
+                     start_next=lambda: start_next_ahead(job_dir, job_id, plan, env), standby=spec.standby_step)
     return started.wait() if started else srun.wait()
 
 

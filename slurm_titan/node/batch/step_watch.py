@@ -15,7 +15,8 @@ failure. It lists the reports and touches the heartbeat through the attempt's fo
 (``records.held_folder``: a lookup of one name, not of every name of the path, on a shared file system), and records
 when each report first appeared on its own clock (``report-sightings.json``), the one clock on which `finish` orders
 the nodes' failures (``attribution.on_one_clock``). The first report of a failure it sees starts the next
-attempt's srun step ahead on the same nodes (node.batch.ahead; the step is this process's child, so the first
+attempt's srun step ahead on the same nodes, or with `preemption.standby_step` the attempt's first trained step
+does (its trained-step file in the same listing; node.batch.ahead; the step is this process's child, so the first
 attempt's watcher process stays until that step ends). The first
 attempt's watcher is started by the batch set-up beside submitit's srun (`--shell-pid`: it finds srun among the
 batch shell's children); `finish` watches the steps it starts itself with :func:`watch`.
@@ -41,6 +42,7 @@ from slurm_titan.node.batch import ahead, attribution
 from slurm_titan.node.batch.processes import alive, command, parent
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import load_or_exit
+from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
@@ -111,7 +113,8 @@ class _Sightings(_Background):
         self.attempt_dir = attempt_dir
         self.seen: dict[int, float] = {}
         self.before: set[int] | None = None  # the reports already there at the first listing: when is unknown
-        self.changed = threading.Event()  # set when a listing found a new report
+        self.changed = threading.Event()  # set when a listing found a new report, or the first trained step
+        self.trained = threading.Event()  # set when a listing found the attempt's trained-step file
         self._lock = threading.Lock()
 
     def nodes(self) -> set[int]:
@@ -121,10 +124,13 @@ class _Sightings(_Background):
 
     def _look(self) -> None:
         try:
-            reported = run_folder.node_numbers(self.attempt_dir.names(), ".json")  # one listing: no report is read
+            names = self.attempt_dir.names()  # one listing: no report is read
         except OSError:  # the file system's hiccup: the next listing
             return
-        now = time.time()
+        reported, now = run_folder.node_numbers(names, ".json"), time.time()
+        if not self.trained.is_set() and run_folder.TRAINED_STEP in names:
+            self.trained.set()
+            self.changed.set()
         with self._lock:
             if self.before is None:
                 self.before = reported  # not sighted: written before this watcher looked (the nodes' clocks decide)
@@ -154,14 +160,16 @@ def failure_reported(attempt_dir: HeldFolder, node: int) -> bool:
 
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
           poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures,
-          slow: SlowNodeWatch | None = None, on_failure: Callable[[], None] | None = None) -> list[str]:
+          slow: SlowNodeWatch | None = None, start_next: Callable[[], None] | None = None,
+          standby: bool = False) -> list[str]:
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer (recorded first:
     :func:`record_lost`). Returns those nodes.
 
     Silent nodes that answered a probe are probed again only after twice the wait (up to REPROBE_MAX_S): one
     probe round per failure, not one every `grace_s` while the reports trickle in. With `slow`, a node it
-    names for a swap ends the attempt with one USR2 to srun (the ranks save and stop). `on_failure` is called
-    once, as the first report of a failure is seen (each new report is read once; node.batch.ahead)."""
+    names for a swap ends the attempt with one USR2 to srun (the ranks save and stop). `start_next` is called
+    once, as the first report of a failure is seen (each new report is read once), or with `standby` as soon as
+    the attempt trained a step (node.batch.ahead)."""
     waiting_since: float | None = None
     wait_s = grace_s
     swapping = False
@@ -173,15 +181,14 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
                 swapping = True
                 os.kill(srun_pid, signal.SIGUSR2)
             reported = sightings.nodes()
-            if on_failure is not None and (new := reported - read):
+            if start_next is not None and (new := reported - read):
                 read |= new
                 if any(failure_reported(attempt_dir, node) for node in sorted(new)):
-                    try:
-                        on_failure()
-                    except Exception as error:  # noqa: BLE001 - the restart only starts later without it
-                        print(f"slurm-titan: WARNING: attempt {attempt} failed; its next attempt's step could not be "
-                              f"started ahead ({type(error).__name__}: {error})", file=sys.stderr, flush=True)
-                    on_failure = None
+                    _start(start_next, attempt, "failed")
+                    start_next = None
+            if start_next is not None and standby and sightings.trained.is_set():
+                _start(start_next, attempt, "trains (a standby step)")
+                start_next = None
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s
@@ -198,6 +205,16 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
             sightings.changed.wait(poll_s)  # a new report is looked at as it is sighted
             sightings.changed.clear()
     return []
+
+
+def _start(start_next: Callable[[], None], attempt: int, why: str) -> None:
+    """Start the next attempt's step ahead; a failure to is a warning (a restart then starts its own step later)."""
+    try:
+        start_next()
+        say(f"attempt {attempt} {why}: the next attempt's step started ahead on its nodes")
+    except Exception as error:  # noqa: BLE001 - the restart only starts later without it
+        print(f"slurm-titan: WARNING: attempt {attempt} {why}; its next attempt's step could not be started ahead "
+              f"({type(error).__name__}: {error})", file=sys.stderr, flush=True)
 
 
 def find_srun(shell_pid: int, timeout_s: float = FIND_SRUN_S) -> int | None:
@@ -221,12 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     srun = find_srun(args.shell_pid)
     if srun is not None:
         attempt, hosts = int(os.environ[envvars.ATTEMPT_INDEX]), os.environ[envvars.NODES].split(",")
-        slow = SlowNodeWatch.for_attempt(load_or_exit(args.job_dir), args.job_dir, attempt, hosts, os.environ)
+        spec = load_or_exit(args.job_dir)
+        slow = SlowNodeWatch.for_attempt(spec, args.job_dir, attempt, hosts, os.environ)
 
         def start_next_ahead() -> None:
             ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts), os.environ)
 
-        watch(args.job_dir, attempt, hosts, srun, slow=slow, on_failure=start_next_ahead)
+        watch(args.job_dir, attempt, hosts, srun, slow=slow, start_next=start_next_ahead, standby=spec.standby_step)
     return 0  # a step started ahead is this process's child: its recorder thread keeps the process until it ends
 
 

@@ -38,7 +38,7 @@ from slurm_titan.doctor.report import format_table
 from slurm_titan.errors import ExitCode, SlurmTitanError
 from slurm_titan.node.node_log import say
 from slurm_titan.node.spec import NodeSpec
-from slurm_titan.node.supervisor import batch_host, rendezvous, restore
+from slurm_titan.node.supervisor import batch_host, presence, rendezvous, restore
 from slurm_titan.node.supervisor.ram import NodeMemory
 from slurm_titan.node.supervisor.timing import TimingReport
 from slurm_titan.node.supervisor.watchdog import Hang, Watchdog
@@ -321,6 +321,7 @@ class NodeSupervisor:
         self.node = 0
         self.first_written: float | None = None  # the time of this node's first report of the attempt
         self.beat_at_failure: batch_host.BeatMark | None = None  # the batch shell's heartbeat when the ranks failed
+        self.presence: presence.Presence | None = None  # held for life: a step started ahead waits for its end
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
@@ -352,6 +353,7 @@ class NodeSupervisor:
             say(f"ERROR before training: {error}")
             self._finish(1, {})
         self.node = rdzv.node_rank
+        self.presence = presence.Presence(job_id, attempt, rdzv.node_rank)  # for the next attempt's step ahead
         self.stop_file = run_folder.stop_file(job_dir, attempt, rdzv.node_rank)
         take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
         first = rdzv.node_rank * rdzv.procs_per_node
@@ -370,8 +372,8 @@ class NodeSupervisor:
         # its preflight; they train once started, below
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
                                on_failure=self._mark_beat)
-        if env.get(envvars.STARTED_AHEAD):
-            self._wait_for_word(attempt_dir, rdzv.num_nodes)
+        if (follows := env.get(envvars.STARTED_AHEAD)) is not None:
+            self._wait_for_word(attempt_dir, rdzv, job_id, int(follows))
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
         doctor_warnings = []
@@ -418,14 +420,16 @@ class NodeSupervisor:
                                  cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
         self._exit(code)
 
-    def _wait_for_word(self, attempt_dir: HeldFolder, nodes: int) -> None:
+    def _wait_for_word(self, attempt_dir: HeldFolder, rdzv: rendezvous.Rendezvous, job_id: str, follows: int) -> None:
         """In a step the batch shell started ahead of its decision (node.batch.ahead), while the ranks import: wait for
-        its word (run_folder.AHEAD_WORD) and go on as this attempt, or end the step without a report (the batch shell
-        ends the attempt otherwise, a stop signal came, or no word came within WORD_WAIT_S)."""
+        the supervisor of attempt `follows` on this node to end (node.supervisor.presence: however long it trains),
+        then for the batch shell's word (run_folder.AHEAD_WORD), and go on as this attempt, or end the step without a
+        report (the batch shell ends the attempt otherwise, a stop signal came, or no word came within WORD_WAIT_S)."""
         self.awaiting_word = True
+        presence.wait_gone(job_id, follows, rdzv.node_rank, stop=lambda: self.signalled_ahead)
         deadline = time.monotonic() + WORD_WAIT_S
         go = False
-        waits = poll_waits(nodes, first=WORD_POLL_S, cap=WORD_POLL_S)  # the job's nodes within the folder's budget
+        waits = poll_waits(rdzv.num_nodes, first=WORD_POLL_S, cap=WORD_POLL_S)  # within the job folder's budget
         while not self.signalled_ahead and time.monotonic() < deadline:
             try:
                 go = bool(json.loads(attempt_dir.read_text(run_folder.AHEAD_WORD))["go"])

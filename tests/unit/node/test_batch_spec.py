@@ -20,6 +20,9 @@ def test_a_spec_reads_back_equal(tmp_path: Path) -> None:
     assert "lease" not in json.loads(spec.to_json())  # the scripts of jobs without one stay as they were
     leased = replace(SPEC, lease=LeasePlan(remote="s3://b/runs/x/exp-1", take_over=True))
     assert BatchSpec.from_json(leased.to_json()) == leased
+    assert "standby_step" not in json.loads(spec.to_json())
+    standby = replace(SPEC, standby_step=True)
+    assert BatchSpec.from_json(standby.to_json()) == standby
 
 
 @pytest.mark.parametrize(("text", "problem"), [

@@ -1,5 +1,6 @@
-"""The next attempt's srun step started ahead of the batch shell's decision: started on the first failure report,
-told to go when the restart runs on its nodes, ended otherwise (a stand-in srun on PATH)."""
+"""The next attempt's srun step started ahead of the batch shell's decision: started on the first failure report
+(or, a standby step, on the attempt's first trained step), told to go when the restart runs on its nodes, ended
+otherwise (a stand-in srun on PATH)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from slurm_titan.node.batch import ahead, allocation, step_watch
 from slurm_titan.node.batch.allocation import AttemptPlan
-from slurm_titan.records import run_folder
+from slurm_titan.records import history, run_folder
 from tests.support.reports import node_report
 
 
@@ -56,7 +57,7 @@ def test_a_step_started_ahead_on_the_restarts_nodes_is_told_to_go_and_waited_for
         job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocation, "unhealthy_nodes", lambda hosts: set())
     _started(job_dir, ("n1", "n2"))
-    assert (run_folder.attempt_folder(job_dir, 1) / "started-with").read_text() == "n1,n2 1 slurm\n"
+    assert (run_folder.attempt_folder(job_dir, 1) / "started-with").read_text() == "n1,n2 0 slurm\n"  # follows 0
     step = ahead.find(job_dir, 0)
     assert step is not None and (step.attempt, step.nodes) == (1, ("n1", "n2"))  # attempt 1 claimed as it started
     assert allocation.next_attempt(job_dir, 2, {"SLURM_JOB_NODELIST": "n[1-2]"}, number=step.attempt) == \
@@ -89,7 +90,7 @@ def test_the_first_failure_report_starts_the_next_attempt_ahead_once(tmp_path: P
         timer.start()
     started = time.monotonic()
     step_watch.watch(tmp_path, 0, ["n1", "n2", "n3"], srun.pid, grace_s=5, poll_s=1.0, probe=lambda _: set(),
-                     on_failure=lambda: calls.append(time.monotonic() - started))
+                     start_next=lambda: calls.append(time.monotonic() - started))
     assert len(calls) == 1 and 0.3 <= calls[0] < 0.3 + 0.5  # at its sighting, not the watcher's next 1 s poll
 
 
@@ -99,9 +100,24 @@ def test_reports_of_no_failure_start_nothing_ahead(tmp_path: Path, code: int) ->
     node_report(tmp_path, 0, 0, "n1", code, None)
     calls: list[bool] = []
     step_watch.watch(tmp_path, 0, ["n1"], srun.pid, grace_s=5, poll_s=0.05, probe=lambda _: set(),
-                     on_failure=lambda: calls.append(True))
+                     start_next=lambda: calls.append(True))
     assert calls == []
 
+
+@pytest.mark.parametrize("standby", [True, False])
+def test_a_standby_step_is_started_once_as_the_attempt_trains_its_first_step(tmp_path: Path, standby: bool) -> None:
+    srun = subprocess.Popen(["sleep", "1.6"])
+    run_folder.attempt_folder(tmp_path, 0).mkdir(parents=True)
+    failed = run_folder.node_report(tmp_path, 0, 0)
+    calls: list[bool] = []  # whether the failure was reported when the next step was started
+    timers = [threading.Timer(0.2, history.write_trained_step, (tmp_path, 0, 1)),
+              threading.Timer(1.2, node_report, (tmp_path, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 1}))]
+    for timer in timers:
+        timer.start()
+    step_watch.watch(tmp_path, 0, ["n1"], srun.pid, grace_s=5, poll_s=1.0, probe=lambda _: set(),
+                     start_next=lambda: calls.append(failed.exists()), standby=standby)
+    # a standby: at the first trained step, and the failure after it starts no second one; else at the failure
+    assert calls == [not standby]
 
 
 def test_a_step_whose_srun_ended_without_a_code_written_ended_failed_and_is_not_killed_again(
