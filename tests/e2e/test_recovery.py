@@ -1,5 +1,5 @@
 """Unplanned failures on the real local Slurm cluster: a crashed rank (and its attempt's write that lands late,
-fenced off), a node that fails every time, a crash that repeats (a restart loop), a lost node (replaced by a
+fenced off; the next attempt's step standing by, preemption.standby_step), a node that fails every time, a crash that repeats (a restart loop), a lost node (replaced by a
 spare, requeued without it, or left out on fewer nodes with preemption.allow_shrink), the batch host lost.
 Faults are real SIGKILLs of the training processes and whole nodes killed by their own processes, from outside.
 
