@@ -33,12 +33,11 @@ class WatchdogSpec:
     `first_step_s` of each attempt (compilation, warm-up), every later step max(`step_floor_s`, `step_factor` x
     the slowest step seen in this run, kept in the run folder for the next attempt), `save_s` for one
     checkpoint save, `upload_s` for the wait on the uploads at the end (or before a requeue). A rank that the
-    kernel shows stopped (SIGSTOP, SIGTSTP, a tracer's stop) at every poll, its CPU time unchanged since the
-    first, is hung after `stopped_s` instead, in any phase (a save's as a step's) and however long its steps are: a
-    stopped process neither computes, writes nor waits for a peer, and its node names it without waiting for the
-    other nodes' views.
-    Uninterruptible sleep (D) keeps the step budget: a rank waiting on its device or on a slow mount can show it
-    while healthy.
+    kernel shows stopped (SIGSTOP, SIGTSTP; not a tracer's stop, someone looking) at every poll, its CPU time
+    unchanged since the first, is hung after `stopped_s` instead, in any phase (a save's as a step's) and however
+    long its steps are: a stopped process neither computes, writes nor waits for a peer, and its node names it
+    without waiting for the other nodes' views. Uninterruptible sleep (D) keeps the step budget: a rank waiting on
+    its device or on a slow mount can show it while healthy.
 
     Order of firing (checked by launch.config): a budget ends at least WATCHDOG_MARGIN_S before the torch
     process-group timeout its peers wait under: `timeouts.startup_s` for start-up, restore and the first step,
@@ -56,7 +55,7 @@ class WatchdogSpec:
     step_factor: int = 3
     save_s: int = 600
     upload_s: int = 1800
-    stopped_s: int = 3  # 6 polls of the watchdog, each seeing it stopped with its CPU time frozen
+    stopped_s: int = 3  # 7 polls of the watchdog 0.5 s apart, each seeing it stopped with its CPU time frozen
 
 
 @dataclass(frozen=True, kw_only=True)

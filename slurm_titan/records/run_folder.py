@@ -26,7 +26,8 @@ node supervisors and the ranks build in it (as ckpt.layout is for a checkpoint l
                                              (-<K>: the K-th take-over, after a claimant that died)
         lost-nodes.json                      node.batch.step_watch: the nodes its probe found lost, before it ended
                                              the step (node.batch.finish blames them without probing again)
-        trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it)
+        trained-step                         rank.progress: the last step the attempt trained (rank 0 replaces it;
+                                             node.batch.step_watch starts a standby step when it first appears)
         restore/                             node.supervisor.restore: the nodes' agreement on each checkpoint candidate
                                              (ckpt.agree: step-<S>/node-<N>.ok, or .json with a rejection)
         stacks/node-<N>.txt                  node.supervisor.stacks: node N's ranks' Python stacks, dumped on a hang

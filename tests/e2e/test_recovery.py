@@ -1,6 +1,7 @@
-"""Unplanned failures on the real local Slurm cluster: a crashed rank (and its attempt's write that lands late,
-fenced off; the next attempt's step standing by, preemption.standby_step), a node that fails every time, a crash that repeats (a restart loop), a lost node (replaced by a
-spare, requeued without it, or left out on fewer nodes with preemption.allow_shrink), the batch host lost.
+"""Unplanned failures on the real local Slurm cluster: a crashed rank (its attempt's write that lands late fenced
+off; the next attempt's step standing by: preemption.standby_step), a node that fails every time, a crash that
+repeats (a restart loop), a lost node (replaced by a spare, requeued without it, or left out on fewer nodes with
+preemption.allow_shrink), the batch host lost.
 Faults are real SIGKILLs of the training processes and whole nodes killed by their own processes, from outside.
 
 Every run that completes is compared with one uninterrupted run of the same config: every step trained,

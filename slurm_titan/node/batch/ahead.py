@@ -69,8 +69,9 @@ def start_ahead(job_dir: Path, job_id: str, during: int, nodes: tuple[str, ...],
     free one); returns the thread that records its srun's exit code (the starting process waits for it before it
     exits: the srun is its child)."""
     plan = AttemptPlan(next_attempt_number(job_dir), nodes)
-    srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during)})
     folder = run_folder.attempt_folder(job_dir, during)
+    (folder / run_folder.AHEAD_EXIT).unlink(missing_ok=True)  # a standby step's that ended before (it is this one's)
+    srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during)})
     try:
         replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
                                                              "nodes": list(nodes)}))

@@ -252,28 +252,32 @@ def main(argv: list[str] | None = None) -> int:
     hosts = env[envvars.NODES].split(",") if env.get(envvars.NODES) else \
         expand_hostlist(env.get("SLURM_JOB_NODELIST", "localhost"))[:spec.nodes]
     attempt, srun_exit_code = Attempt(number, hosts), args.srun_exit_code
-    while True:
-        outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
-        if outcome.action == STOP:
+    try:
+        while True:
+            outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
+            if outcome.action == STOP:
+                ahead.dismiss(job_dir, attempt.number)
+                if code != 0 or attempt.number > 0:  # a failure kept snapshots somewhere: a node left out, say
+                    clear_memory(spec, env)
+                return code
+            started = ahead.find(job_dir, attempt.number)
+            if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec,
+                                                                            started.attempt if started else None)):
+                step = ahead.step_for(job_dir, attempt.number, plan)  # told to go, or (if any) to end
+                if started and not step:  # an attempt's number is one step's: the step ended keeps its own
+                    plan = allocation.AttemptPlan(allocation.next_attempt_number(job_dir), plan.nodes)
+                env |= plan.env()
+                attempt = Attempt(plan.attempt, list(plan.nodes))
+                srun_exit_code = run_attempt(job_dir, job_id, plan, spec, env, step)
+                continue
             ahead.dismiss(job_dir, attempt.number)
-            if code != 0 or attempt.number > 0:  # a failure kept snapshots somewhere: a node left out, say
+            if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
+                history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
                 clear_memory(spec, env)
-            return code
-        started = ahead.find(job_dir, attempt.number)
-        if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec,
-                                                                        started.attempt if started else None)):
-            step = ahead.step_for(job_dir, attempt.number, plan)  # told to go, or (if any) to end
-            if started and not step:  # an attempt's number is one step's: the step ended keeps its own
-                plan = allocation.AttemptPlan(allocation.next_attempt_number(job_dir), plan.nodes)
-            env |= plan.env()
-            attempt = Attempt(plan.attempt, list(plan.nodes))
-            srun_exit_code = run_attempt(job_dir, job_id, plan, spec, env, step)
-            continue
-        ahead.dismiss(job_dir, attempt.number)
-        if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
-            history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
-            clear_memory(spec, env)
-        return requeue_job(job_dir, job_id, attempt.number)
+            return requeue_job(job_dir, job_id, attempt.number)
+    except Exception:
+        ahead.dismiss(job_dir, attempt.number)  # a step started ahead would wait for a word that never comes
+        raise
 
 
 def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: BatchSpec, env: dict[str, str],

@@ -115,6 +115,7 @@ class _Sightings(_Background):
         self.before: set[int] | None = None  # the reports already there at the first listing: when is unknown
         self.changed = threading.Event()  # set when a listing found a new report, or the first trained step
         self.trained = threading.Event()  # set when a listing found the attempt's trained-step file
+        self.ahead_ended = threading.Event()  # set when a listing found the exit code of the step started ahead
         self._lock = threading.Lock()
 
     def nodes(self) -> set[int]:
@@ -131,6 +132,8 @@ class _Sightings(_Background):
         if not self.trained.is_set() and run_folder.TRAINED_STEP in names:
             self.trained.set()
             self.changed.set()
+        if run_folder.AHEAD_EXIT in names:
+            self.ahead_ended.set()
         with self._lock:
             if self.before is None:
                 self.before = reported  # not sighted: written before this watcher looked (the nodes' clocks decide)
@@ -169,11 +172,13 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     probe round per failure, not one every `grace_s` while the reports trickle in. With `slow`, a node it
     names for a swap ends the attempt with one USR2 to srun (the ranks save and stop). `start_next` is called
     once, as the first report of a failure is seen (each new report is read once), or with `standby` as soon as
-    the attempt trained a step (node.batch.ahead)."""
+    the attempt trained a step (node.batch.ahead); once more at a failure when that standby step ended before it (a
+    rank of it lost, say)."""
     waiting_since: float | None = None
     wait_s = grace_s
     swapping = False
     read: set[int] = set()  # the reports read for a failure
+    failed, standing_by = False, False
     with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s), \
             _Sightings(attempt_dir) as sightings:
         while alive(srun_pid):
@@ -181,14 +186,15 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
                 swapping = True
                 os.kill(srun_pid, signal.SIGUSR2)
             reported = sightings.nodes()
-            if start_next is not None and (new := reported - read):
+            if start_next is not None and not failed and (new := reported - read):
                 read |= new
                 if any(failure_reported(attempt_dir, node) for node in sorted(new)):
-                    _start(start_next, attempt, "failed")
-                    start_next = None
-            if start_next is not None and standby and sightings.trained.is_set():
+                    failed = True
+                    if not standing_by or sightings.ahead_ended.is_set():  # none yet, or the standby is gone
+                        _start(start_next, attempt, "failed")
+            if start_next is not None and standby and not (failed or standing_by) and sightings.trained.is_set():
+                standing_by = True
                 _start(start_next, attempt, "trains (a standby step)")
-                start_next = None
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s

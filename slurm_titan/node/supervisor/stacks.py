@@ -54,8 +54,9 @@ def frozen(state: str) -> bool:
 
 
 def stopped(state: str) -> bool:
-    """A process stopped by a signal (T: SIGSTOP, SIGTSTP) or by its tracer (t): it runs again only when told."""
-    return state in ("T", "t")
+    """A process stopped by a signal (T: SIGSTOP, SIGTSTP): it runs again only when told. A tracer's stop (t: gdb, a
+    blocking py-spy) is someone looking on purpose, and keeps the phase's budget."""
+    return state == "T"
 
 
 def in_collective(stack: str) -> bool:

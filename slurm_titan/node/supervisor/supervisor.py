@@ -55,7 +55,8 @@ WORD_POLL_S = 0.2
 """How often a step started ahead looks for the batch shell's word (one lookup through the held attempt folder), at
 most: a large job's nodes look less often (records.polls)."""
 WORD_WAIT_S = 300.0
-"""How long a step started ahead waits for that word before it ends by itself (a batch shell that died)."""
+"""How long a step started ahead waits for that word, once the attempt it follows ended on its node, before it ends
+by itself (a batch shell that died)."""
 FIRST_VIEW_S = 1.0
 """How long a hung node's stack dump may take before its report says its first view (the culprit without stacks)."""
 
@@ -353,7 +354,7 @@ class NodeSupervisor:
             say(f"ERROR before training: {error}")
             self._finish(1, {})
         self.node = rdzv.node_rank
-        self.presence = presence.Presence(job_id, attempt, rdzv.node_rank)  # for the next attempt's step ahead
+        self.presence = presence.Presence(job_dir, attempt, rdzv.node_rank)  # for the next attempt's step ahead
         self.stop_file = run_folder.stop_file(job_dir, attempt, rdzv.node_rank)
         take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
         first = rdzv.node_rank * rdzv.procs_per_node
@@ -373,7 +374,7 @@ class NodeSupervisor:
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
                                on_failure=self._mark_beat)
         if (follows := env.get(envvars.STARTED_AHEAD)) is not None:
-            self._wait_for_word(attempt_dir, rdzv, job_id, int(follows))
+            self._wait_for_word(attempt_dir, rdzv, job_dir, int(follows))
         if rdzv.node_rank == 0:
             history.append_event(job_dir, "start", attempt, hosts=list(rdzv.hosts))
         doctor_warnings = []
@@ -420,30 +421,38 @@ class NodeSupervisor:
                                  cause=f"node {lost} lost (the batch host)", culprit=lost, excluded=[])
         self._exit(code)
 
-    def _wait_for_word(self, attempt_dir: HeldFolder, rdzv: rendezvous.Rendezvous, job_id: str, follows: int) -> None:
+    def _wait_for_word(self, attempt_dir: HeldFolder, rdzv: rendezvous.Rendezvous, job_dir: Path, follows: int) -> None:
         """In a step the batch shell started ahead of its decision (node.batch.ahead), while the ranks import: wait for
         the supervisor of attempt `follows` on this node to end (node.supervisor.presence: however long it trains),
         then for the batch shell's word (run_folder.AHEAD_WORD), and go on as this attempt, or end the step without a
-        report (the batch shell ends the attempt otherwise, a stop signal came, or no word came within WORD_WAIT_S)."""
+        report (the batch shell ends the attempt otherwise, a stop signal came, a rank of this step ended while it
+        waited, or no word came within WORD_WAIT_S). A step that ended is not taken: the restart starts its own."""
+        assert self.ranks is not None
+        ranks = self.ranks
         self.awaiting_word = True
-        presence.wait_gone(job_id, follows, rdzv.node_rank, stop=lambda: self.signalled_ahead)
+
+        def ended() -> bool:  # a stop signal, or a rank gone before any word (killed, out of memory, a failed import)
+            return self.signalled_ahead or any(code is not None for code in ranks.poll().values())
+
+        presence.wait_gone(job_dir, follows, rdzv.node_rank, stop=ended)
         deadline = time.monotonic() + WORD_WAIT_S
         go = False
         waits = poll_waits(rdzv.num_nodes, first=WORD_POLL_S, cap=WORD_POLL_S)  # within the job folder's budget
         while not self.signalled_ahead and time.monotonic() < deadline:
             try:
                 go = bool(json.loads(attempt_dir.read_text(run_folder.AHEAD_WORD))["go"])
-                break
+                break  # told to go, a rank that ended meanwhile fails the attempt the usual way, with a report
             except (OSError, ValueError, KeyError, TypeError):  # not written yet (or being written: it is replaced)
+                if ended():
+                    break
                 time.sleep(next(waits))
         self.awaiting_word = False  # a stop signal from here on takes the usual way (the stop file, the ranks)
         if self.signalled_ahead:  # came before that, even after the word: this node does not train
             go = False
         if not go:
-            say("started ahead, not needed (the batch shell's word was to end, a stop signal came, or no word came "
-                f"within {WORD_WAIT_S:.0f} s): no rank trained")
-            assert self.ranks is not None
-            self.ranks.kill()
+            say("started ahead, not needed or not fit (the batch shell's word was to end, a stop signal came, a rank "
+                f"of this step ended: {ranks.poll()}, or no word came within {WORD_WAIT_S:.0f} s): no rank trained")
+            ranks.kill()
             if self.watchdog:
                 self.watchdog.close()
             sys.exit(0)

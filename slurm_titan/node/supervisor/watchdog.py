@@ -8,8 +8,8 @@ hang it dumps the stacks of every rank of the node (node.supervisor.stacks) into
 all (stopped, or in uninterruptible sleep) first, then one that is not waiting in a collective, then the one least
 far in steps and phases, then the one whose last progress is the oldest. The supervisor then kills the ranks and
 reports the hang (ExitCode.HANG); attribution compares the hangs of all nodes with the same key. A rank seen stopped
-at every poll of a step has a shorter budget (node.budgets), and a node whose culprit was found on it does not wait
-for the other nodes' views: none can be stronger.
+at every poll, its CPU time frozen, has a shorter budget in every phase (node.budgets), and a node whose culprit was
+found so does not wait for the other nodes' views: none can be stronger.
 
 When one rank hangs, its peers on the other nodes soon wait in a collective and stop making progress too:
 their nodes' watchdogs fire as well (same phase, nearly the same `since`), each reports its own view, and the

@@ -44,7 +44,7 @@ exit 4
 
 def _started(job_dir: Path, nodes: tuple[str, ...]) -> threading.Thread:
     """Attempt 0 failed: the step of attempt 1 started ahead on `nodes`."""
-    run_folder.attempt_folder(job_dir, 0).mkdir(parents=True)
+    run_folder.attempt_folder(job_dir, 0).mkdir(parents=True, exist_ok=True)
     recorder = ahead.start_ahead(job_dir, "42", 0, nodes, dict(os.environ))
     folder = run_folder.attempt_folder(job_dir, 1)
     deadline = time.monotonic() + 10
@@ -73,6 +73,17 @@ def test_a_step_started_ahead_on_other_nodes_is_ended_and_a_new_one_is_needed(jo
     assert json.loads((run_folder.attempt_folder(job_dir, 1) / run_folder.AHEAD_WORD).read_text()) == {"go": False}
     assert (run_folder.attempt_folder(job_dir, 0) / run_folder.AHEAD_EXIT).read_text() in ("3", "-9")  # told, killed
     ahead.dismiss(job_dir, 0)  # once ended, nothing more to do
+
+
+def test_a_step_started_after_a_standby_that_ended_is_not_taken_for_ended(job_dir: Path) -> None:
+    folder = run_folder.attempt_folder(job_dir, 0)
+    folder.mkdir(parents=True)
+    (folder / run_folder.AHEAD_EXIT).write_text("0")  # the standby's, ended before the failure
+    recorder = _started(job_dir, ("n1",))
+    step = ahead.find(job_dir, 0)
+    assert step is not None and step.attempt == 1 and step.exit_code() is None
+    ahead.dismiss(job_dir, 0)
+    recorder.join(10)
 
 
 def test_no_step_started_ahead_is_none(job_dir: Path) -> None:
@@ -104,20 +115,23 @@ def test_reports_of_no_failure_start_nothing_ahead(tmp_path: Path, code: int) ->
     assert calls == []
 
 
-@pytest.mark.parametrize("standby", [True, False])
-def test_a_standby_step_is_started_once_as_the_attempt_trains_its_first_step(tmp_path: Path, standby: bool) -> None:
-    srun = subprocess.Popen(["sleep", "1.6"])
-    run_folder.attempt_folder(tmp_path, 0).mkdir(parents=True)
+@pytest.mark.parametrize("standby", ["off", "on", "on, ended early"])
+def test_a_standby_step_is_started_once_as_the_attempt_trains_its_first_step(tmp_path: Path, standby: str) -> None:
+    srun = subprocess.Popen(["sleep", "3"])  # ends well after the failure's sighting, on a loaded machine too
+    folder = run_folder.attempt_folder(tmp_path, 0)
+    folder.mkdir(parents=True)
     failed = run_folder.node_report(tmp_path, 0, 0)
     calls: list[bool] = []  # whether the failure was reported when the next step was started
     timers = [threading.Timer(0.2, history.write_trained_step, (tmp_path, 0, 1)),
               threading.Timer(1.2, node_report, (tmp_path, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 1}))]
+    if standby == "on, ended early":  # its srun's exit code recorded (a rank of it lost, say) before the failure
+        timers.append(threading.Timer(0.6, (folder / run_folder.AHEAD_EXIT).write_text, ("0",)))
     for timer in timers:
         timer.start()
     step_watch.watch(tmp_path, 0, ["n1"], srun.pid, grace_s=5, poll_s=1.0, probe=lambda _: set(),
-                     start_next=lambda: calls.append(failed.exists()), standby=standby)
-    # a standby: at the first trained step, and the failure after it starts no second one; else at the failure
-    assert calls == [not standby]
+                     start_next=lambda: calls.append(failed.exists()), standby=standby != "off")
+    # on: at the first trained step, and the failure after it starts no second one, unless that one ended meanwhile
+    assert calls == {"off": [True], "on": [False], "on, ended early": [False, True]}[standby]
 
 
 def test_a_step_whose_srun_ended_without_a_code_written_ended_failed_and_is_not_killed_again(

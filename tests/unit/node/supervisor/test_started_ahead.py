@@ -5,7 +5,6 @@ ends without a report, its ranks killed, on "end" or a stop signal."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -25,7 +24,6 @@ WAITING = "from slurm_titan.rank.start_gate import wait_for_start; wait_for_star
 
 
 RDZV = Rendezvous("127.0.0.1", 29500, node_rank=0, num_nodes=1, procs_per_node=2, hosts=("a",))
-JOB_ID = f"started-ahead-test-{os.getpid()}"  # the presence's name: unique on this machine
 
 
 def _supervisor(tmp_path: Path) -> tuple[NodeSupervisor, HeldFolder]:
@@ -42,7 +40,7 @@ def _later(action: Any, *args: Any) -> None:
 def test_the_word_to_go_lets_the_node_go_on_with_its_ranks_waiting_to_start(tmp_path: Path) -> None:
     supervisor, attempt_dir = _supervisor(tmp_path)
     _later(attempt_dir.replace_text, run_folder.AHEAD_WORD, json.dumps({"go": True}))
-    supervisor._wait_for_word(attempt_dir, RDZV, JOB_ID, 0)
+    supervisor._wait_for_word(attempt_dir, RDZV, tmp_path, 0)
     assert supervisor.ranks is not None and all(p.poll() is None for p in supervisor.ranks.processes.values())
     supervisor.ranks.start({})
     assert supervisor.ranks.wait() == {0: 0, 1: 0}
@@ -56,7 +54,7 @@ def test_a_step_not_needed_ends_quietly_its_ranks_killed(tmp_path: Path, ended_b
     else:  # the job is cancelled or preempted meanwhile: nothing of this step to save
         _later(supervisor._on_signal, signal.SIGTERM, None)
     with pytest.raises(SystemExit) as ended:
-        supervisor._wait_for_word(attempt_dir, RDZV, JOB_ID, 0)
+        supervisor._wait_for_word(attempt_dir, RDZV, tmp_path, 0)
     assert ended.value.code == 0
     assert supervisor.ranks is not None and {p.returncode for p in supervisor.ranks.processes.values()} == {-9}
     assert not run_folder.node_report(tmp_path, 1, 0).exists() and not supervisor.stop_file.exists()
@@ -71,15 +69,15 @@ def test_a_standby_looks_for_the_word_only_once_the_attempt_it_follows_ended_on_
     A stop signal meanwhile ends the wait."""
     supervisor, attempt_dir = _supervisor(tmp_path)
     attempt_dir.replace_text(run_folder.AHEAD_WORD, json.dumps({"go": True}))
-    running = Presence(JOB_ID, 0, 0)
+    running = Presence(tmp_path, 0, 0)
     if stopped:
         _later(supervisor._on_signal, signal.SIGUSR2, None)
         with pytest.raises(SystemExit):
-            supervisor._wait_for_word(attempt_dir, RDZV, JOB_ID, 0)
+            supervisor._wait_for_word(attempt_dir, RDZV, tmp_path, 0)
         running.close()
         return
     _later(running.close)
-    supervisor._wait_for_word(attempt_dir, RDZV, JOB_ID, 0)
+    supervisor._wait_for_word(attempt_dir, RDZV, tmp_path, 0)
     assert running.sock is None  # it went on only after the supervisor it follows was gone
     assert supervisor.ranks is not None
     supervisor.ranks.kill()
