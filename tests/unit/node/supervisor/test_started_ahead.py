@@ -81,3 +81,15 @@ def test_a_standby_looks_for_the_word_only_once_the_attempt_it_follows_ended_on_
     assert running.sock is None  # it went on only after the supervisor it follows was gone
     assert supervisor.ranks is not None
     supervisor.ranks.kill()
+
+
+def test_a_standby_whose_rank_ended_before_any_word_ends_quietly(tmp_path: Path) -> None:
+    """A rank of the step gone while it waits (out of memory, say): the step is not fit to be taken; it ends without a
+    report, and `finish`, seeing its srun's exit code, starts a step of its own."""
+    supervisor, attempt_dir = _supervisor(tmp_path)
+    assert supervisor.ranks is not None
+    supervisor.ranks.processes[1].kill()
+    with pytest.raises(SystemExit) as ended:
+        supervisor._wait_for_word(attempt_dir, RDZV, tmp_path, 0)
+    assert ended.value.code == 0 and not run_folder.node_report(tmp_path, 1, 0).exists()
+    assert all(p.poll() is not None for p in supervisor.ranks.processes.values())
