@@ -4,9 +4,10 @@ its node's memory folder, and on a recovery from memory loads it back.
 
 A snapshot is the rank's own state only (DCP with ``no_dist``: its shards of every DTensor and its own copy of the
 rest, its own ``.metadata``), so it needs no other rank's files and loads on the same world size only, which is
-all a recovery inside the allocation asks for. The node supervisor (:mod:`slurm_titan.node.supervisor.ram`) copies
-each complete snapshot to the partner node and says so in ``replicated-R``; at each snapshot the ranks agree (one
-all_reduce) on the newest step every rank holds twice, and drop their own older ones.
+all a recovery inside the allocation asks for; its tensors are kept as their raw bytes (:mod:`.raw_storage`). The
+node supervisor (:mod:`slurm_titan.node.supervisor.ram`) copies each complete snapshot to the partner node and says
+so in ``replicated-R``; at each snapshot the ranks agree (one all_reduce) on the newest step every rank holds twice,
+and drop their own older ones.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from slurm_titan.envvars import RamEnv
 from slurm_titan.ram import layout, snapshot
+from slurm_titan.rank.raw_storage import RawReader, RawWriter
 
 log = logging.getLogger("slurm_titan.rank.ram_snapshot")
 RNG = "slurm_titan.rng"
@@ -133,8 +135,7 @@ class RamSnapshots:
         final = layout.rank_dir(self.root, step, self.rank)
         staging = final.parent / f".rank-{self.rank}.{os.getpid()}"
         staging.mkdir(parents=True, exist_ok=True)
-        writer = dcp.FileSystemWriter(str(staging), single_file_per_rank=True, sync_files=False)
-        written = dcp.async_save({**states, RNG: _rng_states()}, storage_writer=writer, no_dist=True,
+        written = dcp.async_save({**states, RNG: _rng_states()}, storage_writer=RawWriter(staging), no_dist=True,
                                  async_stager=self.stager)
         assert isinstance(written, Future)  # staging is synchronous: the future is the write's
         self.last_blocked_s = time.monotonic() - begin
@@ -162,7 +163,7 @@ class RamSnapshots:
         """Load this rank's snapshot in ``folder`` (``step-N/rank-R``, complete: the node checked it) into
         ``states`` in place, the RNG states with them."""
         rng = _rng_states()
-        dcp.load({**states, RNG: rng}, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+        dcp.load({**states, RNG: rng}, storage_reader=RawReader(folder), no_dist=True)
         torch.set_rng_state(rng["cpu"])
         if "device" in rng and (device := _device_rng()) is not None:
             device.set_rng_state(rng["device"])
