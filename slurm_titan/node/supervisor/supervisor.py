@@ -75,6 +75,23 @@ def write_report(attempt_dir: HeldFolder, node: int, code: int, rank_codes: dict
         "hang": hang and hang.as_dict(), "first_written": first_written}))
 
 
+def failed_elsewhere(attempt_dir: HeldFolder, node: int) -> int | None:
+    """Another node of the attempt whose report says it failed (the lowest such number), None when none has: one
+    listing of the attempt's folder, then the other nodes' reports read until one failed."""
+    try:
+        others = sorted(run_folder.node_numbers(attempt_dir.names(), ".json") - {node})
+    except OSError:
+        return None
+    for other in others:
+        try:
+            code = json.loads(attempt_dir.read_text(run_folder.node_report_name(other)))["exit_code"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if code not in (0, ExitCode.PREEMPTED):
+            return other
+    return None
+
+
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
     """(rank, exit code) of the lowest rank that failed (neither running, finished nor checkpointed to stop)."""
     failed = sorted((rank, code) for rank, code in codes.items() if code not in (None, 0, ExitCode.PREEMPTED))
@@ -325,12 +342,21 @@ class NodeSupervisor:
         self.presence: presence.Presence | None = None  # held for life: a step started ahead waits for its end
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """Leave the stop file (read by ranks that start or run later) and pass the signal on."""
+        """Leave the stop file (read by ranks that start or run later) and pass the signal on; but a SIGTERM that
+        comes after another node reported a failure is srun ending the step (a task of it failed): the ranks are
+        killed at once, where a save asked for would wait for the dead node's ranks until Slurm's KillWait (30 s by
+        default) ran out. Their report follows as after any failure; the attribution blames the first."""
         name = signal.Signals(signum).name
         if self.awaiting_word:  # the job stops or ends: this step, started ahead, has nothing to save
             self.signalled_ahead = True
             return
         self.terminated = self.terminated or signum == signal.SIGTERM
+        if signum == signal.SIGTERM and self.ranks and self.attempt_dir and \
+                (other := failed_elsewhere(self.attempt_dir, self.node)) is not None:
+            say(f"got SIGTERM after node {other}'s failure (srun ends the step): the ranks are killed now, a save "
+                "could not complete without that node's ranks")
+            self.ranks.signal_all(signal.SIGKILL)  # not kill(): it takes the gate lock the main thread may hold
+            return
         if self.stop_file and not self.stop_file.exists():
             say(f"got {name}: the ranks checkpoint at the end of this step, then stop")
             self.stop_file.parent.mkdir(parents=True, exist_ok=True)
