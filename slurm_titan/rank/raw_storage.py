@@ -1,8 +1,8 @@
 """DCP storage for the RAM tier's snapshots: every tensor kept as its raw bytes, one data file per rank.
 
 DCP's FileSystemWriter writes each tensor through ``torch.save`` (a zip record, its CRC32, a pickler and
-torch's config lookups, per tensor) and its reader ``torch.load``s each one back: for a rank's few hundred
-tensors ~10x the CPU time of writing their bytes (``tools/bench/ram_snapshot_write.py``), taken in the
+torch's config lookups, per tensor) and its reader ``torch.load``s each one back: for the debug model's state 2.6x
+the CPU time of this module's write, 2.2x of its read (``tools/bench/ram_snapshot_write.py``), taken in the
 training process's background thread from the CPU the training uses. A snapshot is read back by this module
 only, by the same rank of the same world size, so it needs no portable layout: DCP's planners, its metadata
 and its handling of Stateful objects and DTensor shards are kept; only where the bytes lie is this module's.
