@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint import Metadata, StorageReader, StorageWriter
+from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -115,7 +116,7 @@ class RawReader(StorageReader):
     def __init__(self, path: str | os.PathLike) -> None:
         super().__init__()
         self.path = Path(path)
-        self.extents: dict = {}
+        self.extents: dict[MetadataIndex, Extent] = {}
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:

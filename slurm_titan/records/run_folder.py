@@ -45,8 +45,11 @@ old runs and read by tests: they never change.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+from slurm_titan.records.held_folder import HeldFolder
 
 JOB_ID = "{job_id}"
 """Where a planned path or value takes the job's id (filled in on the node: :func:`fill`)."""
@@ -150,6 +153,15 @@ def node_report(job_dir: Path, attempt: int, node: int) -> Path:
 def node_report_name(node: int) -> str:
     """The name of node `node`'s report in its attempt's folder."""
     return f"node-{node}.json"
+
+
+def reported_exit_code(attempt_dir: HeldFolder, node: int) -> int | None:
+    """The exit code in node `node`'s report (node.supervisor writes it), None while it has none that reads."""
+    try:
+        code = json.loads(attempt_dir.read_text(node_report_name(node)))["exit_code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, int) else None
 
 
 def node_files(folder: Path, suffix: str = ".json") -> set[int]:

@@ -154,11 +154,7 @@ class _Sightings(_Background):
 def failure_reported(attempt_dir: HeldFolder, node: int) -> bool:
     """Whether node `node`'s report says its ranks failed (or hung): not finished, stopped to requeue, or a
     preflight failure (which is not restarted on the same nodes)."""
-    try:
-        code = json.loads(attempt_dir.read_text(run_folder.node_report_name(node)))["exit_code"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return code not in (0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT)
+    return run_folder.reported_exit_code(attempt_dir, node) not in (None, 0, ExitCode.PREEMPTED, ExitCode.PREFLIGHT)
 
 
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,

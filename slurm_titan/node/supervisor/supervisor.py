@@ -82,14 +82,8 @@ def failed_elsewhere(attempt_dir: HeldFolder, node: int) -> int | None:
         others = sorted(run_folder.node_numbers(attempt_dir.names(), ".json") - {node})
     except OSError:
         return None
-    for other in others:
-        try:
-            code = json.loads(attempt_dir.read_text(run_folder.node_report_name(other)))["exit_code"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if code not in (0, ExitCode.PREEMPTED):
-            return other
-    return None
+    return next((other for other in others
+                 if run_folder.reported_exit_code(attempt_dir, other) not in (None, 0, ExitCode.PREEMPTED)), None)
 
 
 def first_failure(codes: dict[int, int | None]) -> tuple[int, int] | None:
