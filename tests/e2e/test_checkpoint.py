@@ -11,7 +11,7 @@ import s3fs
 from tests.support.cli import Cli, run
 from tests.support.configs import SMALL_STEPS
 from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
-from tests.support.runs import checkpoints, job_dir, step_losses, wait_for_log
+from tests.support.runs import checkpoints, step_losses, wait_for_log
 from tests.support.s3 import S3Server
 from tests.support.throttle import ThrottledS3
 
@@ -42,8 +42,8 @@ def test_restore_then_new_run_repeats_the_losses(finished_run: tuple[Cli, str], 
     assert (tmp_path / "restored/step-5/.metadata").is_file(), restore.stdout + restore.stderr
     rerun = cli.submit(*CONFIG, "--set", f"checkpoint.local={tmp_path / 'restored'}", "--set", "checkpoint.remote=null")
     assert cli.wait(rerun)["state"] == "COMPLETED"
-    original = dict(step_losses(job_dir(cli, job) / "logs/rank-0.log"))
-    resumed = step_losses(job_dir(cli, rerun) / "logs/rank-0.log")
+    original = dict(step_losses(cli.job_dir(job) / "logs/rank-0.log"))
+    resumed = step_losses(cli.job_dir(rerun) / "logs/rank-0.log")
     assert [step for step, _ in resumed] == list(range(6, 13))
     assert all(original[step] == loss for step, loss in resumed)
 
@@ -51,7 +51,7 @@ def test_restore_then_new_run_repeats_the_losses(finished_run: tuple[Cli, str], 
 @TWELVE_STEP_GROUP
 def test_credentials_never_written(finished_run: tuple[Cli, str], s3_server: S3Server) -> None:
     cli, job = finished_run
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     written = [p for p in folder.rglob("*") if p.is_file() and p.suffix != ".pkl"]
     assert any(p.name.endswith("_submission.sh") for p in written)
     for path in written:
@@ -79,9 +79,9 @@ def test_store_gone_when_the_job_starts(cli: Cli) -> None:
                          "--set", f"checkpoint.endpoint_url={endpoint}")
     status = cli.wait(job)
     assert status["state"] == "FAILED"
-    node_log = (job_dir(cli, job) / f"{job}_0_log.out").read_text()
+    node_log = (cli.job_dir(job) / f"{job}_0_log.out").read_text()
     assert "ERROR before training" in node_log and endpoint.split("//")[1] in node_log
-    rank_log = job_dir(cli, job) / "logs/rank-0.log"  # ranks start while the node restores; killed when it fails
+    rank_log = cli.job_dir(job) / "logs/rank-0.log"  # ranks start while the node restores; killed when it fails
     assert "step:" not in (rank_log.read_text(errors="replace") if rank_log.exists() else "")
 
 
@@ -91,7 +91,7 @@ def test_store_outage_mid_run(slurm_env: dict, tmp_path_factory: pytest.TempPath
     with S3Server() as private, Cli(slurm_env, tmp_path_factory.mktemp("outage"), private) as cli:
         job = cli.submit(*SMALL_STEPS, "--set", "torchtitan.args.training.steps=24", "--set", "checkpoint.interval=4",
                          paced=True)
-        remote, rank0 = remote_of(cli, job), job_dir(cli, job) / "logs/rank-0.log"
+        remote, rank0 = remote_of(cli, job), cli.job_dir(job) / "logs/rank-0.log"
         wait_for_log(rank0, "checkpoint step 4 committed")
         private.stop()
         wait_for_log(rank0, "step: 20", timeout=300)  # 8, 12, 16 and 20 saved while the store was down
@@ -114,7 +114,7 @@ def test_a_throttling_store_is_waited_out_by_the_save_and_by_the_restore(
     # Without a Retry-After, as S3 answers SlowDown (and Ceph RGW before 2026): the store's own backoff; a
     # Retry-After is honoured in tests/integration/ckpt/test_throttle.py and the scale harness.
     reference, reference_job = finished_run
-    original = dict(step_losses(job_dir(reference, reference_job) / "logs/rank-0.log"))
+    original = dict(step_losses(reference.job_dir(reference_job) / "logs/rank-0.log"))
     with ThrottledS3(s3_server, share=0.3, retry_after=None) as proxy:
         cli = Cli(slurm_env, tmp_path_factory.mktemp("throttled"), proxy)
         through = ["--set", f"checkpoint.endpoint_url={proxy.endpoint}"]
@@ -130,8 +130,8 @@ def test_a_throttling_store_is_waited_out_by_the_save_and_by_the_restore(
         assert cli.wait(second)["state"] == "COMPLETED"
         restored = proxy.stats()
     assert sum(m["throttled"] for m in saved.values()) > 0 and sum(m["throttled"] for m in restored.values()) > 0
-    first_losses = step_losses(job_dir(cli, first) / "logs/rank-0.log")
-    second_losses = step_losses(job_dir(cli, second) / "logs/rank-0.log")
+    first_losses = step_losses(cli.job_dir(first) / "logs/rank-0.log")
+    second_losses = step_losses(cli.job_dir(second) / "logs/rank-0.log")
     assert [s for s, _ in first_losses] == list(range(1, 13)) and [s for s, _ in second_losses] == [11, 12]
     assert all(original[step] == loss for step, loss in first_losses + second_losses)
     direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)

@@ -27,7 +27,7 @@ from slurm_titan.records.rank_progress import Phase
 from tests.support.cli import Cli, wait_for
 from tests.support.paths import REPO
 from tests.support.references import RAM_INTERVAL, RAM_TIER, SIXTEEN_STEPS
-from tests.support.runs import assert_same_training, job_dir, node_log_text, uninterrupted_losses
+from tests.support.runs import assert_same_training, node_log_text, uninterrupted_losses
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import SignalAtStep, step_reached
 
@@ -58,7 +58,7 @@ def hang_report(folder: Path, attempt: int) -> dict:
 
 
 def assert_found_by_the_watchdog(cli: Cli, job: str, status: dict, stopped: dict[str, str], phase: str) -> dict:
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     first = status["attempts"][0]
     assert (first["reason"], first["action"]) == ("failed", "restart"), first
     assert re.fullmatch(rf"hung on {stopped['SLURMD_NODENAME']} rank 1 at step \d+ \({phase}\)", first["cause"]), first
@@ -76,7 +76,7 @@ def test_a_rank_stopped_mid_step_is_found_and_the_run_recovers_from_memory(cli: 
                                                                            reference: dict[int, str]) -> None:
     # The RAM tier on (issue 25): the hang's attempt resumes on the same nodes from their own memory
     job = cli.submit(*CONFIG, *RAM_TIER, paced=True)
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(6), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
     assert fault.signalled
@@ -105,7 +105,7 @@ def _saving(cluster: LocalCluster) -> Callable[[dict[str, str], str], bool]:
 def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, cluster: LocalCluster,
                                                                    reference: dict[int, str]) -> None:
     job = cli.submit(*CONFIG, paced=True)  # the stopped budget (3 s) holds in a save as in a step
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     with SignalAtStep(folder, job, {"RANK": "1"}, _saving(cluster), signal.SIGSTOP, times=1, poll_s=0.005) as fault:
         status = cli.wait(job, timeout=900)
     assert fault.signalled
@@ -207,8 +207,8 @@ def test_a_rank_blocked_in_its_data_loader_is_found_and_the_run_recovers(cli: Cl
     first = status["attempts"][0]
     host = cli.status(job)["attempts"][0]["hosts"][1]
     assert re.fullmatch(rf"hung on {host} rank 1 at step \d+ \(step\)", first["cause"]), first
-    hang = hang_report(job_dir(cli, job), 0)
+    hang = hang_report(cli.job_dir(job), 0)
     assert not hang["frozen"] and hang["in_collective"] is False  # blocked in read(), not waiting for a peer
-    stack = rank_stack(job_dir(cli, job), 0, 1)
+    stack = rank_stack(cli.job_dir(job), 0, 1)
     assert "read" in stack and "distributed_c10d" not in stack, stack
     assert_same_training(cli, job, reference)

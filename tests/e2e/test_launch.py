@@ -42,13 +42,13 @@ def test_two_nodes_train_and_complete(twelve_step_run) -> None:
     assert f"finished steps 1..{max(rank0)}" in cli("status", job).stdout
 
 
-def test_four_nodes_run_a_few_steps(cli: Cli) -> None:
-    job = cli.submit("configs/debug_cpu.yaml", "--nodes", "4", "--set", "torchtitan.args.training.steps=3",
-                     "--set", "checkpoint.enable=false", "--set", "checkpoint.remote=null")
-    status = cli.wait(job)
+@TWELVE_STEP_GROUP
+def test_four_nodes_train_and_complete(twelve_step_run) -> None:
+    cli, job = twelve_step_run(4)  # the 4-node run test_restore_share resumes from (tests.support.references)
+    status = cli.status(job)
     assert status["state"] == "COMPLETED", status
     for rank in range(4):
-        assert sorted(losses(job_dir(status) / f"logs/rank-{rank}.log")) == [1, 2, 3]
+        assert sorted(losses(job_dir(status) / f"logs/rank-{rank}.log")) == list(range(1, 13))
     assert "world size 4" in cli("logs", job).stdout
 
 

@@ -18,7 +18,6 @@ from tests.support.cli import Cli, run, wait_for
 from tests.support.references import SIXTY_STEPS
 from tests.support.runs import (
     checkpoints,
-    job_dir,
     job_field,
     scontrol,
     step_losses,
@@ -38,7 +37,7 @@ def reference(reference_losses) -> dict[int, str]:
 def interrupted_run(cli: Cli, trigger: Callable[[str], None], *extra: str, at_step: int = 6) -> dict:
     """Submit, call `trigger(job)` once step `at_step` is logged, wait for the end; returns the status."""
     job = cli.submit(*CONFIG, *extra, paced=True)
-    wait_for_log(job_dir(cli, job) / "logs/rank-0.log", f"step: {at_step:2d}")
+    wait_for_log(cli.job_dir(job) / "logs/rank-0.log", f"step: {at_step:2d}")
     trigger(job)
     return cli.wait(job, timeout=900)
 
@@ -56,7 +55,7 @@ def assert_zero_lost_steps(cli: Cli, status: dict, reference: dict[int, str], re
 def assert_every_step_once(cli: Cli, job: str, reference: dict[int, str]) -> None:
     """Every rank trained steps 1..STEPS once each, with the uninterrupted run's losses."""
     for rank in (0, 1):
-        losses = step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log")
+        losses = step_losses(cli.job_dir(job) / f"logs/rank-{rank}.log")
         assert [step for step, _ in losses] == list(range(1, STEPS + 1)), "a step was lost or trained twice"
         assert dict(losses) == reference, "losses after resume differ from the uninterrupted run"
 
@@ -70,7 +69,7 @@ def test_a_requeue_during_an_upload_usr2_during_the_restore_and_mid_run(cli: Cli
     (`scancel --signal`) while the requeued run restores, USR2 again 3 steps into the next run. Each stop saves
     the step it came in, the next run resumes at the step after it, and every step is trained once."""
     job = cli.submit(*CONFIG[:-2], "--set", "checkpoint.interval=5", paced=True)
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     rank0, node_log = folder / "logs/rank-0.log", folder / f"{job}_0_log.out"
     wait_for_log(rank0, "Finished saving the checkpoint")  # step 5's upload is under way
     scontrol(cli, "requeue", job)
@@ -117,7 +116,7 @@ def test_c_time_limit(cli: Cli, reference: dict[int, str]) -> None:
     # (<= 30 s: steps 4-60 take longer, paced at >= 1 s a step) with >= 40 s left. While the job
     # waits to rerun, the limit goes back up.
     job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100", paced=True)
-    wait_for_log(job_dir(cli, job) / "logs/rank-0.log", "step:  3")
+    wait_for_log(cli.job_dir(job) / "logs/rank-0.log", "step:  3")
     minutes = math.ceil((job_field(cli, job, "RunTime") + 70) / 60)
     scontrol(cli, "update", f"JobId={job}", f"TimeLimit={minutes}")
 

@@ -24,7 +24,6 @@ from tests.support.cli import Cli, run, wait_for
 from tests.support.references import RAM_INTERVAL, RAM_TIER, SIXTEEN_STEPS, remote_of
 from tests.support.runs import (
     assert_same_training,
-    job_dir,
     job_field,
     memory_left,
     node_log_text,
@@ -59,7 +58,7 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
                          "preemption.standby_step=true", paced=True)
         late = layout.data_key(8, layout.attempt_dir(envvars.attempt_id(job, 0)), "__1_0.distcp")
         proxy.configure(hold=re.escape(f"/{late}") + r"(\?|$)")
-        folder = job_dir(cli, job)
+        folder = cli.job_dir(job)
         with SignalAtStep(folder, job, {"RANK": "1"}, step_reached(11), times=1) as fault:
             wait_for_log(folder / "logs/rank-0.log", "checkpoint step 8 committed", timeout=600)
             assert proxy.held()["waiting"], "attempt 0's write of step 8 was not in flight when attempt 1 committed"
@@ -94,7 +93,7 @@ def test_a_node_that_fails_every_time_is_swapped_for_a_spare_which_resumes_from_
     # And the RAM tier (issue 25): the bad node's rank is killed -9 in step 5; its snapshot of step 4 (or, were that
     # one's copy to the partner cut short, of step 2) comes to the spare from the partner's memory
     job = cli.submit(*CONFIG, *RAM_TIER, "--set", "slurm.spare_nodes=1", paced=True)
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
     good, bad = cli.status(job)["attempts"][0]["hosts"][:2]
     with SignalAtStep(folder, job, {"SLURMD_NODENAME": bad}, step_reached(5)) as fault:
@@ -113,7 +112,7 @@ def test_a_node_that_fails_every_time_is_swapped_for_a_spare_which_resumes_from_
 
 def test_a_crash_at_the_same_step_every_time_stops_as_a_restart_loop(cli: Cli) -> None:
     job = cli.submit(*CONFIG, paced=True)
-    with SignalAtStep(job_dir(cli, job), job, {"RANK": "0"}, step_reached(6)):
+    with SignalAtStep(cli.job_dir(job), job, {"RANK": "0"}, step_reached(6)):
         status = cli.wait(job, timeout=1200)
     assert status["state"] == "FAILED", status
     last = status["attempts"][-1]
@@ -143,7 +142,7 @@ def _kill_a_node(cli: Cli, cluster: LocalCluster, node: int, *args: str,
     """Submit CONFIG (plus `args`), kill attempt 0's node `node` whole once rank 0 logged `step`, wait for the
     end: (job, its folder, the killed host, the final status)."""
     job = cli.submit(*CONFIG, *args, paced=True)
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     wait_for_log(folder / "logs/rank-0.log", f"step: {step:2d}")
     host = cli.status(job)["attempts"][0]["hosts"][node]
     assert cluster.kill_node(host) >= 3  # slurmd, slurmstepd, the supervisor, its rank...

@@ -19,7 +19,7 @@ from slurm_titan.ckpt.share import is_data, merged
 from tests.support.cli import Cli
 from tests.support.configs import SMALL_STEPS
 from tests.support.references import TWELVE_STEP_GROUP, copy_steps, remote_of
-from tests.support.runs import FETCHED, assert_fetched_what_new_ranks_read, job_dir, step_losses
+from tests.support.runs import FETCHED, assert_fetched_what_new_ranks_read, step_losses
 from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -41,7 +41,7 @@ def _object(record: dict, remote: str, name: str) -> str:
 def _fetched(cli: Cli, job: str, nodes: int) -> list[tuple[int, int]]:
     out = []
     for k in range(nodes):
-        m = FETCHED.search((job_dir(cli, job) / f"{job}_{k}_log.out").read_text())
+        m = FETCHED.search((cli.job_dir(job) / f"{job}_{k}_log.out").read_text())
         assert m, f"node {k} did not restore a share"
         out.append((int(m.group(3)), int(m.group(4))))
     return out
@@ -60,8 +60,8 @@ def test_same_world_size_each_node_fetches_its_share_and_losses_match(twelve_ste
     resumed = cli.submit(*CONFIG, "--set", f"slurm.nodes={nodes}", "--set", "torchtitan.args.training.steps=12",
                          "--set", f"checkpoint.remote={only10}")
     assert cli.wait(resumed)["state"] == "COMPLETED"
-    original = dict(step_losses(job_dir(cli, job) / "logs/rank-0.log"))
-    after = step_losses(job_dir(cli, resumed) / "logs/rank-0.log")
+    original = dict(step_losses(cli.job_dir(job) / "logs/rank-0.log"))
+    after = step_losses(cli.job_dir(resumed) / "logs/rank-0.log")
     assert [s for s, _ in after] == [11, 12] and all(original[s] == loss for s, loss in after)
     fetched = _fetched(cli, resumed, nodes)
     total = record["total_bytes"]
@@ -94,7 +94,7 @@ def test_fewer_nodes_each_node_fetches_what_its_new_ranks_read(twelve_step_run, 
                          "--set", f"checkpoint.remote={only10}")
     assert cli.wait(resumed)["state"] == "COMPLETED"
     assert_fetched_what_new_ranks_read(cli, resumed, 2, 1, _record(cli, remote, 10)["total_bytes"])
-    assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [11, 12]
+    assert [s for s, _ in step_losses(cli.job_dir(resumed) / "logs/rank-0.log")] == [11, 12]
 
 
 @TWELVE_STEP_GROUP
@@ -126,9 +126,9 @@ def test_corrupt_checkpoints_are_named_and_every_node_falls_back(twelve_step_run
     assert cli.wait(resumed)["state"] == "COMPLETED"
     span = f"bytes {bad_block * block}-{min((bad_block + 1) * block, len(data))} (block {bad_block})"
     for k in range(nodes):
-        log = (job_dir(cli, resumed) / f"{resumed}_{k}_log.out").read_text()
+        log = (cli.job_dir(resumed) / f"{resumed}_{k}_log.out").read_text()
         assert "resuming complete checkpoint step 5" in log, f"node {k}"
-        rank_log = job_dir(cli, resumed) / "logs" / f"rank-{k}.log"
+        rank_log = cli.job_dir(resumed) / "logs" / f"rank-{k}.log"
         assert "__0_0.distcp" in log + rank_log.read_text(errors="replace") and span in log + rank_log.read_text(
             errors="replace"), f"node {k} does not name the bad range"
-    assert [s for s, _ in step_losses(job_dir(cli, resumed) / "logs/rank-0.log")] == [6, 7]
+    assert [s for s, _ in step_losses(cli.job_dir(resumed) / "logs/rank-0.log")] == [6, 7]

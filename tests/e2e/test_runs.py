@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tests.support.cli import Cli
 from tests.support.cli import run as run_command
 from tests.support.references import SIXTEEN_STEPS
-from tests.support.runs import job_dir, step_losses, wait_for_log
+from tests.support.runs import step_losses, wait_for_log
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 RESUMED = re.compile(r"resuming complete checkpoint step (\d+) from (\S+):")
@@ -40,7 +40,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     run = f"run-{uuid.uuid4().hex[:8]}"
     location = cli.remote.format(name="debug-cpu", job_id=run)
     first = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run, paced=True)
-    folder = job_dir(cli, first)
+    folder = cli.job_dir(first)
     wait_for_log(folder / "logs/rank-0.log", "step:  1", timeout=600)  # training: RUNNING, the lease taken
 
     said = _refused(cli, *SIXTEEN_STEPS, "--run", run)
@@ -56,15 +56,15 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     # the run's next job holds the lease: then it is refused at its start, before any node starts
     rogue = other.submit(*SIXTEEN_STEPS, "--set", f"checkpoint.remote={location}", "--set", "slurm.extra.hold=true")
     second = cli.submit(*SIXTEEN_STEPS, *TENSORBOARD, "--run", run, paced=True)
-    wait_for_log(job_dir(cli, second) / f"{second}_0_log.out", f"writer lease of {location} taken", timeout=300)
+    wait_for_log(cli.job_dir(second) / f"{second}_0_log.out", f"writer lease of {location} taken", timeout=300)
     run_command(["scontrol", "release", rogue], env=other.env)
     assert other.wait(rogue, timeout=300)["state"] == "FAILED"
-    said = "".join(p.read_text() for p in job_dir(other, rogue).glob(f"{rogue}_0_log.*"))
+    said = "".join(p.read_text() for p in other.job_dir(rogue).glob(f"{rogue}_0_log.*"))
     assert f"{location}: job {second} (run 0 on " in said and "writes here (RUNNING in Slurm)" in said, said
-    assert not list(job_dir(other, rogue).glob("logs/rank-*.log")), "a rank of the refused job started"
+    assert not list(other.job_dir(rogue).glob("logs/rank-*.log")), "a rank of the refused job started"
     assert cli.wait(second, timeout=900)["state"] == "COMPLETED"
 
-    node_log = (job_dir(cli, second) / f"{second}_0_log.out").read_text()
+    node_log = (cli.job_dir(second) / f"{second}_0_log.out").read_text()
     assert f"writer lease of {location} taken" in node_log and f"job {first} ended (CANCELLED)" in node_log
     resumed = RESUMED.search(node_log)
     assert resumed and resumed.group(2) == location, node_log[-3000:]
@@ -72,7 +72,7 @@ def test_a_run_cancelled_mid_run_resumes_in_its_next_job_by_name(cli, reference_
     assert step < 16, f"the first job trained to the end (step {step}) before it was cancelled"
     for rank in range(2):
         before = dict(step_losses(folder / f"logs/rank-{rank}.log"))
-        after = dict(step_losses(job_dir(cli, second) / f"logs/rank-{rank}.log"))
+        after = dict(step_losses(cli.job_dir(second) / f"logs/rank-{rank}.log"))
         assert step >= 4 and min(after) == step + 1 and max(after) == 16, (step, sorted(after))
         assert {s: before[s] for s in range(1, step + 1)} | after == reference, f"rank {rank}"
     assert cli("ckpt", "verify", location, "--all", "--quiet", timeout=300).returncode == 0

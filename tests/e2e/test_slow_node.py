@@ -26,7 +26,7 @@ import pytest
 from slurm_titan.records import slow_nodes
 from tests.support.cli import Cli
 from tests.support.references import SLOW_NODE_STEPS
-from tests.support.runs import assert_same_training, job_dir, job_field, wait_for_log
+from tests.support.runs import assert_same_training, job_field, wait_for_log
 from tools.local_cluster.faults import ThrottleAtStep
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -47,7 +47,7 @@ def _throttled_run(cli: Cli, *config: str, until_named: bool = False) -> tuple[s
     """The run, rank 1's node throttled from THROTTLE_AT to the end, or (``until_named``) until the batch shell
     names it."""
     job = cli.submit(*config)
-    folder = job_dir(cli, job)
+    folder = cli.job_dir(job)
     wait_for_log(folder / "logs/rank-0.log", "step:  1")
     slow = cli.status(job)["attempts"][0]["hosts"][1]
     with ThrottleAtStep(folder, job, slow, rank=1, step=THROTTLE_AT, fraction=0.6) as throttle:

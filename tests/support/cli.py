@@ -77,6 +77,7 @@ class Cli:
         self.runs = home / "runs"
         self.remote = s3.url("runs/{name}/{job_id}")
         self.pacers: list[PacedRanks] = []
+        self._job_dirs: dict[str, Path] = {}
 
     def __call__(self, *args: Any, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         return run([sys.executable, "-m", "slurm_titan.cli.main", *args], env=self.env, check=check, timeout=timeout,
@@ -93,7 +94,7 @@ class Cli:
         job = match.group(1)
         SUBMITTED.append((self.runs, job))
         if paced:
-            self.pacers.append(PacedRanks(Path(self.status(job)["job_dir"]), job, PACE_CPUS).__enter__())
+            self.pacers.append(PacedRanks(self.job_dir(job), job, PACE_CPUS).__enter__())
         return job
 
     def close(self) -> None:
@@ -110,6 +111,12 @@ class Cli:
 
     def status(self, job_id: str) -> dict:
         return json.loads(self("status", job_id, "--json").stdout)
+
+    def job_dir(self, job_id: str) -> Path:
+        """The job's folder, asked of `status` once (a job's folder never moves)."""
+        if job_id not in self._job_dirs:
+            self._job_dirs[job_id] = Path(self.status(job_id)["job_dir"])
+        return self._job_dirs[job_id]
 
     def wait(self, job_id: str, timeout: float = 600) -> dict:
         """The job's status once it finished. Slurm's state is polled with scontrol (a C program, ~100x less CPU

@@ -19,13 +19,9 @@ def step_losses(log: Path) -> list[tuple[int, str]]:
     return [(int(m.group(1)), m.group(2)) for m in STEP.finditer(log.read_text(errors="replace"))]
 
 
-def job_dir(cli: Cli, job_id: str) -> Path:
-    return Path(cli.status(job_id)["job_dir"])
-
-
 def node_log_text(cli: Cli, job_id: str) -> str:
     """Every node log of the job (submitit's, where the supervisors say what they do), one after the other."""
-    return "\n".join(path.read_text(errors="replace") for path in run_folder.node_logs(job_dir(cli, job_id), job_id))
+    return "\n".join(path.read_text(errors="replace") for path in run_folder.node_logs(cli.job_dir(job_id), job_id))
 
 
 def memory_left(cluster: LocalCluster, job_id: str) -> list[str]:
@@ -60,7 +56,7 @@ def uninterrupted_losses(cli: Cli, steps: int, *config: str) -> dict[int, str]:
     """Run `config` to the end without faults; every step's loss (the reference of a faulted run)."""
     job = cli.submit(*config)
     assert cli.wait(job)["state"] == "COMPLETED"
-    losses = step_losses(job_dir(cli, job) / "logs/rank-0.log")
+    losses = step_losses(cli.job_dir(job) / "logs/rank-0.log")
     assert [step for step, _ in losses] == list(range(1, steps + 1))
     return dict(losses)
 
@@ -68,7 +64,7 @@ def uninterrupted_losses(cli: Cli, steps: int, *config: str) -> dict[int, str]:
 def assert_same_training(cli: Cli, job: str, reference: dict[int, str], ranks: int = 2) -> None:
     """Every step's loss on every rank equals the uninterrupted run's (a retrained step: its last loss)."""
     for rank in range(ranks):
-        losses = dict(step_losses(job_dir(cli, job) / f"logs/rank-{rank}.log"))
+        losses = dict(step_losses(cli.job_dir(job) / f"logs/rank-{rank}.log"))
         assert losses == reference, f"rank {rank}: losses differ from the uninterrupted run"
 
 
@@ -76,7 +72,7 @@ def assert_fetched_what_new_ranks_read(cli: Cli, job: str, nodes: int, per_node:
     """Every node of `job`, resumed on another world size, planned its ranks' DCP load and fetched less than the
     whole checkpoint (of `total` bytes): its share, for the ranks of the new world it holds."""
     for k in range(nodes):
-        log = (job_dir(cli, job) / f"{job}_{k}_log.out").read_text()
+        log = (cli.job_dir(job) / f"{job}_{k}_log.out").read_text()
         assert "resharded by DCP" in log, f"node {k}"
         m = FETCHED.search(log)
         assert m, f"node {k} did not restore a share"
