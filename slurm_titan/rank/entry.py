@@ -6,8 +6,10 @@ set; every argument after the program name is torchtitan's.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+from collections.abc import Callable
 
 from slurm_titan import envvars
 from slurm_titan.rank import preemption, stacks, start_gate
@@ -28,13 +30,27 @@ def prepare_device(device: str) -> None:
         npu_peak_flops.install()  # MFU against the Ascend chip's peak, not an A100's
 
 
+def import_trainer(device: str) -> Callable[[], None]:
+    """torchtitan's entry point, imported after the device kind is prepared, with the cyclic garbage collector off:
+    the import makes ~550,000 objects that live as long as the process (and ~12,700 of garbage, kept), and
+    collecting as it goes cost 21 % more CPU (7.31 against 6.05 CPU-seconds, means of 6 alternated runs on a 2-core
+    machine). What it made is then frozen out of every later collection (`gc.freeze`: the training loop's
+    collections do not walk it)."""
+    gc.disable()
+    try:
+        prepare_device(device)
+        from torchtitan.train import main as torchtitan_main
+    finally:
+        gc.enable()
+    gc.freeze()
+    return torchtitan_main
+
+
 def main() -> None:
     preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing
     stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
     rank_progress.enter(rank_progress.Phase.STARTUP)
-    prepare_device(os.environ.get(envvars.DEVICE, "npu"))
-    from torchtitan.train import main as torchtitan_main
-
+    torchtitan_main = import_trainer(os.environ.get(envvars.DEVICE, "npu"))
     start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()

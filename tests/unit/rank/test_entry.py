@@ -1,0 +1,44 @@
+"""The rank's import of torchtitan's entry point: the cyclic collector off while it imports, on after, what the
+import made frozen out of later collections (slurm_titan.rank.entry.import_trainer)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+
+from slurm_titan.rank import entry
+
+
+@pytest.fixture
+def trainer_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """A stand-in for torchtitan.train (the real one is imported by every end-to-end rank); the freeze undone."""
+    module = types.ModuleType("torchtitan.train")
+    module.main = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchtitan.train", module)
+    yield module
+    gc.unfreeze()
+
+
+def test_the_trainer_is_imported_with_the_collector_off_then_frozen(trainer_module: types.ModuleType,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, bool]] = []
+    monkeypatch.setattr(entry, "prepare_device", lambda device: seen.append((device, gc.isenabled())))
+    gc.unfreeze()
+    assert entry.import_trainer("cpu") is trainer_module.main
+    assert seen == [("cpu", False)]  # the device prepared (torch_npu imported) with the collector off too
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_a_failed_import_turns_the_collector_back_on(trainer_module: types.ModuleType,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(device: str) -> None:
+        raise ImportError("No module named 'torch_npu'")
+
+    monkeypatch.setattr(entry, "prepare_device", fail)
+    with pytest.raises(ImportError, match="torch_npu"):
+        entry.import_trainer("npu")
+    assert gc.isenabled()
