@@ -124,7 +124,7 @@ def test_a_rank_stopped_during_a_checkpoint_save_never_commits_it(cli: Cli, clus
 # override the ranks import). Rank 1's shard is a FIFO fed by the test: the first time it stops feeding after
 # FEED_LINES lines and holds the pipe open (the rank blocks in read()); every later opening gets it whole.
 
-FEED_LINES = 15  # ~1.5k tokens: about 6 steps of 256 tokens
+FEED_LINES = 8  # ~800 tokens: about 6 steps of 128 tokens (tests.support.configs)
 
 
 def _shards(folder: Path) -> list[str]:

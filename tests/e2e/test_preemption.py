@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.cli import Cli, run, wait_for
-from tests.support.references import SIXTY_STEPS
+from tests.support.cli import PACE_CPUS, Cli, run, wait_for
+from tests.support.references import SIXTEEN_STEPS
 from tests.support.runs import (
     checkpoints,
     job_field,
@@ -25,12 +25,15 @@ from tests.support.runs import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
-STEPS = 60  # paced at >= 1 s a step: a signal sent a few steps in (or <= 30 s after step 3, test c) lands mid-run
-CONFIG = SIXTY_STEPS
+STEPS = 16  # paced at >= 1 s a step: a signal sent a few steps in (or <= 30 s after step 3, test c) lands mid-run
+CONFIG = SIXTEEN_STEPS
+"""The 16-step run that test_recovery and test_hang fault (one reference for all three): its checkpoint every 4
+steps changes nothing here, a stop resumes at the step after the one it saved, never at a periodic checkpoint."""
 
 
 @pytest.fixture
 def reference(reference_losses) -> dict[int, str]:
+    """The uninterrupted run of CONFIG (shared with test_recovery and test_hang: tests.support.references)."""
     return reference_losses(STEPS, *CONFIG)
 
 
@@ -65,13 +68,13 @@ def usr2(cli: Cli, job: str) -> None:
 
 
 def test_a_requeue_during_an_upload_usr2_during_the_restore_and_mid_run(cli: Cli, reference: dict[int, str]) -> None:
-    """One job, stopped three times: `scontrol requeue` (SIGTERM) while step 5's upload is under way, USR2
+    """One job, stopped three times: `scontrol requeue` (SIGTERM) while step 4's upload is under way, USR2
     (`scancel --signal`) while the requeued run restores, USR2 again 3 steps into the next run. Each stop saves
     the step it came in, the next run resumes at the step after it, and every step is trained once."""
-    job = cli.submit(*CONFIG[:-2], "--set", "checkpoint.interval=5", paced=True)
+    job = cli.submit(*CONFIG, paced=True)
     folder = cli.job_dir(job)
     rank0, node_log = folder / "logs/rank-0.log", folder / f"{job}_0_log.out"
-    wait_for_log(rank0, "Finished saving the checkpoint")  # step 5's upload is under way
+    wait_for_log(rank0, "Finished saving the checkpoint")  # step 4's upload is under way
     scontrol(cli, "requeue", job)
     wait_for_log(node_log, "attempt 1:", timeout=300)
     usr2(cli, job)  # the requeued run is restoring / starting
@@ -88,9 +91,9 @@ def test_a_requeue_during_an_upload_usr2_during_the_restore_and_mid_run(cli: Cli
     ran = [a for a in attempts if a["first_step"] is not None]
     for before, after in zip(ran, ran[1:]):
         assert before["stopped_at_step"] is not None and after["first_step"] == before["stopped_at_step"] + 1
-    assert_every_step_once(cli, job, reference)  # interval 5 changes no loss: checkpoints steer no schedule
+    assert_every_step_once(cli, job, reference)
     complete = {c["step"] for c in checkpoints(cli, cli.remote.format(name="debug-cpu", job_id=job)) if c["complete"]}
-    assert {5, attempts[0]["stopped_at_step"], attempts[2]["stopped_at_step"], STEPS} <= complete
+    assert {4, attempts[0]["stopped_at_step"], attempts[2]["stopped_at_step"], STEPS} <= complete
 
 
 def test_b_preempted_by_high_priority_partition(cli: Cli, reference: dict[int, str]) -> None:
@@ -113,9 +116,10 @@ def test_c_time_limit(cli: Cli, reference: dict[int, str]) -> None:
     # How fast a machine trains must not decide whether the limit lands mid-run, so the limit is
     # cut once step 3 is logged: to the next whole minute at least 70 s away, which is within
     # signal_seconds + slurmctld's 30 s look-ahead, so the --signal comes at its next check
-    # (<= 30 s: steps 4-60 take longer, paced at >= 1 s a step) with >= 40 s left. While the job
-    # waits to rerun, the limit goes back up.
-    job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100", paced=True)
+    # (<= 30 s: steps 4-16 take longer, paced at a third of the usual pace: >= 3 s a step) with >= 40 s
+    # left. While the job waits to rerun, the limit goes back up.
+    job = cli.submit(*CONFIG, "--time", "00:10:00", "--set", "preemption.signal_seconds=100", paced=True,
+                     pace_cpus=PACE_CPUS / 3)
     wait_for_log(cli.job_dir(job) / "logs/rank-0.log", "step:  3")
     minutes = math.ceil((job_field(cli, job, "RunTime") + 70) / 60)
     scontrol(cli, "update", f"JobId={job}", f"TimeLimit={minutes}")

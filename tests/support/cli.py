@@ -63,9 +63,10 @@ def slurm_state(job_id: str, env: dict) -> str | None:
     return found.group(1) if found else None
 
 
-PACE_CPUS = 0.15
-"""A paced job's ranks each train at <= this many CPUs (`Cli.submit(paced=True)`): the small batch's 0.15 s of CPU
-a step takes >= 1 s, on any machine."""
+PACE_CPUS = 0.1
+"""A paced job's ranks each train at <= this many CPUs (`Cli.submit(paced=True)`): the small batch's step, 0.23
+CPU-seconds on the 2-core machine (tests.support.configs) and about 0.1 on the faster machines of earlier
+sessions (scaled from 2 x 128 tokens' 0.15 there, not measured), takes >= 1 s on any machine."""
 
 
 class Cli:
@@ -83,10 +84,10 @@ class Cli:
         return run([sys.executable, "-m", "slurm_titan.cli.main", *args], env=self.env, check=check, timeout=timeout,
                    cwd=REPO)
 
-    def submit(self, *args: Any, paced: bool = False) -> str:
-        """Submit the job; `paced`: its ranks train at PACE_CPUS each (tools.local_cluster.faults.PacedRanks) until
-        `close`: a fault meant to land mid-run does, on any machine, and a run of many steps costs the CPU of
-        their work only."""
+    def submit(self, *args: Any, paced: bool = False, pace_cpus: float = PACE_CPUS) -> str:
+        """Submit the job; `paced`: its ranks train at `pace_cpus` each (tools.local_cluster.faults.PacedRanks)
+        until `close`: a fault meant to land mid-run does, on any machine, and a run of many steps costs the CPU
+        of their work only."""
         defaults = ["--set", f"runs_dir={self.runs}", "--set", f"checkpoint.remote={self.remote}"]
         out = self("submit", *defaults, *args).stdout
         match = re.search(r"submitted job (\d+)", out)
@@ -94,7 +95,7 @@ class Cli:
         job = match.group(1)
         SUBMITTED.append((self.runs, job))
         if paced:
-            self.pacers.append(PacedRanks(self.job_dir(job), job, PACE_CPUS).__enter__())
+            self.pacers.append(PacedRanks(self.job_dir(job), job, pace_cpus).__enter__())
         return job
 
     def close(self) -> None:

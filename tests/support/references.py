@@ -3,11 +3,11 @@
 - `reference_losses(steps, *config)` (session fixture): every step's loss of an uninterrupted run of `config`,
   keyed by its arguments and shared by every pytest-xdist worker of the session (a file cache under the
   session's temporary folder; the first worker to ask trains it, the others wait for it);
-- `SIXTEEN_STEPS`: the 16-step run with a checkpoint every 4 steps that test_recovery and test_hang fault and
-  test_runs cancels and resumes in another job (paced: `Cli.submit(paced=True)`);
-- `SIXTY_STEPS`: the 60-step run that test_preemption interrupts (paced);
+- `SIXTEEN_STEPS`: the 16-step run with a checkpoint every 4 steps that test_recovery and test_hang fault,
+  test_preemption stops and test_runs cancels and resumes in another job (paced: `Cli.submit(paced=True)`);
 - `SLOW_NODE_STEPS`: the 60-step run of the config's own batch that test_slow_node slows (the straggler and
-  spare-node settings it adds change no loss): a slowed node's steps must cost enough that a swap pays;
+  spare-node settings it adds change no loss): a slowed node's steps must cost enough that a swap pays (its
+  reference is its own run that goes on on the slow node: test_slow_node);
 - `twelve_step_run(nodes)` (session fixture): the job of an uninterrupted 12-step run on `nodes` nodes with its
   checkpoints in the worker's S3 store (steps 5, 10, 12; 1 MiB checksum blocks), trained once per worker:
   tests that read it are marked `xdist_group("twelve-step-runs")` so that they run where it lives, and a test
@@ -38,13 +38,12 @@ TWELVE_STEPS = [*SMALL_STEPS, "--set", "checkpoint.interval=5", "--set",
                 "torchtitan.args.training.steps=12", "--set", "environment.env.SLURM_TITAN_CKPT_BLOCK_KB=1024"]
 TWELVE_STEP_GROUP = pytest.mark.xdist_group("twelve-step-runs")
 SIXTEEN_STEPS = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=16", "--set", "checkpoint.interval=4"]
-"""The 16-step run that test_recovery and test_hang fault and test_runs interrupts between jobs (one reference)."""
+"""The 16-step run that test_recovery and test_hang fault, test_preemption stops and test_runs interrupts between
+jobs (one reference)."""
 RAM_INTERVAL = 2
 RAM_TIER = ["--set", "checkpoint.memory.enable=true", "--set", f"checkpoint.memory.interval={RAM_INTERVAL}"]
 """The RAM tier on, a snapshot every 2 steps (test_recovery and test_hang add it to SIXTEEN_STEPS: it changes no
 loss, so they compare with the same reference)."""
-SIXTY_STEPS = [*SMALL_STEPS, "--set", "torchtitan.args.training.steps=60", "--set",
-               "checkpoint.interval=100"]  # no checkpoint before the end: the preemption runs
 SLOW_NODE_STEPS = [DEBUG_CONFIG, "--set", "torchtitan.args.training.steps=60", "--set", "checkpoint.interval=100"]
 
 
