@@ -1,4 +1,4 @@
-"""The bundled local Slurm cluster (tools/local-cluster): 4 nodes n1..n4 on one machine.
+"""The bundled local Slurm cluster (tools/local-cluster): 5 nodes n1..n5 on one machine.
 
 The session fixture (tests.support.cluster.cluster) brings the shared cluster up if it is not already healthy and
 leaves it up. The lifecycle test uses a second, private cluster (own state dir and ports) so that it
@@ -18,11 +18,11 @@ import pytest
 
 from tests.support.cli import run, wait_for
 from tests.support.cluster import TOOL
-from tools.local_cluster.cluster import LocalCluster
+from tools.local_cluster.cluster import NODES, LocalCluster
 
 pytestmark = pytest.mark.cluster
 
-NODES = ["n1", "n2", "n3", "n4"]
+EVERY_NODE = f"-N{len(NODES)}"
 SCRATCH = "/var/tmp/slurm-titan-local"
 
 
@@ -40,22 +40,22 @@ def node_states(env: dict) -> dict:
     return states
 
 
-def test_sinfo_four_idle_nodes_in_low_and_high(slurm_env):
+def test_sinfo_every_node_idle_in_low_and_high(slurm_env):
     def all_idle():
         states = node_states(slurm_env)
-        return states if sorted(states) == NODES and all(
+        return states if sorted(states) == list(NODES) and all(
             s == {"low": "idle", "high": "idle"} for s in states.values()
         ) else None
 
-    wait_for(all_idle, 30, "4 idle nodes in partitions low and high")
+    wait_for(all_idle, 30, f"{len(NODES)} idle nodes in partitions low and high")
     default = run(["sinfo", "-h", "-o", "%P"], env=slurm_env).stdout.split()
     assert "low*" in default and "high" in default
 
 
-def test_srun_runs_on_four_distinct_hostnames(slurm_env):
-    out = run(["srun", "-N4", "-l", "hostname"], env=slurm_env).stdout
+def test_srun_runs_on_distinct_hostnames(slurm_env):
+    out = run(["srun", EVERY_NODE, "-l", "hostname"], env=slurm_env).stdout
     by_rank = dict(line.split(": ", 1) for line in out.strip().splitlines())
-    assert sorted(by_rank.values()) == NODES, out
+    assert sorted(by_rank.values()) == list(NODES), out
     assert by_rank["0"] == "n1"
 
 
@@ -83,7 +83,7 @@ def test_node_local_scratch_differs_per_node_and_persists(slurm_env):
         # The login node's own directory is untouched.
         assert not list(Path(SCRATCH).glob(f"{tag}-*"))
     finally:
-        run(["srun", "-N4", "bash", "-c", f"rm -f {SCRATCH}/{tag}-*"], env=slurm_env, check=False)
+        run(["srun", EVERY_NODE, "bash", "-c", f"rm -f {SCRATCH}/{tag}-*"], env=slurm_env, check=False)
 
 
 def test_node_names_resolve_inside_jobs(slurm_env):
@@ -130,7 +130,7 @@ def test_high_partition_preempts_and_requeues_low_job(slurm_env, tmp_path):
     script.write_text(LOW_JOB)
     out = tmp_path / "low.out"
     low = run(
-        ["sbatch", "--parsable", "-p", "low", "-N4", "--ntasks-per-node=1",
+        ["sbatch", "--parsable", "-p", "low", EVERY_NODE, "--ntasks-per-node=1",
          "--signal=USR2@60", "--open-mode=append", f"--chdir={tmp_path}", "-o", out, script],
         env=slurm_env,
     ).stdout.strip()
@@ -145,7 +145,7 @@ def test_high_partition_preempts_and_requeues_low_job(slurm_env, tmp_path):
             env=slurm_env,
         ).stdout.strip()
         # The victim's steps get --signal's USR2 at once (preempt_send_user_signal) ...
-        wait_for(lambda: out.read_text().count("GOT_USR2") >= 4, 15, "USR2 on all 4 steps")
+        wait_for(lambda: out.read_text().count("GOT_USR2") >= len(NODES), 15, "USR2 on every step")
         assert "DUE TO PREEMPTION" not in out.read_text()
         # ... and after GraceTime=20 the job is killed and requeued.
         wait_for(lambda: int(job_fields(low, slurm_env).get("Restarts", 0)) >= 1, 45,
@@ -157,7 +157,7 @@ def test_high_partition_preempts_and_requeues_low_job(slurm_env, tmp_path):
                  "the high job to run")
         text = out.read_text()
         assert "DUE TO PREEMPTION" in text
-        assert sorted(re.findall(r"GOT_USR2 (n\d)", text)) == NODES
+        assert sorted(re.findall(r"GOT_USR2 (n\d)", text)) == list(NODES)
     finally:
         run(["scancel", low] + ([high] if high else []), env=slurm_env, check=False)
 
@@ -176,9 +176,9 @@ def test_lifecycle_on_a_private_cluster(cluster, slurm_env):
         assert cenv["SLURM_CONF"] == str(state / "etc" / "slurm.conf")
         assert run([TOOL, "status"], env=env).returncode == 0
         assert "already up" in run([TOOL, "up"], env=env).stderr
-        assert run(["srun", "-N4", "hostname"], env=cenv).stdout.split().count("n1") == 1
+        assert run(["srun", EVERY_NODE, "hostname"], env=cenv).stdout.split().count("n1") == 1
         daemons = run(["pgrep", "-f", str(state)], env=env, check=False).stdout.split()
-        assert len(daemons) == 6
+        assert len(daemons) == 2 + len(NODES)  # munged, slurmctld, a slurmd per node
 
         # A dead node makes the state stale: `up` cleans it and starts afresh.
         n3 = (state / "run" / "pids" / "slurmd-n3.pid").read_text().strip()
@@ -189,7 +189,7 @@ def test_lifecycle_on_a_private_cluster(cluster, slurm_env):
         ctld = (state / "run" / "pids" / "slurmctld.pid").read_text().strip()
         daemons = run(["pgrep", "-f", str(state)], check=False).stdout.split()
         daemons += run(["pgrep", "-P", ctld], check=False).stdout.split()  # slurmscriptd
-        assert len(daemons) == 7
+        assert len(daemons) == 3 + len(NODES)
         run([TOOL, "down"], env=env, timeout=60)
         assert run(["pgrep", "-f", str(state)], check=False).stdout == ""
         for pid in daemons:  # gone, or a zombie waiting to be reaped

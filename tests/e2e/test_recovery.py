@@ -5,9 +5,10 @@ preemption.allow_shrink), the batch host lost.
 Faults are real SIGKILLs of the training processes and whole nodes killed by their own processes, from outside.
 
 Every run that completes is compared with one uninterrupted run of the same config: every step trained,
-every loss equal, the job COMPLETED. Three run with the RAM tier on (issue 25): a node whose rank is killed and a
-node lost whole, each replaced by the spare, which resumes from the partner's memory; a lost node without a spare,
-requeued, which resumes from the store (memory dies with the allocation).
+every loss equal, the job COMPLETED. Four run with the RAM tier on (issue 25): a node whose rank is killed and a
+node lost whole, each replaced by the spare, which resumes from the partner's memory; a node and its partner lost
+together, replaced by two spares, which resume from the store inside the allocation (the snapshot is whole nowhere);
+a lost node without a spare, requeued, which resumes from the store (memory dies with the allocation).
 """
 
 from __future__ import annotations
@@ -138,18 +139,25 @@ def healed_cluster(cluster: LocalCluster, slurm_env: dict) -> Iterator[LocalClus
              120, "every node back")
 
 
-def _kill_a_node(cli: Cli, cluster: LocalCluster, node: int, *args: str,
-                 step: int = 7) -> tuple[str, Path, str, dict]:
-    """Submit CONFIG (plus `args`), kill attempt 0's node `node` whole once rank 0 logged `step`, wait for the
-    end: (job, its folder, the killed host, the final status)."""
+def _kill_nodes(cli: Cli, cluster: LocalCluster, nodes: list[int], *args: str,
+                step: int = 7) -> tuple[str, Path, list[str], dict]:
+    """Submit CONFIG (plus `args`), kill attempt 0's nodes `nodes` whole together once rank 0 logged `step`, wait
+    for the end: (job, its folder, the killed hosts, the final status)."""
     job = cli.submit(*CONFIG, *args, paced=True)
     folder = cli.job_dir(job)
     wait_for_log(folder / "logs/rank-0.log", f"step: {step:2d}")
-    host = cli.status(job)["attempts"][0]["hosts"][node]
-    assert cluster.kill_node(host) >= 3  # slurmd, slurmstepd, the supervisor, its rank...
+    hosts = [cli.status(job)["attempts"][0]["hosts"][node] for node in nodes]
+    assert cluster.kill_nodes(*hosts) >= 3 * len(hosts)  # each one's slurmd, slurmstepd, supervisor, rank...
     status = cli.wait(job, timeout=600)  # ~2.5 min; within the test's own timeout, so that it says why
     assert status["state"] == "COMPLETED", status
-    return job, folder, host, status
+    return job, folder, hosts, status
+
+
+def _kill_a_node(cli: Cli, cluster: LocalCluster, node: int, *args: str,
+                 step: int = 7) -> tuple[str, Path, str, dict]:
+    """_kill_nodes of one node: (job, its folder, the killed host, the final status)."""
+    job, folder, hosts, status = _kill_nodes(cli, cluster, [node], *args, step=step)
+    return job, folder, hosts[0], status
 
 
 def test_a_lost_node_is_replaced_by_the_spare_which_resumes_from_the_partners_memory(
@@ -169,6 +177,28 @@ def test_a_lost_node_is_replaced_by_the_spare_which_resumes_from_the_partners_me
             "memory") in node_log_text(cli, job)
     assert memory_left(healed_cluster, job) == []
     assert_same_training(cli, job, reference)
+
+
+def test_a_node_and_its_partner_lost_together_fall_back_to_the_store(
+        cli: Cli, healed_cluster: LocalCluster, reference_losses) -> None:
+    # The RAM tier (issue 25) on 3 nodes with 2 spares: node 1 copies its snapshots to node 2, node 2 to node 0.
+    # Nodes 1 and 2 are killed whole together once step 7 is trained: node 1's ranks' snapshot of step 6 is in no
+    # memory left (its own and its partner's), so the spares restore every rank from the store's step 4, inside
+    # the allocation, and the supervisors say why.
+    three = ("--set", "slurm.nodes=3")
+    job, _, lost, status = _kill_nodes(cli, healed_cluster, [1, 2], *RAM_TIER, *three,
+                                       "--set", "slurm.spare_nodes=2")
+    first, second = status["attempts"][:2]
+    assert first["cause"] == f"nodes {', '.join(lost)} lost" and first["excluded"] == lost, first
+    assert first["action"] == "restart" and job_field(cli, job, "Restarts") == 0
+    assert not set(lost) & set(second["hosts"]) and len(second["hosts"]) == 3, second
+    assert second["first_step"] == 5, second  # from the store's step 4: the snapshot of step 6 is not whole
+    text = node_log_text(cli, job)
+    assert re.search(r"RAM tier: no snapshot that every rank can get \(steps held: 6\b.*a node and its partner "
+                     r"lost\?\): restoring from the store", text), text
+    assert "resuming RAM snapshot" not in text
+    assert memory_left(healed_cluster, job) == []
+    assert_same_training(cli, job, reference_losses(STEPS, *CONFIG, *three), ranks=3)
 
 
 def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: LocalCluster,
@@ -214,9 +244,9 @@ def test_spares_that_do_not_fit_the_partition_are_cut_with_one_warning(cli: Cli)
               "--set", "slurm.spare_nodes=5")
     job = re.search(r"submitted job (\d+)", out.stdout).group(1)
     try:
-        assert "slurm.spare_nodes=5 does not fit partition 'low' (4 nodes for 2 + spares); submitting with 2" \
+        assert "slurm.spare_nodes=5 does not fit partition 'low' (5 nodes for 2 + spares); submitting with 3" \
             in out.stderr
         shown = run(["scontrol", "show", "job", job], env=cli.env).stdout
-        assert re.search(r"\bNumNodes=4\b", shown), shown
+        assert re.search(r"\bNumNodes=5\b", shown), shown
     finally:
         run(["scancel", job], env=cli.env)

@@ -18,7 +18,7 @@ from tests.support.paths import REPO
 from tools.local_cluster.cluster import DEFAULT_PORT, DEFAULT_STATE, SLOTS, LocalCluster, search_path
 
 TOOL = REPO / "tools" / "local-cluster"
-PORTS_PER_WORKER = 10  # slurmctld and 4 slurmd, with room
+PORTS_PER_WORKER = 10  # slurmctld and a slurmd per node (5), with room
 
 
 def worker_index(env: MutableMapping[str, str]) -> int:

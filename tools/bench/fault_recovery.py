@@ -120,7 +120,7 @@ def faulted(bench: Bench, kind: str, at_step: int) -> dict[str, Any]:
         bench.wait(run, lambda: log.exists() and step_reached(at_step)({}, log.read_text(errors="replace")))
         host = history.read_attempts(run.job_dir)[0].hosts[1]
         fault_at = time.time()
-        LocalCluster.from_env(bench.env).kill_node(host)
+        LocalCluster.from_env(bench.env).kill_nodes(host)
     try:
         bench.wait(run)
     finally:

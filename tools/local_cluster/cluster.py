@@ -39,7 +39,7 @@ DEFAULT_STATE = "/var/tmp/slurm-titan-cluster"
 DEFAULT_PORT = 17000
 DEFAULT_TIMEOUT_S = 60
 SCRATCH_MNT = Path("/var/tmp/slurm-titan-local")
-NODES = ("n1", "n2", "n3", "n4")
+NODES = ("n1", "n2", "n3", "n4", "n5")
 NODE_LIST = f"n[1-{len(NODES)}]"  # NODES as a Slurm hostlist
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 APT_LINE = "apt-get install -y --no-install-recommends " + " ".join(APT_PACKAGES)
@@ -231,10 +231,11 @@ class LocalCluster:
                     keys.add(key)
         return keys
 
-    def kill_node(self, node: str) -> int:
-        """Kill `node` whole, as a lost machine: its slurmd and every process of its namespaces (slurmstepd, the
-        supervisor, the ranks, their uploaders). Returns how many processes were killed. `up` heals the cluster
-        (a node gone makes its state stale: everything starts afresh).
+    def kill_nodes(self, *nodes: str) -> int:
+        """Kill `nodes` whole, as lost machines: each one's slurmd and every process of its namespaces (slurmstepd,
+        the supervisor, the ranks, their uploaders), all of them frozen before any is killed (lost together).
+        Returns how many processes were killed. `up` heals the cluster (a node gone makes its state stale:
+        everything starts afresh).
 
         A machine that is lost tells nobody, so no process of the node may see another one die: the node is
         frozen first (SIGSTOP, again for any process forked meanwhile; up to FREEZE_WAIT_S for each to show
@@ -245,7 +246,7 @@ class LocalCluster:
         the step too)."""
         frozen: set[int] = set()
         for _ in range(FREEZE_ROUNDS):
-            present = set(self.node_processes(node))  # the last listing is what is killed: no pid gone since
+            present = {pid for node in nodes for pid in self.node_processes(node)}  # the last listing is killed
             if not present - frozen:
                 break
             procs.send(present - frozen, signal.SIGSTOP)

@@ -58,9 +58,12 @@ class NodeFailure:
     fault: str | None = None  # the failure kind its rank log shows (failure_kinds), once classified
     evidence: str | None = None  # the log line that shows it
     peer: str | None = None  # a peer's fault: the attempt's node whose device the log names, when it names one
+    also_lost: tuple[str, ...] = ()  # LOST: the attempt's other nodes lost with `host` (a node and its partner)
 
     def describe(self) -> str:
         if self.kind == LOST:
+            if self.also_lost:
+                return f"nodes {', '.join((self.host, *self.also_lost))} lost"
             return f"node {self.host} lost"
         if self.kind == HUNG:
             return f"hung on {self.host} rank {self.rank} at step {self.step} ({self.phase})"
@@ -156,13 +159,13 @@ def _shifted(hang: dict, by: float) -> dict:
 def first_failure(reports: dict[int, dict], hosts: list[str], lost: set[str],
                   symptoms: set[int] | frozenset[int] = frozenset(),
                   sightings: dict[int, float] | None = None) -> NodeFailure | None:
-    """A node of the attempt that was lost (`lost`: silent and not answering), else the earliest rank
+    """The nodes of the attempt that were lost (`lost`: silent and not answering), else the earliest rank
     failure any node saw (a crash before any hang was seen, else the stuck rank's hang); a crash of one of the
     `symptoms` nodes (:func:`symptom_nodes`) after those of every other node, whatever their clocks say. The times
     are compared on the batch shell's clock when every report was sighted (:func:`on_one_clock`), else on the
     nodes' own."""
     if gone := [host for host in silent_nodes(reports, hosts) if host in lost]:
-        return NodeFailure(gone[0], LOST)
+        return NodeFailure(gone[0], LOST, also_lost=tuple(gone[1:]))
     shift = on_one_clock(reports, sightings or {})
     hangs = [(node, _shifted(report["hang"], shift[node])) for node, report in reports.items() if report.get("hang")]
     first_hang_seen = min((hang["time"] for _, hang in hangs), default=float("inf"))

@@ -184,21 +184,25 @@ def blame(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, env: d
 
 def leave_out(job_dir: Path, job_id: str, attempt: Attempt, outcome: Outcome, failure: attribution.NodeFailure,
               allocated: list[str], unhealthy: set[str], env: dict[str, str], *, progressed: bool) -> list[str]:
-    """Leave the node `failure` counts against out of the rest of the run when it should be
-    (`attribution.exclusion_reason`; a node blamed before counts as failing again only when this attempt made no
-    progress: `progressed`), and record the failure in the cluster's node ledger; the nodes left out."""
+    """Leave the node `failure` counts against (every node lost with it, too) out of the rest of the run when it
+    should be (`attribution.exclusion_reason`; a node blamed before counts as failing again only when this attempt
+    made no progress: `progressed`), and record the failure in the cluster's node ledger; the nodes left out."""
     left_out = set(allocation.read_excluded(job_dir))
     spare = any(h not in attempt.hosts and h not in unhealthy and h not in left_out for h in allocated)
     culprits = [] if progressed else \
         [a.culprit for a in history.read_attempts(job_dir) if a.attempt < attempt.number and a.culprit]
-    excluded = []
+    excluded: list[str] = []
     host, kind = failure.blamed()
+    blamed = [host, *failure.also_lost]
     if outcome.action != STOP and (why := attribution.exclusion_reason(failure, spare, culprits)):
-        allocation.exclude(job_dir, host, why)
-        excluded = [host]
-        say(f"left out {host} for the rest of the run: {why}")
-        notify.send("node excluded", notify.JobRef.from_env(env), f"{host}: {why}", notify.spec_from_env(env))
-    ledger.record_failure(host, job_id, kind, failure.describe(), bool(excluded), env)
+        for each in blamed:
+            allocation.exclude(job_dir, each, why)
+        excluded = blamed
+        say(f"left out {','.join(blamed)} for the rest of the run: {why}")
+        notify.send("node excluded", notify.JobRef.from_env(env), f"{','.join(blamed)}: {why}",
+                    notify.spec_from_env(env))
+    for each in blamed:
+        ledger.record_failure(each, job_id, kind, failure.describe(), bool(excluded), env)
     return excluded
 
 

@@ -50,18 +50,18 @@ def _rendered(state: Path, port: int) -> tuple[str, str]:
     return conf, hosts
 
 
-def test_the_rendered_slurm_conf_names_four_nodes_their_ports_and_the_private_munge(tmp_path: Path) -> None:
+def test_the_rendered_slurm_conf_names_five_nodes_their_ports_and_the_private_munge(tmp_path: Path) -> None:
     conf, hosts = _rendered(tmp_path / "state", 17100)
     lines = conf.splitlines()
-    assert NODE_LIST == "n[1-4]" and NODES == ("n1", "n2", "n3", "n4")
+    assert NODE_LIST == "n[1-5]" and NODES == ("n1", "n2", "n3", "n4", "n5")
     assert "SlurmctldHost=login(127.0.0.1)" in lines and "SlurmctldPort=17100" in lines
-    assert any(line.startswith("NodeName=n[1-4] NodeAddr=127.0.0.1 Port=[17101-17104] CPUs=2 ") and
+    assert any(line.startswith("NodeName=n[1-5] NodeAddr=127.0.0.1 Port=[17101-17105] CPUs=2 ") and
                "RealMemory=4000" in line for line in lines)
     assert [line.split()[0:2] for line in lines if line.startswith("PartitionName=")] == [
-        ["PartitionName=low", "Nodes=n[1-4]"], ["PartitionName=high", "Nodes=n[1-4]"]]
+        ["PartitionName=low", "Nodes=n[1-5]"], ["PartitionName=high", "Nodes=n[1-5]"]]
     assert f"AuthInfo=socket={tmp_path}/state/run/munge.socket,cred_expire=10" in lines
     assert f"SlurmdSpoolDir={tmp_path}/state/spool/%n" in lines and "FirstJobId=42" in lines
-    assert "127.0.0.1\tn1 n2 n3 n4 login" in hosts.splitlines()
+    assert "127.0.0.1\tn1 n2 n3 n4 n5 login" in hosts.splitlines()
 
 
 @pytest.mark.parametrize(("cpus", "memory_kib", "advertised"), [

@@ -325,6 +325,24 @@ def test_the_step_of_a_lost_node_is_ended_not_waited_for_and_blamed_without_a_se
     assert failure is not None and failure.describe() == "node n2 lost" and probed == [["n2"]]  # the watcher's round
 
 
+def test_nodes_lost_together_are_all_named_left_out_and_recorded(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    # A node and its RAM-tier partner lost at once: both are blamed, not the first one only (the next attempt
+    # must not be offered the other one again once its slurmd answers)
+    node_report(tmp_path, 0, 0, "n1", 1, {"rank": 0, "exit_code": 1, "time": 1.0})
+    monkeypatch.setattr(finish, "_unhealthy", lambda hosts: {"n2", "n3"})
+    monkeypatch.setattr(step_watch, "found_lost", lambda job_dir, attempt: None)
+    monkeypatch.setenv("SLURM_TITAN_HOME", str(tmp_path / "home"))
+    env = {"SLURM_JOB_NODELIST": "n[1-5]", "SLURM_TITAN_HOME": str(tmp_path / "home"), "SLURM_CLUSTER_NAME": "c"}
+    failure, excluded = finish.blame(tmp_path, "42", finish.Attempt(0, ["n1", "n2", "n3"]),
+                                     Outcome("failed", RESTART), env, attribution.read_reports(tmp_path, 0, 3),
+                                     progressed=True)
+    assert failure is not None and failure.describe() == "nodes n2, n3 lost" and excluded == ["n2", "n3"]
+    assert allocation.read_excluded(tmp_path) == {"n2": "lost", "n3": "lost"}
+    assert [(e.node, e.kind, e.excluded) for e in ledger.read(tmp_path / "home/nodes/c.jsonl")] == [
+        ("n2", "unknown", True), ("n3", "unknown", True)]
+
+
 def test_a_slow_but_answering_node_is_not_cut_short(tmp_path: Path) -> None:
     srun = subprocess.Popen(["sleep", "1.5"])
     node_report(tmp_path, 0, 0, "n1", 0, None)  # n2 still uploading its last checkpoint
