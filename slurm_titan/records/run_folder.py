@@ -211,6 +211,8 @@ AHEAD_EXIT = "next-started-ahead-exit"
 """That step's srun exit code, written when it ended, beside it."""
 AHEAD_WORD = "started-ahead-word.json"
 """The batch shell's word to a step started ahead, in its own attempt's folder: train as this attempt, or end."""
+AHEAD_CLOSED = "next-decided"
+"""Written in an attempt's folder as the batch shell decides what follows it: no step is started ahead after it."""
 
 
 def lost_nodes(job_dir: Path, attempt: int) -> Path:

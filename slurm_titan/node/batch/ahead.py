@@ -13,18 +13,27 @@ next free one: `finish` numbers the restart with it). When `finish` restarts on 
 (:func:`dismiss`): its ranks trained nothing, its supervisors wrote no report. The srun is the starting process's
 child: a thread there records its exit code in the folder of the attempt it was started during
 (run_folder.AHEAD_EXIT), where `finish` reads it, whichever process started it.
+
+The first attempt's watcher is a process of its own, which may be starting a step as the batch shell decides: a
+step started and recorded, and the decision's look for it and its mark that the attempt is decided
+(:func:`decide`, run_folder.AHEAD_CLOSED), each happen whole under one lock, so that the decision finds every step
+started ahead of it, and none starts after it (a step nobody looks for would wait out its word's budget). The lock
+is a file of the batch host's own (both run there; a shared file system's flock is not everywhere).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,22 +72,51 @@ def srun_command(job_dir: Path, job_id: str) -> str:
     return f"{text[start + len('# command') + 2:srun + 1]}exec {text[srun + 1:end].strip()}"
 
 
+def lock_path(job_dir: Path) -> Path:
+    """The batch host's lock file of the job's steps started ahead (removed by :func:`release`)."""
+    return Path(tempfile.gettempdir()) / f"slurm-titan-ahead-{hashlib.sha256(bytes(job_dir)).hexdigest()[:16]}.lock"
+
+
+@contextlib.contextmanager
+def _locked(job_dir: Path) -> Iterator[None]:
+    with open(lock_path(job_dir), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def release(job_dir: Path) -> None:
+    """Remove the lock file once the batch shell decided for good (the job ends or requeues)."""
+    lock_path(job_dir).unlink(missing_ok=True)
+
+
+def decide(job_dir: Path, during: int) -> AheadStep | None:
+    """Mark attempt `during` decided (no step is started ahead during it after this) and return the step that was,
+    if any (:func:`find`)."""
+    with _locked(job_dir):
+        with contextlib.suppress(OSError):  # no folder: no step could record itself there either
+            replace_text(run_folder.attempt_folder(job_dir, during) / run_folder.AHEAD_CLOSED, "")
+        return find(job_dir, during)
+
+
 def start_ahead(job_dir: Path, job_id: str, during: int, nodes: tuple[str, ...],
-                env: Mapping[str, str]) -> threading.Thread:
+                env: Mapping[str, str]) -> threading.Thread | None:
     """Start the step of the attempt after `during` on `nodes` ahead of the decision, its number claimed now (the next
     free one); returns the thread that records its srun's exit code (the starting process waits for it before it
-    exits: the srun is its child)."""
-    plan = AttemptPlan(next_attempt_number(job_dir), nodes)
+    exits: the srun is its child), or None when the batch shell decided already what follows `during`."""
     folder = run_folder.attempt_folder(job_dir, during)
-    (folder / run_folder.AHEAD_EXIT).unlink(missing_ok=True)  # a standby step's that ended before (it is this one's)
-    srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during)})
-    try:
-        replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
-                                                             "nodes": list(nodes)}))
-    except OSError:
-        srun.kill()  # a step nobody can find would wait for a word that never comes
-        srun.wait()
-        raise
+    with _locked(job_dir):
+        if (folder / run_folder.AHEAD_CLOSED).exists():
+            return None
+        plan = AttemptPlan(next_attempt_number(job_dir), nodes)
+        (folder / run_folder.AHEAD_EXIT).unlink(missing_ok=True)  # a standby step's that ended before (this one's)
+        srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during)})
+        try:
+            replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
+                                                                 "nodes": list(nodes)}))
+        except OSError:
+            srun.kill()  # a step nobody can find would wait for a word that never comes
+            srun.wait()
+            raise
 
     def record() -> None:
         code = srun.wait()

@@ -259,12 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while True:
             outcome, code = conclude(job_dir, job_id, attempt, srun_exit_code, spec, env)
+            started = ahead.decide(job_dir, attempt.number)  # none is started ahead during the attempt after this
             if outcome.action == STOP:
                 ahead.dismiss(job_dir, attempt.number)
+                ahead.release(job_dir)
                 if code != 0 or attempt.number > 0:  # a failure kept snapshots somewhere: a node left out, say
                     clear_memory(spec, env)
                 return code
-            started = ahead.find(job_dir, attempt.number)
             if outcome.action == RESTART and (plan := restart_in_allocation(job_dir, job_id, spec,
                                                                             started.attempt if started else None)):
                 step = ahead.step_for(job_dir, attempt.number, plan)  # told to go, or (if any) to end
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 srun_exit_code = run_attempt(job_dir, job_id, plan, spec, env, step)
                 continue
             ahead.dismiss(job_dir, attempt.number)
+            ahead.release(job_dir)
             if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
                 history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
                 clear_memory(spec, env)
@@ -300,9 +302,10 @@ def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: 
     return started.wait() if started else srun.wait()
 
 
-def start_next_ahead(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, env: dict[str, str]) -> None:
-    """Start the attempt after `plan` ahead, on its nodes (node.batch.ahead); its srun is this process's child."""
-    ahead.start_ahead(job_dir, job_id, plan.attempt, plan.nodes, env)
+def start_next_ahead(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, env: dict[str, str]) -> bool:
+    """Start the attempt after `plan` ahead, on its nodes (node.batch.ahead; its srun is this process's child);
+    False when what follows `plan` was decided already."""
+    return ahead.start_ahead(job_dir, job_id, plan.attempt, plan.nodes, env) is not None
 
 
 def clear_memory(spec: BatchSpec, env: dict[str, str]) -> None:

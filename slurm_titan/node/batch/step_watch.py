@@ -159,7 +159,7 @@ def failure_reported(attempt_dir: HeldFolder, node: int) -> bool:
 
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
           poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures,
-          slow: SlowNodeWatch | None = None, start_next: Callable[[], None] | None = None,
+          slow: SlowNodeWatch | None = None, start_next: Callable[[], bool] | None = None,
           standby: bool = False) -> list[str]:
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer (recorded first:
     :func:`record_lost`). Returns those nodes.
@@ -209,11 +209,12 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     return []
 
 
-def _start(start_next: Callable[[], None], attempt: int, why: str) -> None:
-    """Start the next attempt's step ahead; a failure to is a warning (a restart then starts its own step later)."""
+def _start(start_next: Callable[[], bool], attempt: int, why: str) -> None:
+    """Start the next attempt's step ahead (none once the batch shell decided what follows the attempt); a failure
+    to is a warning (a restart then starts its own step later)."""
     try:
-        start_next()
-        say(f"attempt {attempt} {why}: the next attempt's step started ahead on its nodes")
+        if start_next():
+            say(f"attempt {attempt} {why}: the next attempt's step started ahead on its nodes")
     except Exception as error:  # noqa: BLE001 - the restart only starts later without it
         print(f"slurm-titan: WARNING: attempt {attempt} {why}; its next attempt's step could not be started ahead "
               f"({type(error).__name__}: {error})", file=sys.stderr, flush=True)
@@ -243,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_or_exit(args.job_dir)
         slow = SlowNodeWatch.for_attempt(spec, args.job_dir, attempt, hosts, os.environ)
 
-        def start_next_ahead() -> None:
-            ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts), os.environ)
+        def start_next_ahead() -> bool:
+            return ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts),
+                                     os.environ) is not None
 
         watch(args.job_dir, attempt, hosts, srun, slow=slow, start_next=start_next_ahead, standby=spec.standby_step)
     return 0  # a step started ahead is this process's child: its recorder thread keeps the process until it ends

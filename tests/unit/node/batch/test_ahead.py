@@ -4,11 +4,13 @@ otherwise (a stand-in srun on PATH)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from tests.support.reports import node_report
 
 
 @pytest.fixture
-def job_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+def job_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """A job folder with a submission script whose srun is a stand-in: it notes what it was started with, then
     waits for its word (as the supervisors would) and exits 0 on go, 3 otherwise."""
     job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
@@ -39,7 +41,8 @@ exit 4
     (job_dir / "42_submission.sh").write_text("#!/bin/bash\n# command\nexport SUBMITIT_EXECUTOR=slurm\n"
                                               "srun --nodes=$SLURM_TITAN_NUM_NODES x\n# teardown\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return job_dir
+    yield job_dir
+    ahead.release(job_dir)  # the batch shell's lock file (node-local: /tmp)
 
 
 def _started(job_dir: Path, nodes: tuple[str, ...]) -> threading.Thread:
@@ -84,6 +87,28 @@ def test_a_step_started_after_a_standby_that_ended_is_not_taken_for_ended(job_di
     assert step is not None and step.attempt == 1 and step.exit_code() is None
     ahead.dismiss(job_dir, 0)
     recorder.join(10)
+
+
+def test_the_decision_finds_a_step_being_started_and_none_starts_after_it(job_dir: Path) -> None:
+    # The first attempt's watcher (a process of its own) may be starting a step as the batch shell decides: a start
+    # in progress (here: its lock held, its record not yet written) holds the decision until the record is there
+    folder = run_folder.attempt_folder(job_dir, 0)
+    folder.mkdir(parents=True)
+    found: list[ahead.AheadStep | None] = []
+    with open(ahead.lock_path(job_dir), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        deciding = threading.Thread(target=lambda: found.append(ahead.decide(job_dir, 0)))
+        deciding.start()
+        deciding.join(0.3)
+        assert deciding.is_alive()  # waits for the start in progress
+        (folder / run_folder.AHEAD).write_text(json.dumps({"attempt": 1, "pid": os.getpid(), "nodes": ["n1"]}))
+    deciding.join(10)
+    assert found == [ahead.AheadStep(folder, 1, os.getpid(), ("n1",))]
+    (folder / run_folder.AHEAD).unlink()
+    assert ahead.start_ahead(job_dir, "42", 0, ("n1",), dict(os.environ)) is None  # decided: too late to start
+    assert not (run_folder.attempt_folder(job_dir, 1) / "started-with").exists() and ahead.find(job_dir, 0) is None
+    ahead.release(job_dir)
+    assert not ahead.lock_path(job_dir).exists()
 
 
 def test_no_step_started_ahead_is_none(job_dir: Path) -> None:
