@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             return requeue_job(job_dir, job_id, attempt.number)
     except Exception:
         ahead.dismiss(job_dir, attempt.number)  # a step started ahead would wait for a word that never comes
+        ahead.release(job_dir)
         raise
 
 
