@@ -12,6 +12,7 @@ import pytest
 from tests.support.cli import Cli, run
 from tests.support.paths import REPO
 from tests.support.references import TWELVE_STEP_GROUP
+from tools.local_cluster.cluster import NODES
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*([0-9.]+)")
@@ -89,7 +90,7 @@ def test_cancel_a_job_then_an_ended_one_and_an_unknown_one(cli: Cli) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nodes", "9"], "slurm-titan: --nodes 9 exceeds partition 'low', which has 4 node(s)"),
+        (["--nodes", "9"], f"slurm-titan: --nodes 9 exceeds partition 'low', which has {len(NODES)} node(s)"),
         (["--partition", "gpu"], "slurm-titan: unknown partition 'gpu'; the cluster has: high, low"),
     ],
 )

@@ -181,11 +181,11 @@ def test_a_lost_node_is_replaced_by_the_spare_which_resumes_from_the_partners_me
 
 def test_a_node_and_its_partner_lost_together_fall_back_to_the_store(
         cli: Cli, healed_cluster: LocalCluster, reference_losses) -> None:
-    # The RAM tier (issue 25) on 3 nodes with 2 spares: node 1 copies its snapshots to node 2, node 2 to node 0.
-    # Nodes 1 and 2 are killed whole together once step 7 is trained: node 1's ranks' snapshot of step 6 is in no
-    # memory left (its own and its partner's), so the spares restore every rank from the store's step 4, inside
-    # the allocation, and the supervisors say why.
-    three = ("--set", "slurm.nodes=3")
+    # The RAM tier (issue 25) on 3 nodes with 2 spares, 10 steps: node 1 copies its snapshots to node 2, node 2 to
+    # node 0. Nodes 1 and 2 are killed whole together once step 7 is trained: node 1's ranks' snapshot of step 6 is
+    # in no memory left (its own and its partner's), so the spares restore every rank from the store's step 4,
+    # inside the allocation, and the supervisors say why.
+    three = ("--set", "slurm.nodes=3", "--set", "torchtitan.args.training.steps=10")
     job, _, lost, status = _kill_nodes(cli, healed_cluster, [1, 2], *RAM_TIER, *three,
                                        "--set", "slurm.spare_nodes=2")
     first, second = status["attempts"][:2]
@@ -198,7 +198,7 @@ def test_a_node_and_its_partner_lost_together_fall_back_to_the_store(
                      r"lost\?\): restoring from the store", text), text
     assert "resuming RAM snapshot" not in text
     assert memory_left(healed_cluster, job) == []
-    assert_same_training(cli, job, reference_losses(STEPS, *CONFIG, *three), ranks=3)
+    assert_same_training(cli, job, reference_losses(10, *CONFIG, *three), ranks=3)
 
 
 def test_a_lost_node_without_a_spare_requeues_the_job_without_it(cli: Cli, healed_cluster: LocalCluster,
