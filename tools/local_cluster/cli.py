@@ -1,7 +1,7 @@
 """tools/local-cluster: a real multi-node Slurm cluster on this one machine.
 
   tools/local-cluster install-deps  apt-get the Slurm/munge packages (skips if present)
-  tools/local-cluster up            start munged, slurmctld and 4 slurmd (n1..n4); prints
+  tools/local-cluster up            start munged, slurmctld and 5 slurmd (n1..n5); prints
                                     the export line, so `eval "$(tools/local-cluster up)"` works
   tools/local-cluster env           print only the export line(s)
   tools/local-cluster status        daemons + sinfo; exit 0 healthy, 1 degraded, 3 not up

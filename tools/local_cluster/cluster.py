@@ -1,10 +1,10 @@
-"""A real multi-node Slurm cluster on this one machine: `LocalCluster` (up, down, status, env, kill a node).
+"""A real multi-node Slurm cluster on this one machine: `LocalCluster` (up, down, status, env, kill nodes).
 
 Layout: no network namespaces. All nodes share the host network and 127.0.0.1, one slurmd port each
-(port+1..port+4; slurmctld on port). Each slurmd runs in its own UTS and mount namespace
+(port+1..port+5; slurmctld on port). Each slurmd runs in its own UTS and mount namespace
 (`unshare --uts --mount`), which gives it
-  - its own hostname (n1..n4),
-  - STATE/etc/hosts bind-mounted on /etc/hosts (n1..n4 and the controller -> 127.0.0.1),
+  - its own hostname (n1..n5),
+  - STATE/etc/hosts bind-mounted on /etc/hosts (n1..n5 and the controller -> 127.0.0.1),
   - STATE/etc bind-mounted on /etc/slurm (so jobs find slurm.conf even with --export=NONE),
   - STATE/nodes/nX/scratch bind-mounted on /var/tmp/slurm-titan-local (node-local disk),
   - a tmpfs of its own on /dev/shm (the node's memory: it goes with the node's last process, as a lost machine's).
