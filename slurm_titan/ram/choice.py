@@ -71,3 +71,9 @@ def choose(holdings: list[Holding], world_size: int, node_of: dict[int, int]) ->
             return Choice(step, {rank: (node_of[rank] if node_of[rank] in holders[rank] else min(holders[rank]))
                                  for rank in range(world_size)})
     return None
+
+
+def missing(holdings: list[Holding], world_size: int, step: int) -> list[int]:
+    """The ranks of ``world_size`` of which no node of ``holdings`` holds a copy of ``step``."""
+    held = {rank for holding in holdings for rank in holding.held.get(step, [])}
+    return [rank for rank in range(world_size) if rank not in held]

@@ -27,10 +27,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.envvars import RamEnv
 from slurm_titan.node.spec import MemoryPlan
 from slurm_titan.ram import layout, snapshot
-from slurm_titan.ram.choice import Choice, Holding, choose
+from slurm_titan.ram.choice import Choice, Holding, choose, missing
 from slurm_titan.ram.exchange import HoldingsExchange
 from slurm_titan.ram.transfer import SnapshotServer, TransferError, pull, push
 from slurm_titan.records import run_folder
@@ -86,8 +87,10 @@ class NodeMemory:
         if choice is None:
             steps = sorted({s for h in holdings for s in h.held}, reverse=True)[:3]
             if steps:
+                lacking = format_cpu_list(frozenset(missing(holdings, self.world_size, steps[0])))
                 self.say(f"RAM tier: no snapshot that every rank can get (steps held: {', '.join(map(str, steps))}; "
-                         "a node and its partner lost?): restoring from the store")
+                         f"no node left holds rank(s) {lacking} of step {steps[0]}: a node and its partner lost?): "
+                         "restoring from the store")
             elif self.requeue or self.attempt:
                 self.say("RAM tier: no snapshot in memory" + (" (a new allocation)" if self.requeue else "")
                          + ": restoring from the store")

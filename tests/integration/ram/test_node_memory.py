@@ -96,7 +96,8 @@ def test_a_node_lost_with_its_partner_or_a_newer_store_checkpoint_sends_every_no
     b2.memory.close(keep=False)  # and now b too: nobody holds rank 1's copies
     d, e = Node(tmp_path, "d", 0, 2, 2, lines), Node(tmp_path, "c", 1, 2, 2, lines)
     assert recover_all(tmp_path, [d, e], 2) == [None, None]
-    assert "RAM tier: no snapshot that every rank can get (steps held: 4; a node and its partner lost?)" in lines[-1]
+    assert ("RAM tier: no snapshot that every rank can get (steps held: 4; no node left holds rank(s) 1 of step 4: "
+            "a node and its partner lost?)") in lines[-1]
     f, g = Node(tmp_path, "f", 0, 2, 3, lines), Node(tmp_path, "c", 1, 2, 3, lines)
     f.snapshot(4, 1, b"x"), g.snapshot(4, 0, b"y")
     f.memory.publish(), g.memory.publish()

@@ -3,7 +3,7 @@ holds one."""
 
 from __future__ import annotations
 
-from slurm_titan.ram.choice import Choice, Holding, choose
+from slurm_titan.ram.choice import Choice, Holding, choose, missing
 
 
 def holding(node: int, held: dict[int, list[int]]) -> Holding:
@@ -32,6 +32,8 @@ def test_a_step_some_rank_lacks_everywhere_is_passed_over_and_none_when_no_step_
     assert choose(holdings, 4, NODE_OF) == Choice(20, {0: 0, 1: 0, 2: 1, 3: 1})
     assert choose([holding(0, {25: [0, 1]}), holding(1, {})], 4, NODE_OF) is None
     assert choose([holding(0, {}), holding(1, {})], 4, NODE_OF) is None
+    assert missing(holdings, 4, 25) == [3] and missing(holdings, 4, 20) == []
+    assert missing(holdings, 4, 7) == [0, 1, 2, 3]
 
 
 def test_a_holding_reads_back_and_a_bad_one_is_named() -> None:
