@@ -262,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
             started = ahead.decide(job_dir, attempt.number)  # none is started ahead during the attempt after this
             if outcome.action == STOP:
                 ahead.dismiss(job_dir, attempt.number)
-                ahead.release(job_dir)
                 if code != 0 or attempt.number > 0:  # a failure kept snapshots somewhere: a node left out, say
                     clear_memory(spec, env)
                 return code
@@ -276,15 +275,16 @@ def main(argv: list[str] | None = None) -> int:
                 srun_exit_code = run_attempt(job_dir, job_id, plan, spec, env, step)
                 continue
             ahead.dismiss(job_dir, attempt.number)
-            ahead.release(job_dir)
+            ahead.release(job_dir)  # the requeue may end this process before `finally`
             if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
                 history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
                 clear_memory(spec, env)
             return requeue_job(job_dir, job_id, attempt.number)
     except Exception:
         ahead.dismiss(job_dir, attempt.number)  # a step started ahead would wait for a word that never comes
-        ahead.release(job_dir)
         raise
+    finally:
+        ahead.release(job_dir)
 
 
 def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: BatchSpec, env: dict[str, str],
