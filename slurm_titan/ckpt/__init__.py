@@ -21,7 +21,6 @@ The package, top to bottom:
                      the delete order
 - :mod:`.retention`  which checkpoints to keep, and pruning
 - :mod:`.lease`      one writer per location: the writer lease, create-only generations
-- :mod:`.priority`   the upload threads' CPU priority and CPUs
 - :mod:`.upload`     per-rank background upload + rank 0's committer thread; the Uploader Protocol
 - :mod:`.upload_process`  a rank's CheckpointSync in a child process (outside training's GIL): the
                      parent's side; :mod:`.upload_child_main` is the child's ``python -m`` entry

@@ -39,12 +39,12 @@ from slurm_titan import envvars
 from slurm_titan.ckpt import commit, layout
 from slurm_titan.ckpt.checksum import DEFAULT_ALGORITHM
 from slurm_titan.ckpt.manifest import FileEntry, ManifestError, Range, Receipt, utc_iso
-from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.retention import prune
 from slurm_titan.ckpt.storage import Backoff, LocalFileError, Store, SystemClock, TransferConfig, Wait, open_store
 from slurm_titan.ckpt.upload_process import UploadSettings
 from slurm_titan.errors import StorageError
 from slurm_titan.retention import KEEP_ALL, Retention
+from slurm_titan.thread_priority import background_thread
 
 log = logging.getLogger("slurm_titan.ckpt.upload")
 

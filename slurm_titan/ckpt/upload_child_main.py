@@ -17,9 +17,9 @@ import sys
 import threading
 from typing import IO, Any
 
-from slurm_titan.ckpt.priority import background_thread
 from slurm_titan.ckpt.upload_process import STOP_SIGNALS_AND_INT, UploadSettings
 from slurm_titan.errors import StorageError
+from slurm_titan.thread_priority import background_thread
 
 _LOG_FORMAT = "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"
 

@@ -1,7 +1,8 @@
 """Snapshots between nodes: each node supervisor serves its memory folder over HTTP on a port of its own.
 
-``PUT /step-N/rank-R/<file>`` (the partner's push, every file then ``snapshot.json`` last) lands in a hidden
-staging folder and is sealed into ``step-N/rank-R`` once the manifest's sizes match; ``GET`` of the same paths
+``PUT /step-N/rank-R/<file>`` (the partner's push, every file then ``snapshot.json`` last; received at
+:data:`slurm_titan.ram.BACKGROUND_NICE`) lands in a hidden staging folder and is sealed into ``step-N/rank-R`` once
+the manifest's sizes match; ``GET`` of the same paths
 serves a snapshot to a recovering node. Every file carries its CRC-32 (``X-Crc32``), checked by the receiver.
 Requests must carry the node's token (``Authorization: Bearer``), published only in the job's folder: no one
 outside the job reads or writes a node's snapshots.
@@ -19,7 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import BinaryIO
 
-from slurm_titan.ram import layout, snapshot
+from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
+from slurm_titan.thread_priority import lower_thread_priority
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0
@@ -107,6 +109,7 @@ class SnapshotServer:
         if parsed is None:
             return
         step, rank, name = parsed
+        lower_thread_priority(BACKGROUND_NICE)  # this request's thread: the partner's copy, training's leftovers
         staging = _staging(self.root, step, rank)
         if name != layout.MANIFEST:
             staging.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from slurm_titan.envvars import RamEnv
-from slurm_titan.ram import layout, snapshot
+from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
 from slurm_titan.rank.raw_storage import RawReader, RawWriter
 
 log = logging.getLogger("slurm_titan.rank.ram_snapshot")
@@ -69,8 +69,9 @@ class RamSnapshots:
     """This rank's snapshots in the node's memory folder (``env.root``).
 
     A snapshot stops training for the copy of the state to host memory only (DCP's stager: into buffers kept from
-    one snapshot to the next, pinned on an accelerator); DCP writes the copy into the folder in a background thread,
-    and the folder is sealed there. One snapshot is written at a time: the next waits for the one before."""
+    one snapshot to the next, pinned on an accelerator); DCP writes the copy into the folder in a background thread
+    (at :data:`slurm_titan.ram.BACKGROUND_NICE`), and the folder is sealed there. One snapshot is written at a time:
+    the next waits for the one before."""
 
     def __init__(self, env: RamEnv, rank: int, world_size: int) -> None:
         self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, set at PROBE_STEP
@@ -135,8 +136,8 @@ class RamSnapshots:
         final = layout.rank_dir(self.root, step, self.rank)
         staging = final.parent / f".rank-{self.rank}.{os.getpid()}"
         staging.mkdir(parents=True, exist_ok=True)
-        written = dcp.async_save({**states, RNG: _rng_states()}, storage_writer=RawWriter(staging), no_dist=True,
-                                 async_stager=self.stager)
+        written = dcp.async_save({**states, RNG: _rng_states()}, storage_writer=RawWriter(staging, BACKGROUND_NICE),
+                                 no_dist=True, async_stager=self.stager)
         assert isinstance(written, Future)  # staging is synchronous: the future is the write's
         self.last_blocked_s = time.monotonic() - begin
 

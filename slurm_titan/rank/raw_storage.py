@@ -33,6 +33,8 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from slurm_titan.thread_priority import lower_thread_priority
+
 DATA = "data"
 METADATA = ".metadata"
 
@@ -62,11 +64,12 @@ def _raw(tensor: torch.Tensor) -> memoryview:
 
 
 class RawWriter(StorageWriter):
-    """Writes one rank's items into ``path`` (no collective: for ``no_dist`` saves)."""
+    """Writes one rank's items into ``path`` (no collective: for ``no_dist`` saves); the thread that writes first
+    raises its nice value by ``nice`` (an async save's writes run in a thread of their own)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, nice: int = 0) -> None:
         super().__init__()
-        self.path = Path(path)
+        self.path, self.nice = Path(path), nice
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
@@ -86,6 +89,7 @@ class RawWriter(StorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        lower_thread_priority(self.nice)
         results = []
         with open(self.path / DATA, "wb") as out:
             for item in plan.items:

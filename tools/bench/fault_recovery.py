@@ -42,6 +42,7 @@ from slurm_titan.records import history
 from tools.bench.bench_jobs import (
     STEP,
     Bench,
+    Line,
     Run,
     bench_parser,
     median_spread,
@@ -69,6 +70,8 @@ def node_log_lines(run: Run) -> list[tuple[float, str]]:
 BLOCKED = re.compile(r"RAM snapshot of step \d+: training stopped ([0-9.]+) s")
 REPLICATED = re.compile(r"RAM tier: step \d+ copied to the partner \S+: (\d+) bytes")
 AUTO_INTERVAL = re.compile(r"RAM tier: a snapshot every (\d+) step")
+SNAPSHOT = re.compile(r"RAM snapshot of step (\d+):")
+STORE_SAVE = "Saving the checkpoint."
 
 
 def after_fault(run: Run, fault_at: float, kind: str, memory_interval: str | None) -> dict[str, Any]:
@@ -153,11 +156,12 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
     end = time.time()
     subprocess.run(["scancel", run.job], env=bench.env, check=False)
     bench.live.discard(run.job)
-    steps = [(int(m.group(1)), ln.t) for ln in read_lines(log, run.submitted)
-             if start <= ln.t <= end and (m := STEP.match(ln.text))]
+    lines = [ln for ln in read_lines(log, run.submitted) if start <= ln.t <= end]
+    steps = [(int(m.group(1)), ln.t) for ln in lines if (m := STEP.match(ln.text))]
     trained = [step for step, _ in steps]
     distinct = len(set(trained))
-    per_step = uninterrupted_intervals(steps, [a.started for a in history.read_attempts(run.job_dir) if a.started])
+    attempt_starts = [a.started for a in history.read_attempts(run.job_dir) if a.started]
+    per_step = uninterrupted_intervals(steps, attempt_starts)
     wall = end - start
     named = [slow for attempt in history.read_attempts(run.job_dir) for slow in attempt.slow]
     return {"minutes": minutes, "faults": faults, "slow_false_positives": named,
@@ -167,7 +171,34 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
             "median_step_s": rounded(statistics.median(per_step), 3),
             "goodput": rounded(distinct * statistics.mean(per_step) / wall, 3),
             "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3),
+            "lost_by_cause": lost_by_cause(lines, attempt_starts, statistics.median(per_step)),
             **snapshot_figures(run, bench.args.memory_interval)}
+
+
+def lost_by_cause(lines: list[Line], attempt_starts: list[float], median_s: float) -> dict[str, dict[str, Any]]:
+    """Where the strict measure's time went: rank 0's intervals between consecutive logged steps, by what followed
+    the first (a RAM snapshot, a store checkpoint's save, both, neither; a fault: the interval spans an attempt's
+    start), each class's count, median and the sum of its intervals less the soak's median step (`beyond_s`)."""
+    snapshots = {int(m.group(1)) for ln in lines if (m := SNAPSHOT.search(ln.text))}
+    saved, last, steps = set(), None, []
+    for ln in lines:
+        if m := STEP.match(ln.text):
+            last = int(m.group(1))
+            steps.append((last, ln.t))
+        elif ln.text.startswith(STORE_SAVE) and last is not None:
+            saved.add(last)
+    classes: dict[str, list[float]] = {}
+    for (s0, t0), (s1, t1) in zip(steps, steps[1:]):
+        if any(t0 < started <= t1 for started in attempt_starts):
+            cause = "fault"
+        elif s1 != s0 + 1:
+            continue
+        else:
+            cause = {(True, True): "snapshot and checkpoint", (True, False): "snapshot",
+                     (False, True): "checkpoint", (False, False): "neither"}[(s0 in snapshots, s0 in saved)]
+        classes.setdefault(cause, []).append(t1 - t0)
+    return {cause: {"n": len(spans), "median_s": rounded(statistics.median(spans), 3),
+                    "beyond_s": rounded(sum(spans) - median_s * len(spans), 1)} for cause, spans in classes.items()}
 
 
 def recovery_sets(bench: Bench) -> list[str]:

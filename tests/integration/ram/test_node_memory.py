@@ -1,17 +1,22 @@
 """The supervisors' RAM tier (node.supervisor.ram.NodeMemory) on real snapshot servers over loopback, one folder per
 node as each node's memory: a step replicated around the ring, a lost node's ranks recovered onto a spare from its
 partner, a node lost with its partner and a partner that answers with another run's snapshot sent to the store,
-each said in one line; every node reaches the same verdict through the real agreement round."""
+each said in one line; every node reaches the same verdict through the real agreement round; the copies to the
+partner run at the background priority."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from slurm_titan.ckpt import NodeAgreement
 from slurm_titan.node.spec import MemoryPlan
+from slurm_titan.node.supervisor import ram
 from slurm_titan.node.supervisor.ram import NodeMemory
-from slurm_titan.ram import layout, snapshot
+from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
 from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
@@ -136,3 +141,20 @@ def test_a_one_node_job_says_it_has_no_partner_and_keeps_its_own_copy(tmp_path: 
     assert lines == ["a: RAM tier: a one-node job has no partner: its snapshots are kept in this node's memory only"]
     only.memory.replicate_once()
     assert layout.read_step(layout.replicated_file(only.memory.root, 0)) == 4  # held once: the most it can be
+
+
+def test_the_copies_to_the_partner_run_at_the_background_nice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copying = threading.Event()
+    nice: list[int] = []
+
+    def replicate_once(self: NodeMemory) -> None:
+        nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        copying.set()
+
+    monkeypatch.setattr(NodeMemory, "replicate_once", replicate_once)
+    monkeypatch.setattr(ram, "REPLICATE_POLL_S", 0.01)
+    node = Node(tmp_path, "a", 0, 2, 0, [])
+    node.memory.start_replicating()
+    assert copying.wait(10)
+    node.memory.close(keep=False)
+    assert nice[0] == min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + BACKGROUND_NICE)

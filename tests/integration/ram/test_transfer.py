@@ -1,14 +1,16 @@
 """Snapshots between two nodes' memory folders through the real snapshot server (HTTP on loopback): a push lands
 sealed, a pull verifies each file, and a wrong token, a snapshot of another run or a damaged file are refused in
-one line with nothing sealed."""
+one line with nothing sealed; a push is received at the background priority, a pull served at training's."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from slurm_titan.ram import layout, snapshot
+from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot, transfer
 from slurm_titan.ram.transfer import SnapshotServer, TransferError, pull, push
 
 RUN = "4711:abc"
@@ -65,3 +67,23 @@ def test_an_incomplete_folder_is_not_held(tmp_path: Path) -> None:
     (own / "__0_0.distcp").write_bytes(b"z" * 99)  # cut short
     assert snapshot.holdings(tmp_path, run=RUN, world_size=2) == {}
     assert "has 99 bytes, its manifest says 100" in snapshot.problem(own, run=RUN, step=10, rank=0, world_size=2)
+
+
+def test_a_partners_push_is_received_at_the_background_nice_and_a_recoverys_pull_served_at_trainings(
+        nodes, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    a, b, (server_a, server_b) = nodes
+    nice: dict[str, int] = {}
+
+    def noting(what: str, real):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if threading.current_thread() is not threading.main_thread():  # the server's request thread
+                nice[what] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(snapshot, "seal", noting("put", snapshot.seal))
+    monkeypatch.setattr(transfer, "crc32_of", noting("get", transfer.crc32_of))
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    push(sealed(a, 10, 0, b"x" * 1000), "127.0.0.1", server_b.port, server_b.token)
+    pull("127.0.0.1", server_b.port, server_b.token, a.parent / "c", run=RUN, step=10, rank=0, world_size=2)
+    assert nice == {"put": min(19, own + BACKGROUND_NICE), "get": own}

@@ -4,6 +4,8 @@ saved; a data file cut short and a shape that does not match are refused."""
 from __future__ import annotations
 
 import io
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,17 @@ def test_a_tensor_of_another_shape_is_refused(tmp_path: Path) -> None:
         dcp.load({"w": torch.zeros(3, 3)}, storage_reader=RawReader(tmp_path), no_dist=True)
     refused = "Size mismatch between saved torch.Size([2, 3]) and current: torch.Size([3, 3])"
     assert refused in str(raised.value.failures)
+
+
+def test_the_thread_that_writes_takes_the_writers_nice_and_the_caller_keeps_its_own(tmp_path: Path) -> None:
+    seen: dict[str, int] = {}
+
+    def save() -> None:  # DCP writes in the thread that saves (an async save's is a thread of its own)
+        dcp.save(_state(1), storage_writer=RawWriter(tmp_path / "snap", nice=7), no_dist=True)
+        seen["writer"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=save)
+    thread.start(), thread.join()
+    assert seen["writer"] == min(19, own + 7)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own

@@ -1,4 +1,5 @@
-"""Keep the checkpoint upload's threads out of training's way.
+"""Keep the checkpoint upload's threads (and the RAM tier's: :data:`slurm_titan.ram.BACKGROUND_NICE`) out of
+training's way.
 
 Two per-thread settings, which the uploader process applies to its main thread first thing (and
 CheckpointSync's own threads to themselves when it runs in-process); on Linux both are per
@@ -18,7 +19,7 @@ import threading
 
 from slurm_titan.cpulist import format_cpu_list
 
-log = logging.getLogger("slurm_titan.ckpt.priority")
+log = logging.getLogger("slurm_titan.thread_priority")
 
 
 def lower_thread_priority(nice: int) -> None:

@@ -1,4 +1,4 @@
-"""The upload threads' own CPUs and priority (slurm_titan.ckpt.priority)."""
+"""Background threads' own CPUs and priority (slurm_titan.thread_priority)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from slurm_titan.ckpt.priority import background_thread, confine_thread
 from slurm_titan.cpulist import format_cpu_list, parse_cpu_list
+from slurm_titan.thread_priority import background_thread, confine_thread
 
 
 @pytest.mark.parametrize(("text", "cpus"), [("1", {1}), ("0-3,8", {0, 1, 2, 3, 8}),
@@ -57,7 +57,7 @@ def test_a_confined_thread_and_the_threads_it_starts_run_on_its_cpus_only() -> N
 
 def test_cpus_the_job_may_not_use_leave_the_thread_where_it_was_with_a_warning(caplog) -> None:
     allowed = os.sched_getaffinity(0)
-    with caplog.at_level(logging.WARNING, logger="slurm_titan.ckpt.priority"):
+    with caplog.at_level(logging.WARNING, logger="slurm_titan.thread_priority"):
         seen = _in_thread(lambda: confine_thread(frozenset({4000})))
     assert seen["own"] == allowed
     assert "checkpoint.upload_cpus 4000 cannot be used here" in caplog.text
