@@ -1,5 +1,4 @@
-"""Keep the checkpoint upload's threads (and the RAM tier's: :data:`slurm_titan.ram.BACKGROUND_NICE`) out of
-training's way.
+"""Keep background threads out of training's way: the checkpoint upload's, the RAM tier's, a standby step's import.
 
 Two per-thread settings, which the uploader process applies to its main thread first thing (and
 CheckpointSync's own threads to themselves when it runs in-process); on Linux both are per
@@ -20,6 +19,10 @@ import threading
 from slurm_titan.cpulist import format_cpu_list
 
 log = logging.getLogger("slurm_titan.thread_priority")
+BACKGROUND_NICE = 19
+"""The nice value of work that only uses what training leaves idle (its waits in collectives), not the CPU it
+trains on: the RAM tier's (a rank's write of its snapshot, a node's copy to its partner and its receipt of the
+partner's) and a standby step's import (:mod:`slurm_titan.rank.entry`). Restores run at training's priority."""
 
 
 def lower_thread_priority(nice: int) -> None:

@@ -11,8 +11,3 @@ supervisor's, which replicates and recovers, is :mod:`slurm_titan.node.superviso
 
 The memory a node needs is the preflight's (:mod:`slurm_titan.doctor.checks`, from the plan's checkpoint size).
 """
-
-BACKGROUND_NICE = 19
-"""The nice value the tier's background work runs at (a rank's write of its snapshot, a node's copy to its partner
-and its receipt of the partner's): it takes the CPU that training leaves idle (its waits in collectives), not the
-CPU training uses. Restores run at training's priority."""

@@ -1,9 +1,9 @@
 """Snapshots between nodes: each node supervisor serves its memory folder over HTTP on a port of its own.
 
 ``PUT /step-N/rank-R/<file>`` (the partner's push, every file then ``snapshot.json`` last; received at
-:data:`slurm_titan.ram.BACKGROUND_NICE`) lands in a hidden staging folder and is sealed into ``step-N/rank-R`` once
-the manifest's sizes match; ``GET`` of the same paths
-serves a snapshot to a recovering node. Every file carries its CRC-32 (``X-Crc32``), checked by the receiver.
+:data:`slurm_titan.thread_priority.BACKGROUND_NICE`) lands in a hidden staging folder and is sealed into
+``step-N/rank-R`` once the manifest's sizes match; ``GET`` of the same paths serves a snapshot to a recovering node
+(at training's priority). Every file carries its CRC-32 (``X-Crc32``), checked by the receiver.
 Requests must carry the node's token (``Authorization: Bearer``), published only in the job's folder: no one
 outside the job reads or writes a node's snapshots.
 """
@@ -20,8 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import BinaryIO
 
-from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
-from slurm_titan.thread_priority import lower_thread_priority
+from slurm_titan.ram import layout, snapshot
+from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0

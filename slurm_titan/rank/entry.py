@@ -9,11 +9,13 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 from slurm_titan import envvars
 from slurm_titan.rank import preemption, stacks, start_gate
 from slurm_titan.records import rank_progress
+from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority
 
 
 def prepare_device(device: str) -> None:
@@ -46,11 +48,35 @@ def import_trainer(device: str) -> Callable[[], None]:
     return torchtitan_main
 
 
+def import_in_background(device: str) -> Callable[[], None]:
+    """:func:`import_trainer` in a thread of its own at BACKGROUND_NICE, for a standby step's rank: it imports while
+    the attempt before it trains, on the CPU that training leaves idle. The main thread, which trains once the word
+    comes, and every thread it starts keep their priority (nice is per thread on Linux); the few threads that
+    libraries start during the import inherit the lower one."""
+    imported: dict[str, Callable[[], None]] = {}
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        lower_thread_priority(BACKGROUND_NICE)
+        try:
+            imported["main"] = import_trainer(device)
+        except BaseException as error:  # noqa: BLE001 - raised again in the main thread
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="import-in-background", daemon=True)  # daemon: a signal may end us
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return imported["main"]
+
+
 def main() -> None:
     preemption.install_handlers()  # first: Slurm's warning may come while torch is still importing
     stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
     rank_progress.enter(rank_progress.Phase.STARTUP)
-    torchtitan_main = import_trainer(os.environ.get(envvars.DEVICE, "npu"))
+    device = os.environ.get(envvars.DEVICE, "npu")
+    torchtitan_main = import_in_background(device) if os.environ.get(envvars.STANDBY) else import_trainer(device)
     start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()

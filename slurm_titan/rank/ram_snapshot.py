@@ -28,8 +28,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from slurm_titan.envvars import RamEnv
-from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
+from slurm_titan.ram import layout, snapshot
 from slurm_titan.rank.raw_storage import RawReader, RawWriter
+from slurm_titan.thread_priority import BACKGROUND_NICE
 
 log = logging.getLogger("slurm_titan.rank.ram_snapshot")
 RNG = "slurm_titan.rng"
@@ -70,8 +71,8 @@ class RamSnapshots:
 
     A snapshot stops training for the copy of the state to host memory only (DCP's stager: into buffers kept from
     one snapshot to the next, pinned on an accelerator); DCP writes the copy into the folder in a background thread
-    (at :data:`slurm_titan.ram.BACKGROUND_NICE`), and the folder is sealed there. One snapshot is written at a time:
-    the next waits for the one before."""
+    (at :data:`slurm_titan.thread_priority.BACKGROUND_NICE`), and the folder is sealed there. One snapshot is written
+    at a time: the next waits for the one before."""
 
     def __init__(self, env: RamEnv, rank: int, world_size: int) -> None:
         self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, set at PROBE_STEP

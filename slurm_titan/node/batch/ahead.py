@@ -98,18 +98,20 @@ def decide(job_dir: Path, during: int) -> AheadStep | None:
         return find(job_dir, during)
 
 
-def start_ahead(job_dir: Path, job_id: str, during: int, nodes: tuple[str, ...],
-                env: Mapping[str, str]) -> threading.Thread | None:
+def start_ahead(job_dir: Path, job_id: str, during: int, nodes: tuple[str, ...], env: Mapping[str, str],
+                standby: bool = False) -> threading.Thread | None:
     """Start the step of the attempt after `during` on `nodes` ahead of the decision, its number claimed now (the next
     free one); returns the thread that records its srun's exit code (the starting process waits for it before it
-    exits: the srun is its child), or None when the batch shell decided already what follows `during`."""
+    exits: the srun is its child), or None when the batch shell decided already what follows `during`. A `standby`
+    step (`during` trains) has its ranks import at the background priority (envvars.STANDBY)."""
     folder = run_folder.attempt_folder(job_dir, during)
     with _locked(job_dir):
         if (folder / run_folder.AHEAD_CLOSED).exists():
             return None
         plan = AttemptPlan(next_attempt_number(job_dir), nodes)
         (folder / run_folder.AHEAD_EXIT).unlink(missing_ok=True)  # a standby step's that ended before (this one's)
-        srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during)})
+        srun = start_srun(job_dir, job_id, {**env, **plan.env(), envvars.STARTED_AHEAD: str(during),
+                                            **({envvars.STANDBY: "1"} if standby else {})})
         try:
             replace_text(folder / run_folder.AHEAD, json.dumps({"attempt": plan.attempt, "pid": srun.pid,
                                                                  "nodes": list(nodes)}))

@@ -299,14 +299,16 @@ def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: 
         srun = ahead.start_srun(job_dir, job_id, env)
     step_watch.watch(job_dir, plan.attempt, nodes, started.pid if started else srun.pid,
                      slow=SlowNodeWatch.for_attempt(spec, job_dir, plan.attempt, nodes, env),
-                     start_next=lambda: start_next_ahead(job_dir, job_id, plan, env), standby=spec.standby_step)
+                     start_next=lambda standby: start_next_ahead(job_dir, job_id, plan, env, standby),
+                     standby=spec.standby_step)
     return started.wait() if started else srun.wait()
 
 
-def start_next_ahead(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, env: dict[str, str]) -> bool:
-    """Start the attempt after `plan` ahead, on its nodes (node.batch.ahead; its srun is this process's child);
-    False when what follows `plan` was decided already."""
-    return ahead.start_ahead(job_dir, job_id, plan.attempt, plan.nodes, env) is not None
+def start_next_ahead(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, env: dict[str, str],
+                     standby: bool) -> bool:
+    """Start the attempt after `plan` ahead, on its nodes (node.batch.ahead; its srun is this process's child; a
+    `standby` step while `plan` trains); False when what follows `plan` was decided already."""
+    return ahead.start_ahead(job_dir, job_id, plan.attempt, plan.nodes, env, standby) is not None
 
 
 def clear_memory(spec: BatchSpec, env: dict[str, str]) -> None:

@@ -159,7 +159,7 @@ def failure_reported(attempt_dir: HeldFolder, node: int) -> bool:
 
 def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace_s: float = GRACE_S,
           poll_s: float = POLL_S, probe: Callable[[list[str]], set[str]] = probe_failures,
-          slow: SlowNodeWatch | None = None, start_next: Callable[[], bool] | None = None,
+          slow: SlowNodeWatch | None = None, start_next: Callable[[bool], bool] | None = None,
           standby: bool = False) -> list[str]:
     """Watch until srun ends; kill it when silent nodes of the attempt do not answer (recorded first:
     :func:`record_lost`). Returns those nodes.
@@ -168,8 +168,8 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     probe round per failure, not one every `grace_s` while the reports trickle in. With `slow`, a node it
     names for a swap ends the attempt with one USR2 to srun (the ranks save and stop). `start_next` is called
     once, as the first report of a failure is seen (each new report is read once), or with `standby` as soon as
-    the attempt trained a step (node.batch.ahead); once more at a failure when that standby step ended before it (a
-    rank of it lost, say)."""
+    the attempt trained a step (node.batch.ahead; called with True then: a standby step); once more at a failure
+    when that standby step ended before it (a rank of it lost, say)."""
     waiting_since: float | None = None
     wait_s = grace_s
     swapping = False
@@ -187,10 +187,10 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
                 if any(failure_reported(attempt_dir, node) for node in sorted(new)):
                     failed = True
                     if not standing_by or sightings.ahead_ended.is_set():  # none yet, or the standby is gone
-                        _start(start_next, attempt, "failed")
+                        _start(start_next, attempt, "failed", standby=False)
             if start_next is not None and standby and not (failed or standing_by) and sightings.trained.is_set():
                 standing_by = True
-                _start(start_next, attempt, "trains (a standby step)")
+                _start(start_next, attempt, "trains (a standby step)", standby=True)
             silent = attribution.silent_nodes(reported, hosts)
             if len(silent) == len(hosts) or not silent:
                 waiting_since, wait_s = None, grace_s
@@ -209,11 +209,11 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     return []
 
 
-def _start(start_next: Callable[[], bool], attempt: int, why: str) -> None:
+def _start(start_next: Callable[[bool], bool], attempt: int, why: str, standby: bool) -> None:
     """Start the next attempt's step ahead (none once the batch shell decided what follows the attempt); a failure
     to is a warning (a restart then starts its own step later)."""
     try:
-        if start_next():
+        if start_next(standby):
             say(f"attempt {attempt} {why}: the next attempt's step started ahead on its nodes")
     except Exception as error:  # noqa: BLE001 - the restart only starts later without it
         print(f"slurm-titan: WARNING: attempt {attempt} {why}; its next attempt's step could not be started ahead "
@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_or_exit(args.job_dir)
         slow = SlowNodeWatch.for_attempt(spec, args.job_dir, attempt, hosts, os.environ)
 
-        def start_next_ahead() -> bool:
-            return ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts),
-                                     os.environ) is not None
+        def start_next_ahead(standby: bool) -> bool:
+            return ahead.start_ahead(args.job_dir, os.environ["SLURM_JOB_ID"], attempt, tuple(hosts), os.environ,
+                                     standby) is not None
 
         watch(args.job_dir, attempt, hosts, srun, slow=slow, start_next=start_next_ahead, standby=spec.standby_step)
     return 0  # a step started ahead is this process's child: its recorder thread keeps the process until it ends

@@ -6,9 +6,9 @@ For one attempt, :class:`NodeMemory`:
   publishes what it holds, where it listens and its token in the attempt's folder (``ram/node-K.json``, collected by
   node 0 into one file: :mod:`slurm_titan.ram.exchange`);
 - replicates: once every rank of the node has sealed a snapshot of a step, it pushes them to the partner (the next
-  node of the attempt, a ring; at :data:`slurm_titan.ram.BACKGROUND_NICE`) and writes ``replicated-R``; the ranks
-  agree from those on the newest step every rank holds twice and drop their older ones; the supervisor drops the
-  partner's older ones it holds;
+  node of the attempt, a ring; at :data:`slurm_titan.thread_priority.BACKGROUND_NICE`) and writes ``replicated-R``;
+  the ranks agree from those on the newest step every rank holds twice and drop their older ones; the supervisor
+  drops the partner's older ones it holds;
 - recovers: after a crash, a hang or a lost node inside the allocation, every node reads every node's holding (the
   collected file), works out the same :class:`slurm_titan.ram.choice.Choice` (the newest step every rank can get),
   fetches its ranks' copies it lacks from the nodes that hold them, and the nodes agree on it in one round
@@ -31,7 +31,7 @@ from pathlib import Path
 from slurm_titan.cpulist import format_cpu_list
 from slurm_titan.envvars import RamEnv
 from slurm_titan.node.spec import MemoryPlan
-from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
+from slurm_titan.ram import layout, snapshot
 from slurm_titan.ram.choice import Choice, Holding, choose, missing
 from slurm_titan.ram.exchange import HoldingsExchange
 from slurm_titan.ram.transfer import SnapshotServer, TransferError, pull, push
@@ -39,7 +39,7 @@ from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
 from slurm_titan.records.whole_file import replace_text
-from slurm_titan.thread_priority import lower_thread_priority
+from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority
 
 REPLICATE_POLL_S = 0.5
 Agreement = Callable[..., str]

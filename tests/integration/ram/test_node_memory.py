@@ -16,10 +16,11 @@ from slurm_titan.ckpt import NodeAgreement
 from slurm_titan.node.spec import MemoryPlan
 from slurm_titan.node.supervisor import ram
 from slurm_titan.node.supervisor.ram import NodeMemory
-from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot
+from slurm_titan.ram import layout, snapshot
 from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.restore_verdict import RestoreVerdict
+from slurm_titan.thread_priority import BACKGROUND_NICE
 
 RUN = "4711:abc"
 

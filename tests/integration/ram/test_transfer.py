@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_titan.ram import BACKGROUND_NICE, layout, snapshot, transfer
+from slurm_titan.ram import layout, snapshot, transfer
 from slurm_titan.ram.transfer import SnapshotServer, TransferError, pull, push
+from slurm_titan.thread_priority import BACKGROUND_NICE
 
 RUN = "4711:abc"
 

@@ -1,16 +1,20 @@
 """The rank's import of torchtitan's entry point: the cyclic collector off while it imports, on after, what the
-import made frozen out of later collections (slurm_titan.rank.entry.import_trainer)."""
+import made frozen out of later collections (slurm_titan.rank.entry.import_trainer); a standby step's rank imports
+in a thread at the background priority, its failure raised in the main thread."""
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
+import threading
 import types
 from collections.abc import Iterator
 
 import pytest
 
 from slurm_titan.rank import entry
+from slurm_titan.thread_priority import BACKGROUND_NICE
 
 
 @pytest.fixture
@@ -42,3 +46,28 @@ def test_a_failed_import_turns_the_collector_back_on(trainer_module: types.Modul
     with pytest.raises(ImportError, match="torch_npu"):
         entry.import_trainer("npu")
     assert gc.isenabled()
+
+
+def _nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_a_standby_ranks_import_runs_at_the_background_nice_and_its_main_thread_keeps_its_own(
+        trainer_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, int, bool]] = []
+    monkeypatch.setattr(entry, "prepare_device", lambda device: seen.append(
+        (device, _nice(), threading.current_thread() is threading.main_thread())))
+    own = _nice()
+    assert entry.import_in_background("cpu") is trainer_module.main
+    assert seen == [("cpu", min(19, own + BACKGROUND_NICE), False)]
+    assert _nice() == own
+
+
+def test_a_standby_ranks_failed_import_is_raised_in_its_main_thread(trainer_module: types.ModuleType,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(device: str) -> None:
+        raise ImportError("No module named 'torch_npu'")
+
+    monkeypatch.setattr(entry, "prepare_device", fail)
+    with pytest.raises(ImportError, match="torch_npu"):
+        entry.import_in_background("npu")

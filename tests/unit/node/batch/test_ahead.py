@@ -29,7 +29,7 @@ def job_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     job_dir.mkdir(), bin_dir.mkdir()
     (bin_dir / "srun").write_text(f"""#!/bin/sh
 d={job_dir}/attempts/$SLURM_TITAN_ATTEMPT_INDEX
-echo "$SLURM_TITAN_NODES $SLURM_TITAN_STARTED_AHEAD $SUBMITIT_EXECUTOR" > $d/started-with
+echo "$SLURM_TITAN_NODES $SLURM_TITAN_STARTED_AHEAD $SUBMITIT_EXECUTOR ${{SLURM_TITAN_STANDBY:-0}}" > $d/started-with
 for i in $(seq 100); do
   grep -q true $d/{run_folder.AHEAD_WORD} 2>/dev/null && exit 0
   grep -q false $d/{run_folder.AHEAD_WORD} 2>/dev/null && exit 3
@@ -45,10 +45,10 @@ exit 4
     ahead.release(job_dir)  # the batch shell's lock file (node-local: /tmp)
 
 
-def _started(job_dir: Path, nodes: tuple[str, ...]) -> threading.Thread:
-    """Attempt 0 failed: the step of attempt 1 started ahead on `nodes`."""
+def _started(job_dir: Path, nodes: tuple[str, ...], standby: bool = False) -> threading.Thread:
+    """Attempt 0 failed (or, `standby`, trains): the step of attempt 1 started ahead on `nodes`."""
     run_folder.attempt_folder(job_dir, 0).mkdir(parents=True, exist_ok=True)
-    recorder = ahead.start_ahead(job_dir, "42", 0, nodes, dict(os.environ))
+    recorder = ahead.start_ahead(job_dir, "42", 0, nodes, dict(os.environ), standby)
     folder = run_folder.attempt_folder(job_dir, 1)
     deadline = time.monotonic() + 10
     while not (folder / "started-with").exists() and time.monotonic() < deadline:
@@ -60,13 +60,20 @@ def test_a_step_started_ahead_on_the_restarts_nodes_is_told_to_go_and_waited_for
         job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocation, "unhealthy_nodes", lambda hosts: set())
     _started(job_dir, ("n1", "n2"))
-    assert (run_folder.attempt_folder(job_dir, 1) / "started-with").read_text() == "n1,n2 0 slurm\n"  # follows 0
+    assert (run_folder.attempt_folder(job_dir, 1) / "started-with").read_text() == "n1,n2 0 slurm 0\n"  # follows 0
     step = ahead.find(job_dir, 0)
     assert step is not None and (step.attempt, step.nodes) == (1, ("n1", "n2"))  # attempt 1 claimed as it started
     assert allocation.next_attempt(job_dir, 2, {"SLURM_JOB_NODELIST": "n[1-2]"}, number=step.attempt) == \
         AttemptPlan(1, ("n1", "n2"))
     assert ahead.step_for(job_dir, 0, AttemptPlan(1, ("n1", "n2"))) == step
     assert step.wait() == 0  # the stand-in saw the word to go
+
+
+def test_a_standby_step_is_marked_so_its_ranks_import_at_the_background_priority(job_dir: Path) -> None:
+    recorder = _started(job_dir, ("n1",), standby=True)
+    assert (run_folder.attempt_folder(job_dir, 1) / "started-with").read_text() == "n1 0 slurm 1\n"
+    ahead.dismiss(job_dir, 0)
+    recorder.join(10)
 
 
 def test_a_step_started_ahead_on_other_nodes_is_ended_and_a_new_one_is_needed(job_dir: Path) -> None:
@@ -126,7 +133,7 @@ def test_the_first_failure_report_starts_the_next_attempt_ahead_once(tmp_path: P
         timer.start()
     started = time.monotonic()
     step_watch.watch(tmp_path, 0, ["n1", "n2", "n3"], srun.pid, grace_s=5, poll_s=1.0, probe=lambda _: set(),
-                     start_next=lambda: calls.append(time.monotonic() - started))
+                     start_next=lambda _standby: calls.append(time.monotonic() - started))
     assert len(calls) == 1 and 0.3 <= calls[0] < 0.3 + 0.5  # at its sighting, not the watcher's next 1 s poll
 
 
@@ -136,7 +143,7 @@ def test_reports_of_no_failure_start_nothing_ahead(tmp_path: Path, code: int) ->
     node_report(tmp_path, 0, 0, "n1", code, None)
     calls: list[bool] = []
     step_watch.watch(tmp_path, 0, ["n1"], srun.pid, grace_s=5, poll_s=0.05, probe=lambda _: set(),
-                     start_next=lambda: calls.append(True))
+                     start_next=lambda _standby: calls.append(True))
     assert calls == []
 
 
@@ -146,7 +153,7 @@ def test_a_standby_step_is_started_once_as_the_attempt_trains_its_first_step(tmp
     folder = run_folder.attempt_folder(tmp_path, 0)
     folder.mkdir(parents=True)
     failed = run_folder.node_report(tmp_path, 0, 0)
-    calls: list[bool] = []  # whether the failure was reported when the next step was started
+    calls: list[tuple[bool, bool]] = []  # whether the failure was reported when the next step was started; standby?
     timers = [threading.Timer(0.2, history.write_trained_step, (tmp_path, 0, 1)),
               threading.Timer(1.2, node_report, (tmp_path, 0, 0, "n1", 137, {"rank": 0, "exit_code": -9, "time": 1}))]
     if standby == "on, ended early":  # its srun's exit code recorded (a rank of it lost, say) before the failure
@@ -154,9 +161,11 @@ def test_a_standby_step_is_started_once_as_the_attempt_trains_its_first_step(tmp
     for timer in timers:
         timer.start()
     step_watch.watch(tmp_path, 0, ["n1"], srun.pid, grace_s=5, poll_s=1.0, probe=lambda _: set(),
-                     start_next=lambda: calls.append(failed.exists()), standby=standby != "off")
-    # on: at the first trained step, and the failure after it starts no second one, unless that one ended meanwhile
-    assert calls == {"off": [True], "on": [False], "on, ended early": [False, True]}[standby]
+                     start_next=lambda stands_by: calls.append((failed.exists(), stands_by)), standby=standby != "off")
+    # on: at the first trained step, and the failure after it starts no second one, unless that one ended meanwhile;
+    # only the one started as the attempt trains is a standby step (its ranks import at the background priority)
+    assert calls == {"off": [(True, False)], "on": [(False, True)],
+                     "on, ended early": [(False, True), (True, False)]}[standby]
 
 
 def test_a_step_whose_srun_ended_without_a_code_written_ended_failed_and_is_not_killed_again(
