@@ -19,7 +19,9 @@ supervisors' first copy to the partner). With --standby every job keeps its next
 or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = distinct steps
 trained in the soak x the uninterrupted time per step (the mean interval between consecutive steps of one
 attempt in the soak, its checkpoint saves included) / its wall time; `goodput_strict` takes the median interval
-instead, so that saves and the spread of step times count as lost as well. No node of the soak is slow: every node
+instead, so that saves and the spread of step times count as lost as well; `lost_by_cause` says where that time
+went (rank 0's intervals between consecutive steps by what followed the first: a RAM snapshot, a store checkpoint,
+both, neither, a fault). No node of the soak is slow: every node
 the slow-node judge names in it (the history's `slow` events) is a false positive (`slow_false_positives`, and
 per hour: the goal is none in 20 minutes).
 References (fault-tolerance-anchors): nvidia-resiliency-ext in-job restart ~1 min; MindCluster detection
