@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -37,14 +37,15 @@ def test_the_trainer_is_imported_with_the_collector_off_then_frozen(trainer_modu
     assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
-def test_a_failed_import_turns_the_collector_back_on(trainer_module: types.ModuleType,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("importer", [entry.import_trainer, entry.import_in_background])
+def test_a_failed_import_is_raised_in_the_main_thread_with_the_collector_back_on(
+        importer: Callable[[str], object], trainer_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(device: str) -> None:
         raise ImportError("No module named 'torch_npu'")
 
     monkeypatch.setattr(entry, "prepare_device", fail)
     with pytest.raises(ImportError, match="torch_npu"):
-        entry.import_trainer("npu")
+        importer("npu")
     assert gc.isenabled()
 
 
@@ -61,13 +62,3 @@ def test_a_standby_ranks_import_runs_at_the_background_nice_and_its_main_thread_
     assert entry.import_in_background("cpu") is trainer_module.main
     assert seen == [("cpu", min(19, own + BACKGROUND_NICE), False)]
     assert _nice() == own
-
-
-def test_a_standby_ranks_failed_import_is_raised_in_its_main_thread(trainer_module: types.ModuleType,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(device: str) -> None:
-        raise ImportError("No module named 'torch_npu'")
-
-    monkeypatch.setattr(entry, "prepare_device", fail)
-    with pytest.raises(ImportError, match="torch_npu"):
-        entry.import_in_background("npu")
