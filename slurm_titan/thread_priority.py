@@ -23,8 +23,9 @@ BACKGROUND_NICE = 19
 """The nice value of work that is not to take the CPU training wants: the RAM tier's (a rank's write of its snapshot,
 a node's copy to its partner and its receipt of the partner's) and a standby step's import
 (:mod:`slurm_titan.rank.entry`). Sustained work at nice 19 gets ~1% of a CPU that training keeps busy (a standby's
-import runs in what training leaves idle); a burst after a sleep still runs at once, so a snapshot's copies cost the
-next step about as much as at nice 0 (docs/measurements.md). Restores run at training's priority."""
+import runs mostly in what training leaves idle); a burst after a sleep still runs at once: over a 20-minute soak a
+snapshot's copies cost the next step about as much as at nice 0, less in 4-minute runs (docs/measurements.md).
+Restores run at training's priority."""
 
 
 def lower_thread_priority(nice: int) -> None:

@@ -50,9 +50,9 @@ def import_trainer(device: str) -> Callable[[], None]:
 
 def import_in_background(device: str) -> Callable[[], None]:
     """:func:`import_trainer` in a thread of its own at BACKGROUND_NICE, for a standby step's rank: it imports while
-    the attempt before it trains, on the CPU that training leaves idle. The main thread, which trains once the word
-    comes, and every thread it starts keep their priority (nice is per thread on Linux); the few threads that
-    libraries start during the import inherit the lower one."""
+    the attempt before it trains, mostly on the CPU that training leaves idle. The main thread, which trains once the
+    word comes, and every thread it starts keep their priority (nice is per thread on Linux); the few threads that
+    libraries start during the import (pyarrow's allocator's, idle) inherit the lower one."""
     imported: dict[str, Callable[[], None]] = {}
     failed: list[BaseException] = []
 
