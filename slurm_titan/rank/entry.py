@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from slurm_titan import envvars
@@ -76,7 +77,14 @@ def main() -> None:
     stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
     rank_progress.enter(rank_progress.Phase.STARTUP)
     device = os.environ.get(envvars.DEVICE, "npu")
-    torchtitan_main = import_in_background(device) if os.environ.get(envvars.STANDBY) else import_trainer(device)
+    if os.environ.get(envvars.STANDBY):
+        begin, cpu = time.monotonic(), time.process_time()
+        torchtitan_main = import_in_background(device)
+        print(f"slurm-titan: a standby step's rank: torch and torchtitan imported at nice {BACKGROUND_NICE} in "
+              f"{time.monotonic() - begin:.1f} s ({time.process_time() - cpu:.1f} CPU-seconds)", file=sys.stderr,
+              flush=True)
+    else:
+        torchtitan_main = import_trainer(device)
     start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()
