@@ -72,7 +72,7 @@ def node_log_lines(run: Run) -> list[tuple[float, str]]:
 BLOCKED = re.compile(r"RAM snapshot of step \d+: training stopped ([0-9.]+) s")
 REPLICATED = re.compile(r"RAM tier: step \d+ copied to the partner \S+: (\d+) bytes")
 AUTO_INTERVAL = re.compile(r"RAM tier: a snapshot every (\d+) step")
-SNAPSHOT = re.compile(r"RAM snapshot of step (\d+):")
+SNAPSHOT = re.compile(r"RAM snapshot of step \d+:")
 STORE_SAVE = "Saving the checkpoint."
 
 
@@ -181,23 +181,24 @@ def lost_by_cause(lines: list[Line], attempt_starts: list[float], median_s: floa
     """Where the strict measure's time went: rank 0's intervals between consecutive logged steps, by what followed
     the first (a RAM snapshot, a store checkpoint's save, both, neither; a fault: the interval spans an attempt's
     start), each class's count, median and the sum of its intervals less the soak's median step (`beyond_s`)."""
-    snapshots = {int(m.group(1)) for ln in lines if (m := SNAPSHOT.search(ln.text))}
-    saved, last, steps = set(), None, []
+    steps: list[tuple[int, float]] = []
+    after: list[set[str]] = []  # what rank 0 logged after each step, before the next one
     for ln in lines:
         if m := STEP.match(ln.text):
-            last = int(m.group(1))
-            steps.append((last, ln.t))
-        elif ln.text.startswith(STORE_SAVE) and last is not None:
-            saved.add(last)
+            steps.append((int(m.group(1)), ln.t))
+            after.append(set())
+        elif after and SNAPSHOT.search(ln.text):
+            after[-1].add("snapshot")
+        elif after and ln.text.startswith(STORE_SAVE):
+            after[-1].add("checkpoint")
     classes: dict[str, list[float]] = {}
-    for (s0, t0), (s1, t1) in zip(steps, steps[1:]):
+    for (s0, t0), (s1, t1), followed in zip(steps, steps[1:], after):
         if any(t0 < started <= t1 for started in attempt_starts):
             cause = "fault"
         elif s1 != s0 + 1:
             continue
         else:
-            cause = {(True, True): "snapshot and checkpoint", (True, False): "snapshot",
-                     (False, True): "checkpoint", (False, False): "neither"}[(s0 in snapshots, s0 in saved)]
+            cause = " and ".join(sorted(followed, reverse=True)) or "neither"  # "snapshot and checkpoint"
         classes.setdefault(cause, []).append(t1 - t0)
     return {cause: {"n": len(spans), "median_s": rounded(statistics.median(spans), 3),
                     "beyond_s": rounded(sum(spans) - median_s * len(spans), 1)} for cause, spans in classes.items()}
