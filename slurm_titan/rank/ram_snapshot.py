@@ -2,9 +2,9 @@
 rank saves its whole training state (model, optimizer, lr scheduler, data loader position, train state, RNG) into
 its node's memory folder, and on a recovery from memory loads it back.
 
-A snapshot is the rank's own state only (DCP with ``no_dist``: its shards of every DTensor and its own copy of the
-rest, its own ``.metadata``), so it needs no other rank's files and loads on the same world size only, which is
-all a recovery inside the allocation asks for; its tensors are kept as their raw bytes (:mod:`.raw_storage`). The
+A snapshot is the rank's own state only (its local tensor of every DTensor and its own copy of the rest: see
+:mod:`.snapshot_files`), so it needs no other rank's files and loads on the same world size only, which is all a
+recovery inside the allocation asks for. The
 node supervisor (:mod:`slurm_titan.node.supervisor.ram`) copies each complete snapshot to the partner node and says
 so in ``replicated-R``; at each snapshot the ranks agree (one all_reduce) on the newest step every rank holds twice,
 and drop their own older ones.
@@ -18,19 +18,17 @@ import os
 import shutil
 import statistics
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from slurm_titan.envvars import RamEnv
 from slurm_titan.ram import layout, snapshot
-from slurm_titan.rank.raw_storage import RawReader, RawWriter
-from slurm_titan.thread_priority import BACKGROUND_NICE
+from slurm_titan.rank import snapshot_files
+from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority
 
 log = logging.getLogger("slurm_titan.rank.ram_snapshot")
 RNG = "slurm_titan.rng"
@@ -69,10 +67,10 @@ def _collective_device() -> str:
 class RamSnapshots:
     """This rank's snapshots in the node's memory folder (``env.root``).
 
-    A snapshot stops training for the copy of the state to host memory only (DCP's stager: into buffers kept from
-    one snapshot to the next, pinned on an accelerator); DCP writes the copy into the folder in a background thread
-    (at :data:`slurm_titan.thread_priority.BACKGROUND_NICE`), and the folder is sealed there. One snapshot is written
-    at a time: the next waits for the one before."""
+    A snapshot stops training for the copy of the state to host memory only (:class:`.snapshot_files.Stager`: into
+    buffers kept from one snapshot to the next, pinned on an accelerator); a thread of its own writes the copy into
+    the folder (at :data:`slurm_titan.thread_priority.BACKGROUND_NICE`) and seals it. One snapshot is written at a
+    time: the next waits for the one before."""
 
     def __init__(self, env: RamEnv, rank: int, world_size: int) -> None:
         self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, set at PROBE_STEP
@@ -81,9 +79,9 @@ class RamSnapshots:
         self.step_s: list[float] = []  # the last steps' durations (auto interval)
         self.last_step_at: float | None = None
         self.steps_seen = 0  # steps trained by this process: the same on every rank
-        accelerator = _device_rng() is not None
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
-                                                   use_async_staging=False, use_non_blocking_copy=accelerator))
+        self.stager = snapshot_files.Stager(accelerator=_device_rng() is not None)
+        self.writer = ThreadPoolExecutor(1, "ram-snapshot-write", initializer=lower_thread_priority,
+                                         initargs=(BACKGROUND_NICE,))
         self.pending: Future | None = None
 
     def due(self, step: int) -> bool:
@@ -136,21 +134,16 @@ class RamSnapshots:
             (self.root / layout.SAFE).write_text(str(safe))  # the supervisor drops the partner's older copies
         final = layout.rank_dir(self.root, step, self.rank)
         staging = final.parent / f".rank-{self.rank}.{os.getpid()}"
-        staging.mkdir(parents=True, exist_ok=True)
-        written = dcp.async_save({**states, RNG: _rng_states()}, storage_writer=RawWriter(staging, BACKGROUND_NICE),
-                                 no_dist=True, async_stager=self.stager)
-        assert isinstance(written, Future)  # staging is synchronous: the future is the write's
+        staged = self.stager.stage({**states, RNG: _rng_states()})
         self.last_blocked_s = time.monotonic() - begin
 
-        def seal(done: Future) -> None:
-            if done.exception() is not None:
-                return  # said by wait()
+        def write_and_seal() -> None:
+            snapshot_files.write(staged, staging)
             manifest = snapshot.Manifest.of_folder(staging, run=self.run, step=step, rank=self.rank,
                                                    world_size=self.world_size)
             snapshot.seal(staging, manifest, final)
 
-        self.pending = written
-        written.add_done_callback(seal)
+        self.pending = self.writer.submit(write_and_seal)
 
     def wait(self) -> None:
         """Until the snapshot being written is sealed (or failed: the log says so, and it is not sealed)."""
@@ -165,7 +158,7 @@ class RamSnapshots:
         """Load this rank's snapshot in ``folder`` (``step-N/rank-R``, complete: the node checked it) into
         ``states`` in place, the RNG states with them."""
         rng = _rng_states()
-        dcp.load({**states, RNG: rng}, storage_reader=RawReader(folder), no_dist=True)
+        snapshot_files.load({**states, RNG: rng}, folder)
         torch.set_rng_state(rng["cpu"])
         if "device" in rng and (device := _device_rng()) is not None:
             device.set_rng_state(rng["device"])

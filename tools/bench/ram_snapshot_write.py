@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Benchmark: the CPU a RAM-tier snapshot's write and read cost a rank (issue 25).
+"""Benchmark: the CPU a RAM-tier snapshot costs a rank (issue 25): the copy that stops training, the write in the
+background, the read on a recovery.
 
     .venv/bin/python -m tools.bench.ram_snapshot_write [--flavor debugmodel] [--repeats 10] [--json out.json]
 
-A rank's snapshot is DCP's save of its whole training state (``no_dist``) into the node's memory folder, in a
-background thread of the training process: its CPU is taken from training where the host's cores are busy (2
-shared cores here). The state here is torchtitan's llama3 model of --flavor (the debug model by default: 6.2 M
-parameters in 45 tensors) with AdamW's moments after one step, in one process, written into /dev/shm. Measured
-in one run, alternating, medians of --repeats:
+A rank's snapshot is a copy of its whole training state into host memory (training waits for it), then written
+into the node's memory folder in a background thread of the training process: its CPU is taken from training where
+the host's cores are busy (2 shared cores here). The state here is torchtitan's llama3 model of --flavor (the debug
+model by default: 6.2 M parameters in 45 tensors) with AdamW's moments after one step, its tensors DTensors (FSDP2
+over a gloo group of this one process), written into /dev/shm, on one thread (``torch.set_num_threads(1)``, as the
+debug job's ranks). Measured in one run, alternating, medians of --repeats:
 
-- raw: the project's storage (``slurm_titan.rank.raw_storage``: each tensor's bytes in one file);
-- reference: DCP's FileSystemWriter / FileSystemReader (``single_file_per_rank``, no fsync: what snapshots used
-  before 2026-12-06): each tensor through ``torch.save`` / ``torch.load``.
+- files: the project's snapshot (``slurm_titan.rank.snapshot_files``: ``Stager.stage``, ``write``, ``load``);
+- reference: DCP as a library user saves asynchronously: ``DefaultStager`` (no pinning on the CPU), then
+  ``dcp.save`` into ``FileSystemWriter`` (``single_file_per_rank``, no fsync), ``dcp.load`` from
+  ``FileSystemReader``.
 
-CPU time is the process's (user + system); the ratio raw / reference is the figure that travels across machines.
+CPU time is the process's (user + system); the ratio files / reference is the figure that travels across machines.
 Each repeat's load is checked equal to the state saved.
 """
 
@@ -31,23 +34,60 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.fsdp import fully_shard
 from torchtitan.models.llama3 import llama3_configs
 
-from slurm_titan.rank.raw_storage import RawReader, RawWriter
+from slurm_titan.rank import snapshot_files
 
-Storage = tuple[Callable[[Path], Any], Callable[[Path], Any]]
-STORAGES: dict[str, Storage] = {
-    "raw": (RawWriter, RawReader),
-    "reference": (lambda path: dcp.FileSystemWriter(str(path), single_file_per_rank=True, sync_files=False),
-                  lambda path: dcp.FileSystemReader(str(path))),
-}
+
+class Files:
+    """The project's snapshot files."""
+
+    def __init__(self) -> None:
+        self.stager = snapshot_files.Stager(accelerator=False)
+
+    def stage(self, state: dict[str, Any]) -> Any:
+        return self.stager.stage(state)
+
+    def write(self, staged: Any, folder: Path) -> None:
+        snapshot_files.write(staged, folder)
+
+    def load(self, state: dict[str, Any], folder: Path) -> None:
+        snapshot_files.load(state, folder)
+
+
+class Reference:
+    """DCP's asynchronous save as a library user writes it, its stager's copy and its writer's write apart."""
+
+    def __init__(self) -> None:
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                   use_async_staging=False, use_non_blocking_copy=False))
+
+    def stage(self, state: dict[str, Any]) -> Any:
+        return self.stager.stage(state)
+
+    def write(self, staged: Any, folder: Path) -> None:
+        writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=False)
+        dcp.save(staged, storage_writer=writer, no_dist=True)
+
+    def load(self, state: dict[str, Any], folder: Path) -> None:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+
+
+STORAGES: dict[str, Callable[[], Files | Reference]] = {"files": Files, "reference": Reference}
 
 
 def training_state(flavor: str) -> dict[str, Any]:
-    """The model's and AdamW's state dicts after one step (random gradients), as plain tensors."""
+    """The model's and AdamW's state dicts after one step (random gradients), every tensor a DTensor as in a rank
+    (each layer and the model under FSDP2 over a process group of this one process)."""
     torch.manual_seed(0)
     model = llama3_configs[flavor]("flex").build()
+    for layer in model.layers.values():
+        fully_shard(layer)
+    fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for parameter in model.parameters():
         parameter.grad = torch.randn_like(parameter)
@@ -73,18 +113,21 @@ def _timed(work: Callable[[], None]) -> tuple[float, float]:
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def one(name: str, state: dict[str, Any], root: Path) -> dict[str, float]:
-    """Write ``state`` with storage ``name`` into a new folder, read it back into zeros; CPU and wall seconds."""
-    writer, reader = STORAGES[name]
+def one(name: str, storage: Files | Reference, state: dict[str, Any], root: Path) -> dict[str, float]:
+    """Stage ``state`` with ``storage``, write it into a new folder, read it back into zeros; CPU and wall
+    seconds of each."""
     folder = root / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    save_cpu, save_wall = _timed(lambda: dcp.save(state, storage_writer=writer(folder), no_dist=True))
+    staged: list[Any] = []
+    stage_cpu, stage_wall = _timed(lambda: staged.append(storage.stage(state)))
+    write_cpu, write_wall = _timed(lambda: storage.write(staged[0], folder))
     loaded = _zeroed(state)
-    load_cpu, load_wall = _timed(lambda: dcp.load(loaded, storage_reader=reader(folder), no_dist=True))
+    load_cpu, load_wall = _timed(lambda: storage.load(loaded, folder))
     if not _equal(loaded, state):
         raise AssertionError(f"{name}: the state read back differs from the state written")
-    return {"save_cpu_s": save_cpu, "save_wall_s": save_wall, "load_cpu_s": load_cpu, "load_wall_s": load_wall}
+    return {"stage_cpu_s": stage_cpu, "stage_wall_s": stage_wall, "write_cpu_s": write_cpu,
+            "write_wall_s": write_wall, "load_cpu_s": load_cpu, "load_wall_s": load_wall}
 
 
 def main() -> int:
@@ -94,20 +137,25 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    warnings.filterwarnings("ignore", message="DTensor random operators")  # the model's init on a CPU mesh
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as rendezvous:
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}/pg", rank=0, world_size=1)
     state = training_state(args.flavor)
     nbytes = sum(t.numel() * t.element_size() for part in state.values() for t in _tensors(part))
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in STORAGES}
+    storages = {name: make() for name, make in STORAGES.items()}  # each keeps its buffers, as a rank does
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        for name in STORAGES:  # a first round of each, not counted: imports and allocator warm-up
-            one(name, state, Path(tmp))
+        for name, storage in storages.items():  # a first round of each, not counted: imports, buffers, allocator
+            one(name, storage, state, Path(tmp))
         for _ in range(args.repeats):
-            for name in STORAGES:
-                runs[name].append(one(name, state, Path(tmp)))
+            for name, storage in storages.items():
+                runs[name].append(one(name, storage, state, Path(tmp)))
     medians = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in runs.items()}
     result = {"flavor": args.flavor, "state_bytes": nbytes, "repeats": args.repeats,
               **{name: {key: round(value, 4) for key, value in figures.items()} for name, figures in medians.items()},
-              "ratio_raw_over_reference": {key: round(medians["raw"][key] / medians["reference"][key], 3)
-                                           for key in medians["raw"]}}
+              "ratio_files_over_reference": {key: round(medians["files"][key] / medians["reference"][key], 3)
+                                             for key in medians["files"]}}
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
