@@ -4,13 +4,13 @@
     .venv/bin/python -m tools.bench.ram_push [--mb 38] [--pushes 10] [--json out.json]
 
 Every `checkpoint.memory.interval` steps each node supervisor pushes its ranks' sealed snapshots to its partner's
-snapshot server (slurm_titan.ram.transfer.push: each file's CRC-32, then the file over HTTP; the receiver checks
-the CRC-32 as it writes). Both ends run in this process here (the pusher and the server's threads, over loopback,
+snapshot server (slurm_titan.ram.transfer.push: each file's digest, then the file over HTTP; the receiver checks
+the digest as it writes). Both ends run in this process here (the pusher and the server's threads, over loopback,
 into /dev/shm), so its CPU time (user + system) is the two nodes' together. Measured in one run:
 
-- push: the project's `transfer.push` as it is (its requests send the file in `transfer.CHUNK` blocks);
-- reference: the same push with http.client's default send block (8 KiB: what `http.client.HTTPConnection`
-  sends a file body in unless told otherwise, and what the push sent before 2026-12-06).
+- push: the project's `transfer.push` as it is (XXH3-64 digests, the file sent in `transfer.CHUNK` blocks);
+- reference: the same push with zlib's CRC-32 as the digest (what the push used before 2026-12-07; before
+  2026-12-06 it also sent in http.client's default 8 KiB blocks: 0.69x that, docs/measurements.md).
 
 On a node whose host cores are busy with training (2 shared cores here) this CPU is taken from the ranks; the
 ratio push / reference is the figure that travels across machines.
@@ -19,7 +19,6 @@ ratio push / reference is the figure that travels across machines.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import resource
@@ -27,10 +26,10 @@ import shutil
 import statistics
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from slurm_titan.ram import layout, snapshot, transfer
 
@@ -40,20 +39,27 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class Crc32:
+    """zlib's CRC-32 as a running digest (the reference)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: bytes) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
 @contextmanager
-def _default_send_blocks() -> Iterator[None]:
-    """http.client's connections send in their default block size whatever `transfer` asks for (the reference)."""
-    original = http.client.HTTPConnection
-
-    class DefaultBlocks(original):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: Any, blocksize: int | None = None, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-
-    http.client.HTTPConnection = DefaultBlocks  # type: ignore[misc]
+def _crc32_digests() -> Iterator[None]:
+    """Both ends of a push digest with CRC-32 instead of XXH3-64."""
+    original, transfer.new_digest = transfer.new_digest, Crc32  # type: ignore[assignment]
     try:
         yield
     finally:
-        http.client.HTTPConnection = original  # type: ignore[misc]
+        transfer.new_digest = original  # type: ignore[assignment]
 
 
 def _sealed_snapshot(root: Path, megabytes: int) -> Path:
@@ -90,12 +96,12 @@ def main() -> int:
         folder, receiver = _sealed_snapshot(scratch / "sender", args.mb), scratch / "receiver"
         server = transfer.SnapshotServer(receiver, "bench", 2).start()
         push = _pushes(folder, receiver, server, args.pushes)
-        with _default_send_blocks():
+        with _crc32_digests():
             reference = _pushes(folder, receiver, server, args.pushes)
         server.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    results = {"mb": args.mb, "pushes": args.pushes, "push": push, "reference_8k_send_blocks": reference,
+    results = {"mb": args.mb, "pushes": args.pushes, "push": push, "reference_crc32": reference,
                "cpu_ratio": round(push["cpu_s"] / reference["cpu_s"], 3)}
     print(json.dumps(results, indent=1))
     if args.json:

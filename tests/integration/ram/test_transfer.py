@@ -63,6 +63,15 @@ def test_a_wrong_token_another_runs_snapshot_or_a_missing_one_is_refused_and_not
     assert snapshot.holdings(b, run=RUN, world_size=2) == {}
 
 
+def test_a_file_that_does_not_match_its_digest_is_refused_and_nothing_is_sealed(nodes) -> None:  # noqa: ANN001
+    _, b, (_, server_b) = nodes
+    response = transfer._request("127.0.0.1", server_b.port, server_b.token, "PUT", "/step-10/rank-0/data", b"abc",
+                                 {"Content-Length": "3", transfer.DIGEST: transfer.digest_of(b"abd")})
+    assert response.status == 400
+    assert f"data: XXH3-64 {transfer.digest_of(b'abc')}, the sender's" in response.read().decode()
+    assert snapshot.holdings(b, run=RUN, world_size=2) == {}
+
+
 def test_an_incomplete_folder_is_not_held(tmp_path: Path) -> None:
     own = sealed(tmp_path, 10, 0, b"z" * 100)
     (own / "__0_0.distcp").write_bytes(b"z" * 99)  # cut short
@@ -83,7 +92,7 @@ def test_a_partners_push_is_received_at_the_background_nice_and_a_recoverys_pull
         return call
 
     monkeypatch.setattr(snapshot, "seal", noting("put", snapshot.seal))
-    monkeypatch.setattr(transfer, "crc32_of", noting("get", transfer.crc32_of))
+    monkeypatch.setattr(transfer, "file_digest", noting("get", transfer.file_digest))
     own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     push(sealed(a, 10, 0, b"x" * 1000), "127.0.0.1", server_b.port, server_b.token)
     pull("127.0.0.1", server_b.port, server_b.token, a.parent / "c", run=RUN, step=10, rank=0, world_size=2)
