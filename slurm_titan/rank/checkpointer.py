@@ -50,7 +50,7 @@ from slurm_titan.errors import ConfigError
 from slurm_titan.ram import layout as ram_layout
 from slurm_titan.rank import device_probe, preemption, progress
 from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
-from slurm_titan.rank.ram_snapshot import BLOCKING_SHARE, RamSnapshots
+from slurm_titan.rank.ram_snapshot import AFTER_PROBE, COST_SHARE, RamSnapshots
 from slurm_titan.rank.replicated import shard_split_qkv, sharded
 from slurm_titan.rank.restore_gate import wait_for_restore
 from slurm_titan.records import rank_progress
@@ -96,7 +96,7 @@ class SyncedCheckpointManager(CheckpointManager):
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
         rank, world = _rank_world()
         ram = envvars.RamEnv.from_env() if self.enable and not self.load_only else None
-        self.ram = RamSnapshots(ram, rank, world) if ram else None
+        self.ram = RamSnapshots(ram, rank, world, store_interval=self.interval) if ram else None
         self._ram_restore = Path(verdict.memory) if verdict and verdict.memory and self.ram else None
         excluded = self._resharded_exclusions() if verdict and verdict.world_size_changed else None
         if excluded is not None and excluded != self.exclude_from_loading:
@@ -146,8 +146,8 @@ class SyncedCheckpointManager(CheckpointManager):
         progress.note_step(curr_step, last_step)
         if last_step or not preemption.agreed_stop():
             saved = super().save(curr_step, last_step)
-            if self.ram is not None and not last_step and self.ram.due(curr_step):
-                self._snapshot(curr_step)
+            if self.ram is not None and not last_step:
+                self._ram_step(curr_step)
             return saved
         request = preemption.stop_requested()
         reason = request.signal_name if request else "another rank's signal"
@@ -178,15 +178,18 @@ class SyncedCheckpointManager(CheckpointManager):
         finally:
             self._force_save = False
 
-    def _snapshot(self, step: int) -> None:
-        """This rank's RAM snapshot of ``step`` (every rank at the same step: it agrees the safe step)."""
+    def _ram_step(self, step: int) -> None:
+        """The RAM tier's part of every step: this rank's snapshot of ``step`` when due (every rank at the same
+        step: it agrees the safe step), and, with an automatic interval, its settling after the probe."""
         assert self.ram is not None
-        self.ram.save(sharded(self._flattened_model_states_sd()), step)  # within the step's budget: a copy only
-        logger.info(f"slurm-titan: RAM snapshot of step {step}: training stopped {self.ram.last_blocked_s:.3f} s "
-                    "(the copy to host memory); its write goes on in the background")
+        if self.ram.due(step):
+            self.ram.save(sharded(self._flattened_model_states_sd()), step)  # within the step's budget: a copy only
+            logger.info(f"slurm-titan: RAM snapshot of step {step}: training stopped {self.ram.last_blocked_s:.3f} s "
+                        "(the copy to host memory); its write goes on in the background")
         if interval := self.ram.settle_interval():
             logger.info(f"slurm-titan: RAM tier: a snapshot every {interval} step(s) (checkpoint.memory.interval: "
-                        f"auto, the slowest rank's snapshot stopping training <= {BLOCKING_SHARE:.0%} of the time)")
+                        f"auto: the probe cost this rank {self.ram.cost_s:.3f} s, the time the {AFTER_PROBE} steps "
+                        f"after it took beyond the median step; the slowest rank's <= {COST_SHARE:.0%} of the time)")
 
     def _load(self, step: int = -1) -> bool:
         loaded = self._load_snapshot(self._ram_restore) if self._ram_restore is not None else super()._load(step)

@@ -35,9 +35,12 @@ RNG = "slurm_titan.rng"
 """The key of the RNG states in a snapshot."""
 PROBE_STEP = 4
 """With an automatic interval, the snapshot that measures what one costs is taken at the attempt's 4th step (after
-its first steps' warm-up)."""
-BLOCKING_SHARE = 0.02
-"""The automatic interval keeps the time snapshots stop training at or below this share of training time."""
+its first steps' warm-up), or at the first step after it with no store checkpoint within AFTER_PROBE steps of it."""
+AFTER_PROBE = 2
+"""The steps after the probe whose time beyond the median counts to its cost: the time it stops training, and what
+its write and the node's copy to the partner take from the steps they run beside where the host's cores are busy."""
+COST_SHARE = 0.02
+"""The automatic interval keeps what snapshots cost training at or below this share of its time."""
 
 
 def _device_rng() -> Any:
@@ -72,13 +75,15 @@ class RamSnapshots:
     the folder (at :data:`slurm_titan.thread_priority.BACKGROUND_NICE`) and seals it. One snapshot is written at a
     time: the next waits for the one before."""
 
-    def __init__(self, env: RamEnv, rank: int, world_size: int) -> None:
-        self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, set at PROBE_STEP
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, env: RamEnv, rank: int, world_size: int, store_interval: int = 0) -> None:
+        self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, settled after a probe
+        self.rank, self.world_size, self.store_interval = rank, world_size, store_interval
         self.last_blocked_s = 0.0
-        self.step_s: list[float] = []  # the last steps' durations (auto interval)
+        self.cost_s = 0.0  # the probe's cost (auto interval)
+        self.step_s: list[float] = []  # the durations of the steps before the interval is settled (auto)
         self.last_step_at: float | None = None
         self.steps_seen = 0  # steps trained by this process: the same on every rank
+        self.probe_at: int | None = None  # steps_seen at the probe (auto)
         self.stager = snapshot_files.Stager(accelerator=_device_rng() is not None)
         self.writer = ThreadPoolExecutor(1, "ram-snapshot-write", initializer=lower_thread_priority,
                                          initargs=(BACKGROUND_NICE,))
@@ -87,21 +92,36 @@ class RamSnapshots:
     def due(self, step: int) -> bool:
         """Whether ``step`` is snapshotted (every rank answers the same); called once per step, after it."""
         now = time.monotonic()
-        if self.last_step_at is not None:
-            self.step_s = [*self.step_s[-4:], now - self.last_step_at]
+        if not self.interval and self.last_step_at is not None:
+            self.step_s.append(now - self.last_step_at)
         self.last_step_at = now
         self.steps_seen += 1
-        if not self.interval:
-            return self.steps_seen == PROBE_STEP
-        return step > 0 and step % self.interval == 0
+        if self.interval:
+            return step > 0 and step % self.interval == 0
+        if self.probe_at is None and self.steps_seen >= PROBE_STEP and self._clear_of_store(step):
+            self.probe_at = self.steps_seen
+            return True
+        return False
+
+    def _clear_of_store(self, step: int) -> bool:
+        """Whether no store checkpoint is saved within AFTER_PROBE steps of ``step`` (its save and upload would
+        count to the probe's cost); with store checkpoints that close together, any step from the interval's
+        worth after PROBE_STEP."""
+        if not self.store_interval or self.steps_seen >= PROBE_STEP + self.store_interval:
+            return True
+        return all((step + k) % self.store_interval for k in range(-AFTER_PROBE, AFTER_PROBE + 1))
 
     def settle_interval(self) -> int:
-        """With an automatic interval, after the probe snapshot: the smallest interval whose snapshots stop training
-        for at most BLOCKING_SHARE of its steps (the slowest rank's figures: one all_reduce MAX); 0 otherwise."""
-        if self.interval:
+        """With an automatic interval, AFTER_PROBE steps after the probe: the smallest interval whose snapshots cost
+        training at most COST_SHARE of its time, a snapshot's cost being the time the AFTER_PROBE steps after it
+        took beyond the median of the steps before it (the slowest rank's figure: one all_reduce MAX); 0 before
+        and after that. Every rank calls it after every step."""
+        if self.interval or self.probe_at is None or self.steps_seen < self.probe_at + AFTER_PROBE:
             return 0
-        step_s = statistics.median(self.step_s) if self.step_s else 0.0
-        wanted = math.ceil(self.last_blocked_s / (BLOCKING_SHARE * step_s)) if step_s > 0 else 1
+        before, after = self.step_s[:self.probe_at - 1], self.step_s[self.probe_at - 1:]
+        step_s = statistics.median(before) if before else 0.0
+        self.cost_s = sum(max(0.0, took - step_s) for took in after)
+        wanted = math.ceil(self.cost_s / (COST_SHARE * step_s)) if step_s > 0 else 1
         if dist.is_available() and dist.is_initialized():
             value = torch.tensor([wanted], dtype=torch.int64, device=_collective_device())
             dist.all_reduce(value, op=dist.ReduceOp.MAX)

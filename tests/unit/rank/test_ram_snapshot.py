@@ -1,6 +1,7 @@
 """A rank's RAM snapshots (no process group: one rank): the steps (a fixed interval, or `auto`: one probe at the
-attempt's 4th step, then the smallest interval whose snapshots stop training for at most 2% of it); a snapshot
-written and sealed in a thread at the background's nice, loaded back with the RNG states."""
+attempt's 4th step, away from store checkpoints, then the smallest interval whose snapshots cost at most 2% of
+training, the probe's cost the time the 2 steps after it took beyond the median); a snapshot written and sealed in a
+thread at the background's nice, loaded back with the RNG states."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from pathlib import Path
 
 import torch
 
+import pytest
+
 from slurm_titan.envvars import RamEnv
 from slurm_titan.ram import layout, snapshot
+from slurm_titan.rank import ram_snapshot
 from slurm_titan.rank.ram_snapshot import RamSnapshots
 from slurm_titan.thread_priority import BACKGROUND_NICE
 
@@ -21,13 +25,26 @@ def test_a_fixed_interval_snapshots_its_multiples() -> None:
     assert [step for step in range(11, 26) if ram.due(step)] == [15, 20, 25]
 
 
-def test_auto_probes_the_attempts_fourth_step_then_keeps_snapshots_under_two_percent() -> None:
-    ram = RamSnapshots(RamEnv(Path("/nonexistent"), 0, "r"), 0, 1)
-    assert [step for step in range(31, 36) if ram.due(step)] == [34]  # an attempt resumed at step 31
-    ram.step_s, ram.last_blocked_s = [0.5, 0.5, 0.6], 0.04  # a snapshot stops training 8% of a 0.5 s step
-    assert ram.settle_interval() == 4  # 0.04 / (0.02 x 0.5)
-    assert ram.settle_interval() == 0  # settled once
-    assert [step for step in range(36, 49) if ram.due(step)] == [36, 40, 44, 48]
+def test_auto_probes_the_attempts_fourth_step_and_keeps_what_snapshots_cost_under_two_percent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ram = RamSnapshots(RamEnv(Path("/nonexistent"), 0, "r"), 0, 1, store_interval=100)
+    clock = iter([0.0, 0.5, 1.0, 1.5, 2.125, 2.6875] + [3.0 + 0.5 * i for i in range(70)])  # after the probe: 0.625, 0.5625
+    monkeypatch.setattr(ram_snapshot.time, "monotonic", lambda: next(clock))
+    probed, settled = [], []
+    for step in range(31, 38):  # an attempt resumed at step 31
+        probed.append(ram.due(step))
+        settled.append(ram.settle_interval())
+    assert [step for step, due in zip(range(31, 38), probed, strict=True) if due] == [34]
+    assert ram.cost_s == pytest.approx(0.1875)  # 0.125 + 0.0625 beyond the 0.5 s median
+    assert settled == [0, 0, 0, 0, 0, 19, 0]  # at step 36, once: 0.1875 / (0.02 x 0.5) = 18.75
+    assert [step for step in range(38, 100) if ram.due(step)] == [38, 57, 76, 95]
+
+
+@pytest.mark.parametrize(("store_interval", "resumed_at", "probe"), [(25, 21, 28), (100, 21, 24), (4, 21, 28)])
+def test_the_probe_keeps_away_from_store_checkpoints_unless_they_come_too_often(store_interval: int, resumed_at: int,
+                                                                                probe: int) -> None:
+    ram = RamSnapshots(RamEnv(Path("/nonexistent"), 0, "r"), 0, 1, store_interval=store_interval)
+    assert [step for step in range(resumed_at, resumed_at + 12) if ram.due(step)] == [probe]
 
 
 def test_a_snapshot_is_written_and_sealed_at_the_backgrounds_nice_and_loads_back_with_the_rng(tmp_path: Path) -> None:
