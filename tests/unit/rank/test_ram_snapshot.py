@@ -9,9 +9,8 @@ import os
 import threading
 from pathlib import Path
 
-import torch
-
 import pytest
+import torch
 
 from slurm_titan.envvars import RamEnv
 from slurm_titan.ram import layout, snapshot
@@ -28,7 +27,7 @@ def test_a_fixed_interval_snapshots_its_multiples() -> None:
 def test_auto_probes_the_attempts_fourth_step_and_keeps_what_snapshots_cost_under_two_percent(
         monkeypatch: pytest.MonkeyPatch) -> None:
     ram = RamSnapshots(RamEnv(Path("/nonexistent"), 0, "r"), 0, 1, store_interval=100)
-    clock = iter([0.0, 0.5, 1.0, 1.5, 2.125, 2.6875] + [3.0 + 0.5 * i for i in range(70)])  # after the probe: 0.625, 0.5625
+    clock = iter([0.0, 0.5, 1.0, 1.5, 2.125, 2.6875] + [3.0 + 0.5 * i for i in range(70)])  # then 0.625, 0.5625
     monkeypatch.setattr(ram_snapshot.time, "monotonic", lambda: next(clock))
     probed, settled = [], []
     for step in range(31, 38):  # an attempt resumed at step 31
