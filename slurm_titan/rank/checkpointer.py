@@ -50,7 +50,7 @@ from slurm_titan.errors import ConfigError
 from slurm_titan.ram import layout as ram_layout
 from slurm_titan.rank import device_probe, preemption, progress
 from slurm_titan.rank.dcp_plan import check_share, folder_reads, load_reads, small_items
-from slurm_titan.rank.ram_snapshot import AFTER_PROBE, COST_SHARE, RamSnapshots
+from slurm_titan.rank.ram_snapshot import AFTER_PROBE, COST_SHARE, PROBES, RamSnapshots
 from slurm_titan.rank.replicated import shard_split_qkv, sharded
 from slurm_titan.rank.restore_gate import wait_for_restore
 from slurm_titan.records import rank_progress
@@ -188,8 +188,9 @@ class SyncedCheckpointManager(CheckpointManager):
                         "(the copy to host memory); its write goes on in the background")
         if interval := self.ram.settle_interval():
             logger.info(f"slurm-titan: RAM tier: a snapshot every {interval} step(s) (checkpoint.memory.interval: "
-                        f"auto: the probe cost this rank {self.ram.cost_s:.3f} s, the time the {AFTER_PROBE} steps "
-                        f"after it took beyond the median step; the slowest rank's <= {COST_SHARE:.0%} of the time)")
+                        f"auto: a snapshot cost this rank {self.ram.cost_s:.3f} s, the median over {PROBES} probes of "
+                        f"the time the {AFTER_PROBE} steps after each took beyond the median step; the slowest rank's "
+                        f"<= {COST_SHARE:.0%} of the time)")
 
     def _load(self, step: int = -1) -> bool:
         loaded = self._load_snapshot(self._ram_restore) if self._ram_restore is not None else super()._load(step)

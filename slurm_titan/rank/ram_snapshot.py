@@ -34,11 +34,16 @@ log = logging.getLogger("slurm_titan.rank.ram_snapshot")
 RNG = "slurm_titan.rng"
 """The key of the RNG states in a snapshot."""
 PROBE_STEP = 4
-"""With an automatic interval, the snapshot that measures what one costs is taken at the attempt's 4th step (after
-its first steps' warm-up), or at the first step after it with no store checkpoint within AFTER_PROBE steps of it."""
+"""With an automatic interval, the first of the PROBES snapshots that measure what one costs is taken at the attempt's
+4th step (after its first steps' warm-up), or at the first step after it from which no store checkpoint falls
+within the probes' steps (they would count its save and upload)."""
 AFTER_PROBE = 2
-"""The steps after the probe whose time beyond the median counts to its cost: the time it stops training, and what
+"""The steps after a probe whose time beyond the median counts to its cost: the time it stops training, and what
 its write and the node's copy to the partner take from the steps they run beside where the host's cores are busy."""
+PROBES = 3
+"""Probe snapshots, AFTER_PROBE + 1 steps apart; the cost is their median (one step's time varies by a good part of
+a snapshot's cost)."""
+_SPACING = AFTER_PROBE + 1
 COST_SHARE = 0.02
 """The automatic interval keeps what snapshots cost training at or below this share of its time."""
 
@@ -98,29 +103,39 @@ class RamSnapshots:
         self.steps_seen += 1
         if self.interval:
             return step > 0 and step % self.interval == 0
-        if self.probe_at is None and self.steps_seen >= PROBE_STEP and self._clear_of_store(step):
-            self.probe_at = self.steps_seen
-            return True
-        return False
+        if self.probe_at is None:
+            if self.steps_seen >= PROBE_STEP and self._clear_of_store(step):
+                self.probe_at = self.steps_seen
+                return True
+            return False
+        since = self.steps_seen - self.probe_at
+        return since < PROBES * _SPACING and since % _SPACING == 0
 
     def _clear_of_store(self, step: int) -> bool:
-        """Whether no store checkpoint is saved within AFTER_PROBE steps of ``step`` (its save and upload would
-        count to the probe's cost); with store checkpoints that close together, any step from the interval's
-        worth after PROBE_STEP."""
+        """Whether no store checkpoint is saved from AFTER_PROBE steps before ``step`` to the last probe's
+        AFTER_PROBE steps after it; with store checkpoints that close together, any step from the interval's worth
+        after PROBE_STEP."""
         if not self.store_interval or self.steps_seen >= PROBE_STEP + self.store_interval:
             return True
-        return all((step + k) % self.store_interval for k in range(-AFTER_PROBE, AFTER_PROBE + 1))
+        last = (PROBES - 1) * _SPACING + AFTER_PROBE
+        return all((step + k) % self.store_interval for k in range(-AFTER_PROBE, last + 1))
 
     def settle_interval(self) -> int:
-        """With an automatic interval, AFTER_PROBE steps after the probe: the smallest interval whose snapshots cost
-        training at most COST_SHARE of its time, a snapshot's cost being the time the AFTER_PROBE steps after it
-        took beyond the median of the steps before it (the slowest rank's figure: one all_reduce MAX); 0 before
-        and after that. Every rank calls it after every step."""
-        if self.interval or self.probe_at is None or self.steps_seen < self.probe_at + AFTER_PROBE:
+        """With an automatic interval, AFTER_PROBE steps after the last probe: the smallest interval whose snapshots
+        cost training at most COST_SHARE of its time, a snapshot's cost being the median over the probes of the
+        time the AFTER_PROBE steps after each took beyond the median of the other steps (the slowest rank's figure:
+        one all_reduce MAX); 0 before and after that. Every rank calls it after every step."""
+        if self.interval or self.probe_at is None:
             return 0
-        before, after = self.step_s[:self.probe_at - 1], self.step_s[self.probe_at - 1:]
-        step_s = statistics.median(before) if before else 0.0
-        self.cost_s = sum(max(0.0, took - step_s) for took in after)
+        first = self.probe_at - 1  # step_s[i] is the step that ends at steps_seen i + 2
+        if len(self.step_s) < first + (PROBES - 1) * _SPACING + AFTER_PROBE:
+            return 0
+        after = [range(first + i * _SPACING, first + i * _SPACING + AFTER_PROBE) for i in range(PROBES)]
+        beside = {index for steps in after for index in steps}
+        clean = [took for index, took in enumerate(self.step_s) if index not in beside]
+        step_s = statistics.median(clean) if clean else 0.0
+        self.cost_s = statistics.median(sum(max(0.0, self.step_s[index] - step_s) for index in steps)
+                                        for steps in after)
         wanted = math.ceil(self.cost_s / (COST_SHARE * step_s)) if step_s > 0 else 1
         if dist.is_available() and dist.is_initialized():
             value = torch.tensor([wanted], dtype=torch.int64, device=_collective_device())
