@@ -28,9 +28,10 @@ class MemorySpec:
     """The RAM tier (`checkpoint.memory`): every `interval` steps each rank snapshots its whole training state into
     its node's memory (`dir`, a tmpfs), and the node copies it to a partner node; a crash, a hang or a lost node
     inside the allocation then resumes from the newest snapshot every rank can get (slurm_titan.ram). The store stays
-    the durable tier. `interval: auto` is the smallest whose snapshots stop training for at most 2% of its time,
-    measured by the ranks at each attempt's 4th step. `required: false` lets a job whose nodes lack the memory run
-    store-only, with a warning."""
+    the durable tier. `interval: auto` is the smallest whose snapshots cost training at most 2% of its time,
+    measured by the ranks with three probe snapshots from each attempt's 4th step (the time the steps after each
+    took beyond the median: slurm_titan.rank.ram_snapshot). `required: false` lets a job whose nodes lack the memory
+    run store-only, with a warning."""
 
     enable: bool = False
     interval: int | Literal["auto"] = "auto"

@@ -180,7 +180,7 @@ class SyncedCheckpointManager(CheckpointManager):
 
     def _ram_step(self, step: int) -> None:
         """The RAM tier's part of every step: this rank's snapshot of ``step`` when due (every rank at the same
-        step: it agrees the safe step), and, with an automatic interval, its settling after the probe."""
+        step: it agrees the safe step), and, with an automatic interval, its settling after the probes."""
         assert self.ram is not None
         if self.ram.due(step):
             self.ram.save(sharded(self._flattened_model_states_sd()), step)  # within the step's budget: a copy only

@@ -4,10 +4,9 @@ its node's memory folder, and on a recovery from memory loads it back.
 
 A snapshot is the rank's own state only (its local tensor of every DTensor and its own copy of the rest: see
 :mod:`.snapshot_files`), so it needs no other rank's files and loads on the same world size only, which is all a
-recovery inside the allocation asks for. The
-node supervisor (:mod:`slurm_titan.node.supervisor.ram`) copies each complete snapshot to the partner node and says
-so in ``replicated-R``; at each snapshot the ranks agree (one all_reduce) on the newest step every rank holds twice,
-and drop their own older ones.
+recovery inside the allocation asks for. The node supervisor (:mod:`slurm_titan.node.supervisor.ram`) copies each
+complete snapshot to the partner node and says so in ``replicated-R``; at each snapshot the ranks agree (one
+all_reduce) on the newest step every rank holds twice, and drop their own older ones.
 """
 
 from __future__ import annotations
@@ -81,14 +80,14 @@ class RamSnapshots:
     time: the next waits for the one before."""
 
     def __init__(self, env: RamEnv, rank: int, world_size: int, store_interval: int = 0) -> None:
-        self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto, settled after a probe
+        self.root, self.interval, self.run = env.root, env.interval, env.run  # interval 0: auto (the probes)
         self.rank, self.world_size, self.store_interval = rank, world_size, store_interval
         self.last_blocked_s = 0.0
-        self.cost_s = 0.0  # the probe's cost (auto interval)
+        self.cost_s = 0.0  # a snapshot's cost, the probes' median (auto interval)
         self.step_s: list[float] = []  # the durations of the steps before the interval is settled (auto)
         self.last_step_at: float | None = None
         self.steps_seen = 0  # steps trained by this process: the same on every rank
-        self.probe_at: int | None = None  # steps_seen at the probe (auto)
+        self.probe_at: int | None = None  # steps_seen at the first probe (auto)
         self.stager = snapshot_files.Stager(accelerator=_device_rng() is not None)
         self.writer = ThreadPoolExecutor(1, "ram-snapshot-write", initializer=lower_thread_priority,
                                          initargs=(BACKGROUND_NICE,))
