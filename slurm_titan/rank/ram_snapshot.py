@@ -88,6 +88,7 @@ class RamSnapshots:
         self.last_step_at: float | None = None
         self.steps_seen = 0  # steps trained by this process: the same on every rank
         self.probe_at: int | None = None  # steps_seen at the first probe (auto)
+        self.probes_stopped_s: list[float] = []  # the time each probe stopped training (auto)
         self.stager = snapshot_files.Stager(accelerator=_device_rng() is not None)
         self.writer = ThreadPoolExecutor(1, "ram-snapshot-write", initializer=lower_thread_priority,
                                          initargs=(BACKGROUND_NICE,))
@@ -122,19 +123,21 @@ class RamSnapshots:
     def settle_interval(self) -> int:
         """With an automatic interval, AFTER_PROBE steps after the last probe: the smallest interval whose snapshots
         cost training at most COST_SHARE of its time, a snapshot's cost being the median over the probes of the
-        time the AFTER_PROBE steps after each took beyond the median of the other steps (the slowest rank's figure:
-        one all_reduce MAX); 0 before and after that. Every rank calls it after every step."""
+        time the AFTER_PROBE steps after each took beyond the probe's own step (a baseline next to each probe: an
+        attempt's first steps may run slow for reasons of their own, such as the next standby step's import), and
+        at least the time a probe stopped training (the slowest rank's figure: one all_reduce MAX); 0 before and
+        after that. Every rank calls it after every step."""
         if self.interval or self.probe_at is None:
             return 0
         first = self.probe_at - 1  # step_s[i] is the step that ends at steps_seen i + 2
         if len(self.step_s) < first + (PROBES - 1) * _SPACING + AFTER_PROBE:
             return 0
-        after = [range(first + i * _SPACING, first + i * _SPACING + AFTER_PROBE) for i in range(PROBES)]
-        beside = {index for steps in after for index in steps}
-        clean = [took for index, took in enumerate(self.step_s) if index not in beside]
-        step_s = statistics.median(clean) if clean else 0.0
-        self.cost_s = statistics.median(sum(max(0.0, self.step_s[index] - step_s) for index in steps)
-                                        for steps in after)
+        own = [first - 1 + i * _SPACING for i in range(PROBES)]  # each probe's own step (trained before it)
+        costs = [sum(max(0.0, self.step_s[index + k] - self.step_s[index]) for k in range(1, AFTER_PROBE + 1))
+                 for index in own]
+        step_s = statistics.median(self.step_s[index] for index in own)
+        stopped = statistics.median(self.probes_stopped_s) if self.probes_stopped_s else 0.0
+        self.cost_s = max(statistics.median(costs), stopped)  # it costs at least the time it stops training
         wanted = math.ceil(self.cost_s / (COST_SHARE * step_s)) if step_s > 0 else 1
         if dist.is_available() and dist.is_initialized():
             value = torch.tensor([wanted], dtype=torch.int64, device=_collective_device())
@@ -170,6 +173,8 @@ class RamSnapshots:
         staging = final.parent / f".rank-{self.rank}.{os.getpid()}"
         staged = self.stager.stage({**states, RNG: _rng_states()})
         self.last_blocked_s = time.monotonic() - begin
+        if not self.interval:
+            self.probes_stopped_s.append(self.last_blocked_s)
 
         def write_and_seal() -> None:
             snapshot_files.write(staged, staging)

@@ -41,6 +41,22 @@ def test_auto_probes_three_times_from_the_attempts_fourth_step_and_keeps_what_sn
     assert [step for step in range(43, 100) if ram.due(step)] == [57, 76, 95]
 
 
+@pytest.mark.parametrize(("took", "stopped", "interval"), [
+    ([1.0, 1.0, 1.0, 1.1, 1.0, 0.8, 0.9, 0.8, 0.5, 0.6, 0.55], 0.0, 7),  # a slow start: each probe against its own step
+    ([0.5] * 11, 0.05, 5),  # the probes' steps no slower: a snapshot costs at least the time it stops training
+])
+def test_each_probe_is_measured_against_its_own_step_and_costs_at_least_its_stop(
+        monkeypatch: pytest.MonkeyPatch, took: list[float], stopped: float, interval: int) -> None:
+    ram = RamSnapshots(RamEnv(Path("/nonexistent"), 0, "r"), 0, 1)
+    clock = iter(list(itertools.accumulate([0.0, *took])) + [20.0 + i for i in range(10)])
+    monkeypatch.setattr(ram_snapshot.time, "monotonic", lambda: next(clock))
+    for step in range(1, 13):
+        if ram.due(step):
+            ram.probes_stopped_s.append(stopped)
+        settled = ram.settle_interval()
+    assert settled == interval
+
+
 @pytest.mark.parametrize(("store_interval", "resumed_at", "probe"), [(25, 21, 28), (100, 21, 24), (4, 21, 28)])
 def test_the_probes_keep_away_from_store_checkpoints_unless_they_come_too_often(store_interval: int,
                                                                                 resumed_at: int, probe: int) -> None:
