@@ -137,7 +137,18 @@ def _merged(target: Any, saved: Any, where: str, slots: list[tuple[int, str, tor
     if type(target) in (list, tuple) and type(saved) is type(target) and len(saved) == len(target):
         return type(target)(_merged(value, old, f"{where}{i}.", slots)
                             for i, (value, old) in enumerate(zip(target, saved, strict=True)))
+    if _holds_tensor(target):  # its tensors would go unloaded
+        raise ValueError(f"{where.rstrip('.') or 'the state'}: {type(saved).__name__} saved, "
+                         f"{type(target).__name__} of tensors to load")
     return saved
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensor(item) for item in value.values())
+    return type(value) in (list, tuple) and any(_holds_tensor(item) for item in value)
 
 
 def _fill(path: Path, extents: list[Extent], slots: list[tuple[int, str, torch.Tensor]]) -> None:

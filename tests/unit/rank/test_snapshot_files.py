@@ -124,3 +124,12 @@ def test_a_value_the_snapshot_lacks_is_refused_and_nothing_but_tensors_changed(t
     with pytest.raises(ValueError, match="not in the snapshot: extra"):
         snapshot_files.load({"w": torch.zeros(2), "counter": counter, "extra": torch.zeros(1)}, folder)
     assert counter.value == 0
+
+
+def test_a_container_of_tensors_saved_as_something_else_is_refused(tmp_path: Path) -> None:
+    folder = _saved(tmp_path, {"layer": [torch.ones(2)], "lrs": [0.1, 0.2]})
+    with pytest.raises(ValueError, match="layer: list saved, tuple of tensors to load"):
+        snapshot_files.load({"layer": (torch.zeros(2),), "lrs": [0.3]}, folder)
+    state = {"layer": [torch.zeros(2)], "lrs": [0.3]}  # a list of plain values takes the saved one, whatever its length
+    snapshot_files.load(state, folder)
+    assert state["lrs"] == [0.1, 0.2] and torch.equal(state["layer"][0], torch.ones(2))
