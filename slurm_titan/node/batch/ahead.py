@@ -18,19 +18,20 @@ The first attempt's watcher is a process of its own, which may be starting a ste
 step started and recorded, and the decision's look for it and its mark that the attempt is decided
 (:func:`decide`, run_folder.AHEAD_CLOSED), each happen whole under one lock, so that the decision finds every step
 started ahead of it, and none starts after it (a step nobody looks for would wait out its word's budget). The lock
-is a file of the batch host's own (both run there; a shared file system's flock is not everywhere).
+is an abstract Unix socket's name on the batch host (both run there; a shared file system's flock is not everywhere,
+and a lock file in /tmp would outlive a job cancelled outright).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -45,6 +46,7 @@ from slurm_titan.records.whole_file import replace_text
 
 EXIT_POLL_S = 0.5
 EXIT_GRACE_S = 10.0  # after its srun is gone, how long its exit code may take to be written
+LOCK_POLL_S = 0.005  # how often a process waiting for the job's lock tries again (it is held for milliseconds)
 
 
 def _running(pid: int) -> bool:
@@ -72,27 +74,31 @@ def srun_command(job_dir: Path, job_id: str) -> str:
     return f"{text[start + len('# command') + 2:srun + 1]}exec {text[srun + 1:end].strip()}"
 
 
-def lock_path(job_dir: Path) -> Path:
-    """The batch host's lock file of the job's steps started ahead (removed by :func:`release`)."""
-    return Path(tempfile.gettempdir()) / f"slurm-titan-ahead-{hashlib.sha256(bytes(job_dir)).hexdigest()[:16]}.lock"
+def lock_name(job_dir: Path) -> bytes:
+    """The abstract Unix socket name (Linux) whose binding is the lock of the job's steps started ahead: nothing on
+    any disk, released when its holder's socket closes, or its process dies, however the job ends."""
+    return b"\0slurm-titan-ahead-" + hashlib.sha256(bytes(job_dir)).hexdigest()[:16].encode()
 
 
 @contextlib.contextmanager
-def _locked(job_dir: Path) -> Iterator[None]:
-    with open(lock_path(job_dir), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def job_lock(job_dir: Path) -> Iterator[None]:
+    """Hold the lock of the job's steps started ahead (any process or thread of the batch host waits for it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as holder:
+        while True:
+            try:
+                holder.bind(lock_name(job_dir))
+                break
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE:
+                    raise
+                time.sleep(LOCK_POLL_S)
         yield
-
-
-def release(job_dir: Path) -> None:
-    """Remove the lock file once the batch shell decided for good (the job ends or requeues)."""
-    lock_path(job_dir).unlink(missing_ok=True)
 
 
 def decide(job_dir: Path, during: int) -> AheadStep | None:
     """Mark attempt `during` decided (no step is started ahead during it after this) and return the step that was,
     if any (:func:`find`)."""
-    with _locked(job_dir):
+    with job_lock(job_dir):
         with contextlib.suppress(OSError):  # no folder: no step could record itself there either
             replace_text(run_folder.attempt_folder(job_dir, during) / run_folder.AHEAD_CLOSED, "")
         return find(job_dir, during)
@@ -105,7 +111,7 @@ def start_ahead(job_dir: Path, job_id: str, during: int, nodes: tuple[str, ...],
     exits: the srun is its child), or None when the batch shell decided already what follows `during`. A `standby`
     step (`during` trains) has its ranks import at the background priority (envvars.STANDBY)."""
     folder = run_folder.attempt_folder(job_dir, during)
-    with _locked(job_dir):
+    with job_lock(job_dir):
         if (folder / run_folder.AHEAD_CLOSED).exists():
             return None
         plan = AttemptPlan(next_attempt_number(job_dir), nodes)

@@ -275,7 +275,6 @@ def main(argv: list[str] | None = None) -> int:
                 srun_exit_code = run_attempt(job_dir, job_id, plan, spec, env, step)
                 continue
             ahead.dismiss(job_dir, attempt.number)
-            ahead.release(job_dir)  # the requeue may end this process before `finally`
             if outcome.action == RESTART:  # the allocation cannot go on: what follows is a requeue after all
                 history.append_event(job_dir, "action", attempt.number, action=REQUEUE)
                 clear_memory(spec, env)
@@ -283,8 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         ahead.dismiss(job_dir, attempt.number)  # a step started ahead would wait for a word that never comes
         raise
-    finally:
-        ahead.release(job_dir)
 
 
 def run_attempt(job_dir: Path, job_id: str, plan: allocation.AttemptPlan, spec: BatchSpec, env: dict[str, str],

@@ -4,10 +4,11 @@ otherwise (a stand-in srun on PATH)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +43,6 @@ exit 4
                                               "srun --nodes=$SLURM_TITAN_NUM_NODES x\n# teardown\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     yield job_dir
-    ahead.release(job_dir)  # the batch shell's lock file (node-local: /tmp)
 
 
 def _started(job_dir: Path, nodes: tuple[str, ...], standby: bool = False) -> threading.Thread:
@@ -102,8 +102,7 @@ def test_the_decision_finds_a_step_being_started_and_none_starts_after_it(job_di
     folder = run_folder.attempt_folder(job_dir, 0)
     folder.mkdir(parents=True)
     found: list[ahead.AheadStep | None] = []
-    with open(ahead.lock_path(job_dir), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with ahead.job_lock(job_dir):
         deciding = threading.Thread(target=lambda: found.append(ahead.decide(job_dir, 0)))
         deciding.start()
         deciding.join(0.3)
@@ -114,8 +113,29 @@ def test_the_decision_finds_a_step_being_started_and_none_starts_after_it(job_di
     (folder / run_folder.AHEAD).unlink()
     assert ahead.start_ahead(job_dir, "42", 0, ("n1",), dict(os.environ)) is None  # decided: too late to start
     assert not (run_folder.attempt_folder(job_dir, 1) / "started-with").exists() and ahead.find(job_dir, 0) is None
-    ahead.release(job_dir)
-    assert not ahead.lock_path(job_dir).exists()
+
+
+def test_the_lock_of_a_holder_killed_outright_is_free_and_left_nowhere(tmp_path: Path) -> None:
+    # A batch shell cancelled outright (scancel, its node lost) never releases the lock: its process's death does,
+    # and no file is left behind in /tmp or anywhere else
+    job_dir = tmp_path / "job"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from slurm_titan.node.batch import ahead\n"
+                               "with ahead.job_lock(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(60)",
+                               str(job_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    taken = threading.Event()
+
+    def take() -> None:
+        with ahead.job_lock(job_dir):
+            taken.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    assert not taken.wait(0.3)  # held by the other process
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert taken.wait(10)
+    assert not list(tmp_path.iterdir())
 
 
 def test_no_step_started_ahead_is_none(job_dir: Path) -> None:
