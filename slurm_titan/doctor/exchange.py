@@ -22,12 +22,16 @@ from slurm_titan.doctor.checks import compare_nodes, node_findings, ping_pair, r
 from slurm_titan.doctor.expectations import DoctorExpectations
 from slurm_titan.doctor.facts import FactError, NodeFacts, collect_facts, ping_device
 from slurm_titan.doctor.report import Finding, PreflightFailed, failures
+from slurm_titan.records.polls import poll_waits
 from slurm_titan.records.run_folder import doctor_folder
 from slurm_titan.records.whole_file import replace_text
 
 DEFAULT_TIMEOUT_S = 600.0
 VERDICT_GRACE_S = 120.0
-POLL_S = 0.5
+POLL_S = 0.2
+MAX_POLL_S = 1.0
+"""The waits' first and longest polls (spread, and never more often than the job folder's listing budget at the node
+count allows: :func:`slurm_titan.records.polls.poll_waits`); a restart waits for the verdict on its critical path."""
 VERDICT = "verdict.json"
 Collector = Callable[[DoctorExpectations, int], NodeFacts]
 Pinger = Callable[[str, str, str], tuple[int, int]]
@@ -45,9 +49,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _wait_json(path: Path, deadline: float) -> dict[str, Any] | None:
+def _wait_json(path: Path, deadline: float, num_nodes: int) -> dict[str, Any] | None:
+    waits = poll_waits(num_nodes, POLL_S, MAX_POLL_S)
     while (data := _read_json(path)) is None and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+        time.sleep(next(waits))
     return data
 
 
@@ -65,6 +70,7 @@ def judge(folder: Path, num_nodes: int, deadline: float, timeout_s: float) -> li
     checks, pings, comparison, silence)."""
     reports: dict[int, dict[str, Any]] = {}
     reach: dict[int, dict[str, Any]] = {}
+    waits = poll_waits(num_nodes, POLL_S, MAX_POLL_S)
     while True:
         for rank in range(num_nodes):
             if rank not in reports and (report := _read_json(folder / f"node-{rank}.json")) is not None:
@@ -76,7 +82,7 @@ def judge(folder: Path, num_nodes: int, deadline: float, timeout_s: float) -> li
                                                   for rank, report in reports.items())
         if not waiting or time.monotonic() >= deadline:
             break
-        time.sleep(POLL_S)
+        time.sleep(next(waits))
     findings = [finding for rank in sorted(reports) for finding in _findings(reports[rank]["findings"])]
     findings += [finding for rank in sorted(reach) for finding in _findings(reach[rank]["findings"])]
     findings += compare_nodes([NodeFacts.from_json(report["facts"]) for report in reports.values()])
@@ -91,7 +97,7 @@ def judge(folder: Path, num_nodes: int, deadline: float, timeout_s: float) -> li
 def _reach(folder: Path, facts: NodeFacts, num_nodes: int, expect: DoctorExpectations, deadline: float,
            ping: Pinger) -> list[Finding]:
     """This node's ping of the next node's NPU (nothing when that node stays silent: judged as silence)."""
-    peer_report = _wait_json(folder / f"node-{(facts.node_rank + 1) % num_nodes}.json", deadline)
+    peer_report = _wait_json(folder / f"node-{(facts.node_rank + 1) % num_nodes}.json", deadline, num_nodes)
     if peer_report is None:
         return []
     peer = NodeFacts.from_json(peer_report["facts"])
@@ -129,7 +135,7 @@ def run_preflight(job_dir: Path, attempt: int, node_rank: int, num_nodes: int, e
     if node_rank == 0:
         findings = judge(folder, num_nodes, deadline, timeout_s)
         _write_json(folder / VERDICT, {"nodes": num_nodes, "findings": [asdict(f) for f in findings]})
-    elif (verdict := _wait_json(folder / VERDICT, deadline + VERDICT_GRACE_S)) is not None:
+    elif (verdict := _wait_json(folder / VERDICT, deadline + VERDICT_GRACE_S, num_nodes)) is not None:
         findings = _findings(verdict["findings"])
     else:
         waited = timeout_s + VERDICT_GRACE_S
