@@ -33,7 +33,8 @@ _COLLECTED = {
     "npu-smi": "`npu-smi info` listing the chips",
     "firmware": "`npu-smi info -t board` with a Firmware Version",
     "CANN": "CANN's ascend_toolkit_install.info (source set_env.sh)",
-    "RAM tier": "checkpoint.memory.dir's free space and /proc/meminfo's MemAvailable",
+    "RAM tier": "checkpoint.memory.dir's free space",
+    "host memory": "/proc/meminfo's MemAvailable",
     "CANN ops": "CANN's ops (kernels) package, the toolkit's version",
     "driver version": "the driver's version.info (mount it into containers)",
     "device count": "torch_npu imports and counts devices",
@@ -172,7 +173,7 @@ def node_findings(facts: NodeFacts, expect: DoctorExpectations, num_nodes: int =
     if free is not None and needed and free < needed:
         rows.append(("disk", f"{_gb(free)} free at {facts.disk_path}",
                      f">= {_gb(needed)} for a checkpoint ({expect.checkpoint_size_source})", FAIL))
-    rows += _memory_rows(facts, expect)
+    rows += _memory_rows(facts, expect) + _standby_rows(facts, expect)
     if facts.interfaces is not None and (missing := [n for n in expect.socket_ifnames if n not in facts.interfaces]):
         rows.append(("network interface", f"no {', '.join(missing)} (has {', '.join(facts.interfaces)})",
                      f"{', '.join(expect.socket_ifnames)} (environment.npu.socket_ifname)", FAIL))
@@ -181,6 +182,7 @@ def node_findings(facts: NodeFacts, expect: DoctorExpectations, num_nodes: int =
 
 
 MEMORY_CHECK = "RAM tier"
+STANDBY_CHECK = "standby step"
 HOST_COPIES = 5
 """Host memory the RAM tier needs, in shares of a checkpoint: the 4 in its folder and the ranks' staging copy."""
 
@@ -200,6 +202,21 @@ def _memory_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
         rows.append((MEMORY_CHECK, f"{_gb(facts.mem_available_bytes)} of memory available",
                      f">= {_gb(host)} (the snapshots and the ranks' staging copy)", severity))
     return rows
+
+
+def _standby_rows(facts: NodeFacts, expect: DoctorExpectations) -> list[Row]:
+    """The standby step's processes (`preemption.standby_step`), with the RAM tier's host memory if it is on,
+    against the node's available memory: a warning (the standby is optional; the setting is the user's to turn off)."""
+    if not expect.standby_bytes or facts.mem_available_bytes is None:
+        return []
+    tier = expect.memory_bytes // 4 * HOST_COPIES if expect.memory_bytes else 0
+    needed = expect.standby_bytes + tier
+    if facts.mem_available_bytes >= needed:
+        return []
+    with_tier = f" and the RAM tier's {_gb(tier)}" if tier else ""
+    return [(STANDBY_CHECK, f"{_gb(facts.mem_available_bytes)} of memory available",
+             f">= {_gb(needed)} (a standby process per rank, {_gb(expect.standby_bytes)}{with_tier}: "
+             f"preemption.standby_step)", WARN)]
 
 
 def _versions(name: str) -> Callable[[NodeFacts], str | None]:

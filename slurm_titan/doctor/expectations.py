@@ -40,6 +40,9 @@ class DoctorExpectations:
     checkpoint, own and partner's, for the step every rank holds twice and the one being written: 4x), and whether
     too little fails the node (else a warning, and the run goes on store-only). Host memory must also hold the
     ranks' staging copy (one more share): 5x of MemAvailable."""
+    standby_bytes: int | None = None
+    """Host memory a standby step's ranks hold (`preemption.standby_step`: one imported process per rank, beside
+    the training's), checked with the RAM tier's against MemAvailable; too little is a warning."""
     check_kernels: bool = False
     """`doctor.check_kernels`: run the override checks on this node's first NPU (`python -m
     slurm_titan.overrides.check`, a child process: the doctor never imports torch)."""

@@ -327,7 +327,8 @@ def collect_facts(expect: DoctorExpectations, node_rank: int) -> NodeFacts:
         place = _collect(facts, "RAM tier", partial(free_space, expect.memory_dir))
         if place is not None:
             facts.memory_path, facts.memory_free_bytes = place
-        facts.mem_available_bytes = _collect(facts, "RAM tier", mem_available)
+    if expect.memory_dir is not None or expect.standby_bytes:
+        facts.mem_available_bytes = _collect(facts, "host memory", mem_available)
     if expect.socket_ifnames:
         facts.interfaces = _collect(facts, "network interface", lambda: sorted(os.listdir(NET_DIR)))
     if expect.hccl_port_ranges:

@@ -13,6 +13,9 @@ PARAMETERS = {"llama3_debugmodel": 6_163_712, "llama3_8b": 8_030_261_248, "llama
 """Parameter counts of torchtitan 0.3.0's llama3 configs (counted on a meta-device model)."""
 BYTES_PER_PARAMETER = 12
 """A full checkpoint: fp32 weights plus AdamW's two fp32 moments."""
+STANDBY_RANK_BYTES = 650 * 10**6
+"""A standby step's rank: a process with torch and torchtitan imported, waiting (its resident memory on the bundled
+cluster, a CPU rank; torch_npu's import adds to it on an NPU node, not measured here)."""
 
 
 def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> DoctorExpectations:
@@ -25,7 +28,9 @@ def preflight_expectations(config: JobConfig, checkpoint_dir: str | None) -> Doc
                                 checkpoint_dir=checkpoint_dir, checkpoint_bytes=size, checkpoint_size_source=source,
                                 memory_dir=memory.dir if memory.enable else None,
                                 memory_bytes=4 * size if memory.enable and size else None,
-                                memory_required=memory.required)
+                                memory_required=memory.required,
+                                standby_bytes=(slurm.devices_per_node * STANDBY_RANK_BYTES
+                                               if config.preemption.standby_step else None))
     if expect.device != "npu":
         return expect
     spec = config.environment.npu

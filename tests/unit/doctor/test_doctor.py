@@ -182,6 +182,21 @@ def test_the_ram_tier_needs_four_shares_in_its_folder_and_five_of_host_memory() 
     assert {f.severity for f in node_findings(short, optional) if f.check == "RAM tier"} == {WARN}
 
 
+def test_a_standby_step_counts_its_processes_with_the_ram_tiers_host_memory_and_warns_when_short() -> None:
+    expect = replace(NPU, standby_bytes=8 * 650 * 10**6)
+    assert [f for f in node_findings(npu_facts(mem_available_bytes=6 * 10**9), expect)
+            if f.check == "standby step"] == []
+    rows = [(f.found, f.expected, f.severity) for f in node_findings(npu_facts(mem_available_bytes=5 * 10**9), expect)
+            if f.check == "standby step"]
+    assert rows == [("5.0 GB of memory available",
+                     ">= 5.2 GB (a standby process per rank, 5.2 GB: preemption.standby_step)", WARN)]
+    with_tier = replace(expect, memory_dir="/dev/shm", memory_bytes=4 * 10**9)
+    short = npu_facts(memory_path="/dev/shm", memory_free_bytes=10**10, mem_available_bytes=8 * 10**9)
+    assert [(f.check, f.expected) for f in node_findings(short, with_tier) if f.severity == WARN] == [
+        ("standby step", ">= 10.2 GB (a standby process per rank, 5.2 GB and the RAM tier's 5.0 GB: "
+                         "preemption.standby_step)")]
+
+
 def test_mixed_drivers_chips_and_versions_are_named() -> None:
     nodes = [npu_facts(0), npu_facts(1), npu_facts(2, info="info_950pr.txt"),
              npu_facts(3, versions={**npu_facts().versions, "torch": "2.13.0"})]

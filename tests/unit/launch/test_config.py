@@ -4,7 +4,7 @@ import pytest
 
 from slurm_titan.errors import ConfigError
 from slurm_titan.launch.config import load_config, parse_assignment
-from slurm_titan.launch.preflight import preflight_expectations
+from slurm_titan.launch.preflight import STANDBY_RANK_BYTES, preflight_expectations
 from tests.support.paths import REPO
 
 
@@ -131,6 +131,13 @@ def test_cpu_jobs_may_use_context_parallelism_and_compile(tmp_path: Path) -> Non
     text = "name: x\nenvironment: {device: cpu}\ntorchtitan: {args: {parallelism: {context_parallel_degree: 2}, " \
            "compile: {enable: true}}}\n"
     assert load_config(write(tmp_path, text)).torchtitan.option("compile.enable") is True
+
+
+def test_the_preflight_counts_a_standby_steps_processes_when_it_is_on() -> None:
+    npu = REPO / "configs/llama3_8b_npu_1node.yaml"
+    assert preflight_expectations(load_config(npu), None).standby_bytes is None
+    on = load_config(npu, [("preemption.standby_step", True)])
+    assert preflight_expectations(on, None).standby_bytes == on.slurm.devices_per_node * STANDBY_RANK_BYTES
 
 
 def test_doctor_check_kernels_is_off_by_default_and_for_npu_jobs_only() -> None:
