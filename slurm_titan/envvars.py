@@ -53,8 +53,9 @@ STARTED_AHEAD = "SLURM_TITAN_STARTED_AHEAD"
 shell's decision; node.supervisor reads it: its ranks import, then it waits for that attempt's supervisor on its node
 to end (node.supervisor.presence) and for the decision (run_folder.AHEAD_WORD)."""
 STANDBY = "SLURM_TITAN_STANDBY"
-"""node.batch.ahead sets it (to 1) in a standby step, started while the attempt it follows trains: its ranks import
-at the background priority (rank.entry), which the supervisor passes on to them."""
+"""node.batch.ahead sets it (to 1) in a standby step, started while the attempt it follows trains: its supervisor lowers
+its session's scheduling group (thread_priority.lower_session_priority), its ranks import at the background priority
+and, once adopted, leave for a session of their own (rank.entry); the supervisor passes it on to them."""
 
 # ---- written by the node supervisor into each rank ---------------------------------------------------
 JOB_DIR = "SLURM_TITAN_JOB_DIR"

@@ -40,6 +40,37 @@ def lower_thread_priority(nice: int) -> None:
         log.warning("cannot lower the priority of thread %s: %s", threading.current_thread().name, e)
 
 
+SESSION_GROUP = "/proc/self/autogroup"
+"""Linux's scheduling autogroup of the calling process's session: with `kernel.sched_autogroup_enabled` (Debian's
+default) the kernel shares the CPU between sessions first and by their threads' nice only within one, and every
+srun task starts a session of its own (slurmstepd), so a thread's nice counts only against its own node step's
+threads. A standby step's import at nice 19 took as much CPU from the training steps beside it as at nice 0."""
+
+
+def lower_session_priority(nice: int) -> bool:
+    """Give the calling process's session (its scheduling autogroup: a standby step's supervisor and its ranks) the
+    nice value `nice` against the other sessions; False where the kernel has no autogroups or refuses."""
+    try:
+        with open(SESSION_GROUP, "w") as group:
+            group.write(str(nice))
+        return True
+    except OSError as e:
+        log.debug("the session's scheduling group keeps its priority: %s", e)
+        return False
+
+
+def take_own_session() -> bool:
+    """Leave the session the calling process was started in for one of its own (os.setsid): with autogroups, a new
+    group at nice 0, away from one that :func:`lower_session_priority` lowered; False for a process that leads a
+    process group, which cannot and stays (a rank started by its supervisor does not lead one)."""
+    try:
+        os.setsid()
+        return True
+    except OSError as e:
+        log.warning("cannot start a session of its own (%s): the process keeps its session's priority", e)
+        return False
+
+
 def confine_thread(cpus: frozenset[int] | None) -> None:
     """Run the calling thread only on `cpus` (None: leave it where it is). CPUs this job may not
     use (outside its cgroup, offline) make the kernel refuse: one warning, and the thread stays

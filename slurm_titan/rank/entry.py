@@ -16,7 +16,7 @@ from collections.abc import Callable
 from slurm_titan import envvars
 from slurm_titan.rank import preemption, stacks, start_gate
 from slurm_titan.records import rank_progress
-from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority
+from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority, take_own_session
 
 
 def prepare_device(device: str) -> None:
@@ -86,6 +86,9 @@ def main() -> None:
     else:
         torchtitan_main = import_trainer(device)
     start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
+    if os.environ.get(envvars.STANDBY) and take_own_session():  # its supervisor's group stays lowered
+        print("slurm-titan: a standby step's rank, adopted: it trains in a session of its own, out of its "
+              "supervisor's scheduling group (lowered while it stood by)", file=sys.stderr, flush=True)
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()
 

@@ -81,6 +81,7 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
         assert "attempt 1 on" in logs and "(in the step started ahead" in logs
         imported = (folder / "logs/rank-1.log").read_text()  # attempt 1's ranks imported at the background priority
         assert "a standby step's rank: torch and torchtitan imported at nice 19" in imported
+        assert "a standby step's rank, adopted: it trains in a session of its own" in imported
         assert_same_training(cli, job, reference)
         shown = cli("status", job).stdout
         assert "crashed on" in shown and "restart" in shown

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -61,3 +63,28 @@ def test_cpus_the_job_may_not_use_leave_the_thread_where_it_was_with_a_warning(c
         seen = _in_thread(lambda: confine_thread(frozenset({4000})))
     assert seen["own"] == allowed
     assert "checkpoint.upload_cpus 4000 cannot be used here" in caplog.text
+
+
+SESSION_CHILD = """
+import subprocess, sys
+from slurm_titan.thread_priority import lower_session_priority
+assert lower_session_priority(19)
+print(open("/proc/self/autogroup").read().strip(), flush=True)
+rank = ("from slurm_titan.thread_priority import take_own_session\\n"
+        "before = open('/proc/self/autogroup').read().strip()\\n"
+        "take_own_session()\\n"
+        "print(before, open('/proc/self/autogroup').read().strip(), sep='|')")
+print(subprocess.run([sys.executable, "-c", rank], capture_output=True, text=True, check=True).stdout.strip())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no scheduling autogroups in this kernel")
+def test_a_standby_session_yields_as_a_whole_and_its_adopted_ranks_leave_it_for_their_own() -> None:
+    # A standby step's supervisor (a session of its own, as slurmstepd starts it: here start_new_session) lowers its
+    # session's scheduling group; its rank, started inside it, shares the group until it takes a session of its own
+    done = subprocess.run([sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True,
+                          start_new_session=True)
+    supervisor, rank = done.stdout.splitlines()
+    before, after = rank.split("|")
+    assert supervisor.endswith("nice 19") and before == supervisor
+    assert after.endswith("nice 0") and after.split()[0] != supervisor.split()[0]

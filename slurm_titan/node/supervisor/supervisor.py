@@ -47,6 +47,7 @@ from slurm_titan.records.held_folder import HeldFolder
 from slurm_titan.records.polls import poll_waits
 from slurm_titan.records.restore_verdict import PlanRequest, Reads, RestoreVerdict, read_reads
 from slurm_titan.signals import ignore_signals, take_stop_signals
+from slurm_titan.thread_priority import BACKGROUND_NICE, lower_session_priority
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
@@ -377,6 +378,8 @@ class NodeSupervisor:
         self.presence = presence.Presence(job_dir, attempt, rdzv.node_rank)  # for the next attempt's step ahead
         self.stop_file = run_folder.stop_file(job_dir, attempt, rdzv.node_rank)
         take_stop_signals(self._on_signal)  # replaces submitit's handlers: every rank must join the save
+        if env.get(envvars.STANDBY):  # its ranks' import yields to the training beside it; adopted, they leave
+            lower_session_priority(BACKGROUND_NICE)  # the session (rank.entry), this supervisor stays in it
         first = rdzv.node_rank * rdzv.procs_per_node
         say(f"node {rdzv.node_rank}/{rdzv.num_nodes} of job {job_id} attempt {attempt}: master "
             f"{rdzv.master_addr}:{rdzv.master_port}, world size {rdzv.world_size}, "
