@@ -32,10 +32,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_titan.ckpt.storage.errors import redact
 from slurm_titan.envvars import RankCheckpointEnv
 from slurm_titan.errors import StorageError
 from slurm_titan.retention import KEEP_ALL, Retention
@@ -89,11 +91,15 @@ class UploadSettings:
 
 class UploaderProcess:
     """An :class:`~slurm_titan.ckpt.upload.Uploader`: CheckpointSync's calls (submit, wait, status,
-    in_flight, submitted, close), served by a child process. Raises StorageError (one line) at
-    construction if the child cannot open the remote location, as CheckpointSync would."""
+    in_flight, submitted, close), served by a child process. Construction starts the child and returns: its
+    imports and the opening of the remote location (~1 s) overlap what the rank does meanwhile (the node's
+    restore, the trainer's build, the first steps). :meth:`ready` (the first submit calls it) raises
+    StorageError (one line) if the child cannot open the remote location, as CheckpointSync would."""
 
     def __init__(self, settings: UploadSettings, start_timeout: float = 300.0) -> None:
-        self.location = ""
+        self.location = redact(settings.remote)  # the child's own name for it once it is ready
+        self._start_deadline = time.monotonic() + start_timeout
+        self._start_timeout = start_timeout
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
         self._submitted: set[int] = set()
@@ -114,22 +120,28 @@ class UploaderProcess:
         self._reader = threading.Thread(target=self._read_events, name=f"ckpt-uploader-r{settings.rank}",
                                         daemon=True)
         self._reader.start()
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._ready or self._ended, start_timeout):
-                self._ended = f"the uploader process did not start within {start_timeout:.0f} s"
-        if not self._ready:
-            self._kill()
-            raise StorageError(self._ended or "the uploader process did not start")
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
+    def ready(self) -> None:
+        """Wait until the child has opened the remote location, at most until the start timeout ends (counted from
+        the start); StorageError (one line) when it could not, or did not in time (the child is then ended)."""
+        with self._cond:
+            remaining = max(0.0, self._start_deadline - time.monotonic())
+            if not self._cond.wait_for(lambda: self._ready or self._ended, remaining):
+                self._ended = f"the uploader process did not start within {self._start_timeout:.0f} s"
+        if not self._ready:
+            self._kill()
+            raise StorageError(self._ended or "the uploader process did not start")
+
     # ------------------------------------------------------------------------------ API
     def submit(self, step: int, reads: list[tuple[str, int, int]] | None = None,
                spans: dict[str, list[tuple[int, int]]] | None = None) -> None:
-        """Queue the upload of this rank's files of step N (returns at once); ``reads``, ``spans``:
-        see CheckpointSync.submit."""
+        """Queue the upload of this rank's files of step N (returns at once once the child is :meth:`ready`);
+        ``reads``, ``spans``: see CheckpointSync.submit."""
+        self.ready()
         step = int(step)
         with self._cond:
             if self._close_sent:

@@ -90,11 +90,12 @@ class SyncedCheckpointManager(CheckpointManager):
         self._reads: Callable[[object], tuple] | None = None  # the last save's read map and spans, from its metadata
         shard_split_qkv(kwargs.get("model_parts") or ())  # before torchtitan's ModelWrapper caches a state dict
         super().__init__(config, **kwargs)  # reads nothing of the checkpoint folder
+        rank, world = _rank_world()
+        self._start_uploader(config, rank, world)  # its child imports and opens the store while the node restores
         # the node restores the checkpoint folder while the model is built; on another world size it first
         # asks what this rank's load will read (torchtitan's states to load exist from here on)
         verdict = wait_for_restore(self._plan_load)
         rank_progress.enter(Phase.RESTORE)  # the watchdog: from here to the first step (torchtitan's load)
-        rank, world = _rank_world()
         ram = envvars.RamEnv.from_env() if self.enable and not self.load_only else None
         self.ram = RamSnapshots(ram, rank, world, store_interval=self.interval) if ram else None
         self._ram_restore = Path(verdict.memory) if verdict and verdict.memory and self.ram else None
@@ -103,6 +104,10 @@ class SyncedCheckpointManager(CheckpointManager):
             self.exclude_from_loading = excluded
             logger.warning("slurm-titan: the world size changed since the checkpoint was saved: model and optimizer "
                            "are resharded; the data loader state is NOT loaded (data restarts from the beginning)")
+
+    def _start_uploader(self, config: Config, rank: int, world: int) -> None:
+        """This rank's uploader process (:attr:`sync`), started now and ready by its first checkpoint (the first
+        submit waits for it); none when checkpoints are off, loaded only, or have no remote."""
         if not self.enable or self.load_only:
             return
         checkpoint = envvars.RankCheckpointEnv.from_env(default_keep_local=config.keep_latest_k)

@@ -27,7 +27,10 @@ def _read_chars(pid: int) -> int:
 
 
 def _uploader(location: str, local: Path, attempt: str) -> UploaderProcess:
-    return UploaderProcess(UploadSettings(remote=location, local_folder=str(local), attempt=attempt))
+    """Started and ready: its imports read files too, which the test counts as the upload's reads otherwise."""
+    uploader = UploaderProcess(UploadSettings(remote=location, local_folder=str(local), attempt=attempt))
+    uploader.ready()
+    return uploader
 
 
 def test_a_stale_attempt_thawed_after_a_newer_one_committed_the_step_overwrites_nothing(s3_env, tmp_path):

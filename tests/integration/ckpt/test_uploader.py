@@ -24,9 +24,13 @@ from tests.support.s3 import clean_env
 
 
 def _uploaders(location: str, local, world_size: int, **kw) -> list[UploaderProcess]:
-    return [UploaderProcess(UploadSettings(remote=location, local_folder=str(local), rank=r, world_size=world_size,
-                                           attempt="a", **kw))
-            for r in range(world_size)]
+    """Started and ready (a rank does not wait: its first submit does)."""
+    started = [UploaderProcess(UploadSettings(remote=location, local_folder=str(local), rank=r,
+                                              world_size=world_size, attempt="a", **kw))
+               for r in range(world_size)]
+    for uploader in started:
+        uploader.ready()
+    return started
 
 
 def test_ranks_upload_and_commit_through_their_processes(location, tmp_path):
@@ -46,17 +50,20 @@ def test_ranks_upload_and_commit_through_their_processes(location, tmp_path):
     assert all(u._proc.poll() is not None for u in ups)  # the children are gone
 
 
-def test_an_unreachable_store_fails_at_start_in_one_line(monkeypatch, tmp_path):
+def test_an_unreachable_store_fails_when_awaited_in_one_line(monkeypatch, tmp_path):
+    # the child starts without blocking its rank; the rank's first checkpoint awaits it (submit calls ready)
     clean_env(monkeypatch)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s.getsockname()[1]}")
+    uploader = UploaderProcess(UploadSettings(remote="s3://bucket/run", local_folder=str(tmp_path)))
     with pytest.raises(StorageError) as caught:
-        UploaderProcess(UploadSettings(remote="s3://bucket/run", local_folder=str(tmp_path)))
+        uploader.submit(1)
     assert "cannot connect" in str(caught.value) and "\n" not in str(caught.value)
     assert "EXAMPLEKEY" not in str(caught.value)
+    assert not uploader.submitted(1) and uploader._proc.poll() is not None  # nothing queued, the child gone
 
 
 @pytest.mark.s3

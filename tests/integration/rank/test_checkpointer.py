@@ -83,6 +83,7 @@ def test_hook_uploads_commits_and_keeps_local_tidy(location, tmp_path, monkeypat
     mgr, model = _manager(tmp_path, interval=2, keep_latest_k=5)
     assert isinstance(mgr, checkpointer.SyncedCheckpointManager) and mgr.sync is not None
     assert mgr.sync.pid != os.getpid()  # uploads run in a child process, outside training's GIL
+    mgr.sync.ready()  # started without waiting for it: it takes its CPUs first thing, then opens the store
     assert os.sched_getaffinity(mgr.sync.pid) == {max(os.sched_getaffinity(0))}
     for step in range(1, 7):
         mgr.save(step)
