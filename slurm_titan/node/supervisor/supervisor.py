@@ -396,6 +396,9 @@ class NodeSupervisor:
         # its preflight; they train once started, below
         self.ranks = RankGroup(argv, env, rdzv, job_dir, gated=restoring, watchdog=watchdog,
                                on_failure=self._mark_beat)
+        if remote := (spec.checkpoint.remote_for(job_id) if spec.checkpoint else None):
+            threading.Thread(target=restore.import_store_library, args=(remote,), name="store-import",
+                             daemon=True).start()
         if (follows := env.get(envvars.STARTED_AHEAD)) is not None:
             self._wait_for_word(attempt_dir, rdzv, job_dir, int(follows))
         if rdzv.node_rank == 0:
