@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from slurm_titan import envvars
 from slurm_titan.rank import preemption, stacks, start_gate
@@ -49,27 +50,28 @@ def import_trainer(device: str) -> Callable[[], None]:
     return torchtitan_main
 
 
-def import_in_background(device: str) -> Callable[[], None]:
+def import_in_background(device: str) -> Future[Callable[[], None]]:
     """:func:`import_trainer` in a thread of its own at BACKGROUND_NICE, for a standby step's rank: it imports while
-    the attempt before it trains, mostly on the CPU that training leaves idle. The main thread, which trains once the
-    word comes, and every thread it starts keep their priority (nice is per thread on Linux); the few threads that
-    libraries start during the import (pyarrow's allocator's, idle) inherit the lower one."""
-    imported: dict[str, Callable[[], None]] = {}
-    failed: list[BaseException] = []
+    the attempt before it trains, mostly on the CPU that training leaves idle (the supervisor lowers the step's
+    scheduling group too: thread_priority). The main thread, which trains once the word comes, and every thread it
+    starts keep their priority (nice is per thread on Linux); the few threads that libraries start during the import
+    (pyarrow's allocator's, idle) inherit the lower one. The future holds the entry point, or the import's error."""
+    imported: Future[Callable[[], None]] = Future()
 
     def run() -> None:
         lower_thread_priority(BACKGROUND_NICE)
+        begin, cpu = time.monotonic(), time.thread_time()
         try:
-            imported["main"] = import_trainer(device)
+            imported.set_result(import_trainer(device))
         except BaseException as error:  # noqa: BLE001 - raised again in the main thread
-            failed.append(error)
+            imported.set_exception(error)
+            return
+        print(f"slurm-titan: a standby step's rank: torch and torchtitan imported at nice {BACKGROUND_NICE} in "
+              f"{time.monotonic() - begin:.1f} s ({time.thread_time() - cpu:.1f} CPU-seconds)", file=sys.stderr,
+              flush=True)
 
-    thread = threading.Thread(target=run, name="import-in-background", daemon=True)  # daemon: a signal may end us
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return imported["main"]
+    threading.Thread(target=run, name="import-in-background", daemon=True).start()  # daemon: a signal may end us
+    return imported
 
 
 def main() -> None:
@@ -77,18 +79,16 @@ def main() -> None:
     stacks.register_in_rank()  # the watchdog's fallback for stacks, before anything can hang
     rank_progress.enter(rank_progress.Phase.STARTUP)
     device = os.environ.get(envvars.DEVICE, "npu")
-    if os.environ.get(envvars.STANDBY):
-        begin, cpu = time.monotonic(), time.process_time()
-        torchtitan_main = import_in_background(device)
-        print(f"slurm-titan: a standby step's rank: torch and torchtitan imported at nice {BACKGROUND_NICE} in "
-              f"{time.monotonic() - begin:.1f} s ({time.process_time() - cpu:.1f} CPU-seconds)", file=sys.stderr,
-              flush=True)
-    else:
+    if not os.environ.get(envvars.STANDBY):
         torchtitan_main = import_trainer(device)
-    start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
-    if os.environ.get(envvars.STANDBY) and take_own_session():  # its supervisor's group stays lowered
-        print("slurm-titan: a standby step's rank, adopted: it trains in a session of its own, out of its "
-              "supervisor's scheduling group (lowered while it stood by)", file=sys.stderr, flush=True)
+        start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
+    else:  # the word may come before the import is done: it goes on at training's priority from there
+        importing = import_in_background(device)
+        start_gate.wait_for_start()
+        if take_own_session():  # out of the supervisor's session, whose scheduling group stays lowered
+            print("slurm-titan: a standby step's rank, adopted: it trains in a session of its own, out of its "
+                  "supervisor's scheduling group (lowered while it stood by)", file=sys.stderr, flush=True)
+        torchtitan_main = importing.result()
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()
 

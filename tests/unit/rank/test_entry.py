@@ -37,7 +37,7 @@ def test_the_trainer_is_imported_with_the_collector_off_then_frozen(trainer_modu
     assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
-@pytest.mark.parametrize("importer", [entry.import_trainer, entry.import_in_background])
+@pytest.mark.parametrize("importer", [entry.import_trainer, lambda device: entry.import_in_background(device).result()])
 def test_a_failed_import_is_raised_in_the_main_thread_with_the_collector_back_on(
         importer: Callable[[str], object], trainer_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(device: str) -> None:
@@ -59,6 +59,6 @@ def test_a_standby_ranks_import_runs_at_the_background_nice_and_its_main_thread_
     monkeypatch.setattr(entry, "prepare_device", lambda device: seen.append(
         (device, _nice(), threading.current_thread() is threading.main_thread())))
     own = _nice()
-    assert entry.import_in_background("cpu") is trainer_module.main
+    assert entry.import_in_background("cpu").result(10) is trainer_module.main
     assert seen == [("cpu", min(19, own + BACKGROUND_NICE), False)]
     assert _nice() == own
