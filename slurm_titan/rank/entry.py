@@ -84,11 +84,12 @@ def main() -> None:
         start_gate.wait_for_start()  # the import overlapped the node's preflight and the batch shell's decision
     else:  # the word may come before the import is done: it goes on at training's priority from there
         importing = import_in_background(device)
-        start_gate.wait_for_start()
+        word = start_gate.wait_for_word()
         if take_own_session():  # out of the supervisor's session, whose scheduling group stays lowered
             print("slurm-titan: a standby step's rank, adopted: it trains in a session of its own, out of its "
                   "supervisor's scheduling group (lowered while it stood by)", file=sys.stderr, flush=True)
         torchtitan_main = importing.result()
+        os.environ.update(word)  # once the import is done: no thread of it reads the environment meanwhile
     sys.argv = ["torchtitan", *sys.argv[1:]]
     torchtitan_main()
 

@@ -16,14 +16,19 @@ import sys
 from slurm_titan import envvars
 
 
-def wait_for_start() -> None:
-    """Block until the supervisor's word and take its environment; exit 0 when the pipe closes without one. A rank
-    started without the pipe goes on at once."""
+def wait_for_word() -> dict[str, str]:
+    """Block until the supervisor's word and return its environment; exit 0 when the pipe closes without one. A rank
+    started without the pipe goes on at once ({})."""
     fd = os.environ.pop(envvars.START_FD, "")
     if not fd:
-        return
+        return {}
     with os.fdopen(int(fd), "rb") as pipe:
         line = pipe.readline()
     if not line.strip():
         sys.exit(0)
-    os.environ.update(json.loads(line))
+    return json.loads(line)
+
+
+def wait_for_start() -> None:
+    """:func:`wait_for_word`, its environment taken."""
+    os.environ.update(wait_for_word())

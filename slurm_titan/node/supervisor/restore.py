@@ -17,6 +17,7 @@ node fetches only those.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,15 +37,13 @@ def import_store_library(remote: str) -> None:
     """Import what a restore from `remote` needs: slurm_titan.ckpt and the store's fsspec backend (s3fs and
     botocore for S3, ~1 CPU-second). Run in a thread of its own while the node waits for its word and runs its
     preflight, so that a restart's restore does not import on its critical path; what fails here the restore says."""
-    try:
+    with contextlib.suppress(Exception):  # the restore itself imports again and says what is wrong
         import fsspec
 
         import slurm_titan.ckpt  # noqa: F401
 
         if "://" in remote:
             fsspec.get_filesystem_class(remote.split("://", 1)[0].lower())
-    except Exception:  # noqa: BLE001,S110 - the restore itself imports again and says what is wrong
-        pass
 
 
 def restore(plan: CheckpointPlan, local: str, job_id: str, world_size: int, say, *,  # noqa: ANN001
