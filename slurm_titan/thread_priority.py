@@ -7,6 +7,10 @@ thread and every thread started afterwards (the transfer pools) inherits them:
 - a lower CPU priority (nice), so training keeps the cores it needs;
 - optionally CPUs of their own (``checkpoint.upload_cpus``, a CPU list as ``taskset -c`` takes
   it: :mod:`slurm_titan.cpulist`), so the upload never runs on the cores that feed the accelerators.
+
+A thread's nice counts only against the threads of its own session where the kernel groups sessions
+(:data:`SESSION_GROUP`); a standby step, a session apart from the training it waits beside, lowers its whole
+session instead (:func:`lower_session_priority`), and its ranks leave it once adopted (:func:`take_own_session`).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ class MemorySpec:
     inside the allocation then resumes from the newest snapshot every rank can get (slurm_titan.ram). The store stays
     the durable tier. `interval: auto` is the smallest whose snapshots cost training at most 2% of its time,
     measured by the ranks with three probe snapshots from each attempt's 4th step (the time the steps after each
-    took beyond the median: slurm_titan.rank.ram_snapshot). `required: false` lets a job whose nodes lack the memory
-    run store-only, with a warning."""
+    took beyond the probe's own step, at least the time it stopped training: slurm_titan.rank.ram_snapshot).
+    `required: false` lets a job whose nodes lack the memory run store-only, with a warning."""
 
     enable: bool = False
     interval: int | Literal["auto"] = "auto"
