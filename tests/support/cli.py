@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import s3fs
 
 from tests.support.paths import REPO
 from tests.support.s3 import S3Server
@@ -75,6 +77,7 @@ class Cli:
 
     def __init__(self, env: dict, home: Path, s3: S3Server) -> None:
         self.env = env | s3.env() | {"SLURM_TITAN_HOME": str(home)}
+        self.store = s3.env()  # the store `remote` is in (a test may point `env` elsewhere)
         self.runs = home / "runs"
         self.remote = s3.url("runs/{name}/{job_id}")
         self.pacers: list[PacedRanks] = []
@@ -99,10 +102,37 @@ class Cli:
         return job
 
     def close(self) -> None:
-        """Stop pacing the paced jobs (their cgroups removed)."""
+        """Stop pacing the paced jobs (their cgroups removed); cancel the jobs still running and delete what they
+        wrote to the nodes' disks and the store (`remove_checkpoints`)."""
         for pacer in self.pacers:
             pacer.__exit__()
         self.pacers.clear()
+        self.remove_checkpoints()
+
+    def jobs(self) -> set[str]:
+        """Every job of this Cli's runs: those it submitted and those their runs submitted themselves."""
+        return {folder.name for folder in self.runs.glob("*/*") if folder.name.isdigit()}
+
+    def remove_checkpoints(self) -> None:
+        """Cancel this Cli's jobs still running, then delete their node-local folders and their remote folders
+        (with those a test derived from them: `<remote>-from10`). The suite's disk use stays that of the tests
+        running, not of all it ran (~77 MB a step of the debug model); the job folders and logs stay."""
+        jobs = self.jobs()
+        if not jobs:
+            return
+        if jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()):
+            run(["scancel", *sorted(jobs)], env=self.env, check=False)
+            wait_for(lambda: not jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()), 120,
+                     f"jobs {sorted(jobs)} to end")
+        for folder in (LocalCluster.from_env(self.env).state / "nodes").glob("*/scratch/*/*"):
+            if folder.name.split("-")[0] in jobs:
+                shutil.rmtree(folder, ignore_errors=True)
+        store = s3fs.S3FileSystem(key=self.store["AWS_ACCESS_KEY_ID"], secret=self.store["AWS_SECRET_ACCESS_KEY"],
+                                  endpoint_url=self.store["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+        runs = self.remote.removeprefix("s3://").split("/{name}/")[0]
+        for folder in store.glob(f"{runs}/*/*"):
+            if folder.rsplit("/", 1)[-1].split("-")[0] in jobs:
+                store.rm(folder, recursive=True)
 
     def __enter__(self) -> Cli:
         return self

@@ -28,6 +28,9 @@ import pytest
 
 from tools.local_s3.seaweed import Server, find_weed, free_port
 
+VACUUM_INTERVAL_S = 60
+"""The tests' servers reclaim deleted checkpoints' space this often (Cli.remove_checkpoints deletes them)."""
+
 
 def weed_available() -> bool:
     try:
@@ -45,7 +48,7 @@ class S3Server:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="slurm-titan-s3-")
         self.server = Server(port=free_port(), data_dir=self.data_dir, bucket=bucket,
                              access_key="AKTEST" + uuid.uuid4().hex[:14].upper(),
-                             secret_key="test-secret-" + uuid.uuid4().hex)
+                             secret_key="test-secret-" + uuid.uuid4().hex, vacuum_interval_s=VACUUM_INTERVAL_S)
         self.bucket = bucket
 
     # lifecycle ------------------------------------------------------------------

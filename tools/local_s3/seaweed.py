@@ -89,6 +89,8 @@ class Server:
     access_key: str = DEFAULT_ACCESS_KEY
     secret_key: str = DEFAULT_SECRET_KEY
     region: str = DEFAULT_REGION
+    vacuum_interval_s: int | None = None
+    """Seconds between the master's sweeps that reclaim deleted objects' space (None: SeaweedFS's 840)."""
     proc: subprocess.Popen | None = None
 
     @property
@@ -115,7 +117,7 @@ class Server:
     def command(self) -> list[str]:
         p = self.port
         return [
-            find_weed(), "mini",
+            find_weed(), "-logtostderr", "mini",  # its log in log_file only: not also in files of its own in /tmp
             f"-dir={Path(self.data_dir) / 'data'}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-s3.port={p}", f"-master.port={p + 1}", f"-filer.port={p + 2}", f"-volume.port={p + 3}",
@@ -124,6 +126,7 @@ class Server:
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-bucket={self.bucket}",
+            *([f"-master.vacuumIntervalSeconds={self.vacuum_interval_s}"] if self.vacuum_interval_s else []),
         ]
 
     def write_config(self) -> None:
