@@ -88,8 +88,8 @@ def test_a_killed_rank_recovers_inside_the_allocation_and_its_late_write_overwri
         remote = remote_of(cli, job)
         record = cli("ckpt", "show", remote, "8").stdout
         assert re.search(rf"^attempt: +{re.escape(envvars.attempt_id(job, 1))}$", record, re.M), record
-    direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)
-    assert direct("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
+        direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)  # past the proxy
+        assert direct("ckpt", "verify", remote, "--all", "--quiet", timeout=300).returncode == 0
 
 
 def test_a_node_that_fails_every_time_is_swapped_for_a_spare_which_resumes_from_the_partners_memory(

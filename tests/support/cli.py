@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import s3fs
 
 from tests.support.paths import REPO
 from tests.support.s3 import S3Server
+from tests.support.throttle import ThrottledS3
 from tools.local_cluster.cluster import LocalCluster
 from tools.local_cluster.faults import PacedRanks
 
@@ -75,9 +75,10 @@ class Cli:
     """Runs the real `slurm-titan` command against the local cluster and a real S3 store, with a
     private job registry and runs folder; `submit` gives every job its own remote location."""
 
-    def __init__(self, env: dict, home: Path, s3: S3Server) -> None:
+    def __init__(self, env: dict, home: Path, s3: S3Server | ThrottledS3) -> None:
         self.env = env | s3.env() | {"SLURM_TITAN_HOME": str(home)}
-        self.store = s3.env()  # the store `remote` is in (a test may point `env` elsewhere)
+        self.store = s3.storage_options()  # the store `remote` is in (a test may point `env` elsewhere)
+        self.kept: set[str] = set()  # jobs whose checkpoints later tests read (`remove_checkpoints` leaves them)
         self.runs = home / "runs"
         self.remote = s3.url("runs/{name}/{job_id}")
         self.pacers: list[PacedRanks] = []
@@ -114,11 +115,14 @@ class Cli:
         return {folder.name for folder in self.runs.glob("*/*") if folder.name.isdigit()}
 
     def remove_checkpoints(self) -> None:
-        """Cancel this Cli's jobs still running, then delete their node-local folders and their remote folders
-        (with those a test derived from them: `<remote>-from10`). The suite's disk use stays that of the tests
-        running, not of all it ran (~77 MB a step of the debug model); the job folders and logs stay."""
-        jobs = self.jobs()
-        if not jobs:
+        """Cancel this Cli's jobs still running, then delete their node-local folders and their remote folders,
+        and the copies a test made of them or of a kept job's (`<remote>-from10`); the kept jobs' own stay. The
+        suite's disk use stays that of the tests running, not of all it ran (~77 MB a step of the debug model);
+        the job folders and logs stay."""
+        import s3fs  # here: the plugin loads in every session, unit tests' too
+
+        jobs = self.jobs() - self.kept
+        if not jobs | self.kept:
             return
         if jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()):
             run(["scancel", *sorted(jobs)], env=self.env, check=False)
@@ -127,11 +131,11 @@ class Cli:
         for folder in (LocalCluster.from_env(self.env).state / "nodes").glob("*/scratch/*/*"):
             if folder.name.split("-")[0] in jobs:
                 shutil.rmtree(folder, ignore_errors=True)
-        store = s3fs.S3FileSystem(key=self.store["AWS_ACCESS_KEY_ID"], secret=self.store["AWS_SECRET_ACCESS_KEY"],
-                                  endpoint_url=self.store["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+        store = s3fs.S3FileSystem(**self.store, skip_instance_cache=True)
         runs = self.remote.removeprefix("s3://").split("/{name}/")[0]
         for folder in store.glob(f"{runs}/*/*"):
-            if folder.rsplit("/", 1)[-1].split("-")[0] in jobs:
+            job, _, copy = folder.rsplit("/", 1)[-1].partition("-")
+            if job in jobs or (job in self.kept and copy):
                 store.rm(folder, recursive=True)
 
     def __enter__(self) -> Cli:

@@ -8,10 +8,12 @@
 - `SLOW_NODE_STEPS`: the 60-step run of the config's own batch that test_slow_node slows (the straggler and
   spare-node settings it adds change no loss): a slowed node's steps must cost enough that a swap pays (its
   reference is its own run that goes on on the slow node: test_slow_node);
-- `twelve_step_run(nodes)` (session fixture): the job of an uninterrupted 12-step run on `nodes` nodes with its
-  checkpoints in the worker's S3 store (steps 5, 10, 12; 1 MiB checksum blocks), trained once per worker:
-  tests that read it are marked `xdist_group("twelve-step-runs")` so that they run where it lives, and a test
-  that changes a checkpoint copies it first (`copy_steps`).
+- `twelve_step_run(nodes)`: the job of an uninterrupted 12-step run on `nodes` nodes with its checkpoints in the
+  worker's S3 store (steps 5, 10, 12; 1 MiB checksum blocks), trained once per worker: tests that read it are
+  marked `xdist_group("twelve-step-runs")` so that they run where it lives, and a test that changes a checkpoint
+  copies it first (`copy_steps`); what a test submitted through its Cli and its copies go when the test ends.
+
+The reference runs' checkpoints go once their losses are read (`Cli.remove_checkpoints`).
 
 A run that failed is neither retried nor reused: every test that asks for it fails with its error.
 """
@@ -23,7 +25,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +85,8 @@ def reference_losses(slurm_env: dict, s3_server: S3Server,
 
     def losses(steps: int, *config: str) -> dict[int, str]:
         def train() -> list[tuple[int, str]]:
-            cli = Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server)
-            return sorted(uninterrupted_losses(cli, steps, *config).items())
+            with Cli(slurm_env, tmp_path_factory.mktemp("reference"), s3_server) as cli:  # its losses are all we keep
+                return sorted(uninterrupted_losses(cli, steps, *config).items())
 
         return {step: loss for step, loss in cached(folder, [steps, *config], train)}
 
@@ -92,10 +94,18 @@ def reference_losses(slurm_env: dict, s3_server: S3Server,
 
 
 @pytest.fixture(scope="session")
-def twelve_step_run(slurm_env: dict, s3_server: S3Server,
-                    tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], tuple[Cli, str]]:
-    """run(nodes): (the Cli that submitted it, its job id) of the uninterrupted 12-step run on `nodes` nodes."""
-    runs: dict[int, tuple[Cli, str] | BaseException] = {}
+def twelve_step_runs() -> dict[int, tuple[Cli, str] | BaseException]:
+    """The uninterrupted 12-step runs trained so far this session, by node count (`twelve_step_run` trains them)."""
+    return {}
+
+
+@pytest.fixture
+def twelve_step_run(twelve_step_runs: dict[int, tuple[Cli, str] | BaseException], slurm_env: dict,
+                    s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory,
+                    ) -> Iterator[Callable[[int], tuple[Cli, str]]]:
+    """run(nodes): (the Cli that submitted it, its job id) of the uninterrupted 12-step run on `nodes` nodes, trained
+    once per session; what the test submitted through that Cli, and its copies of the run, are deleted after it."""
+    runs = twelve_step_runs
 
     def run(nodes: int) -> tuple[Cli, str]:
         if nodes not in runs:
@@ -104,6 +114,7 @@ def twelve_step_run(slurm_env: dict, s3_server: S3Server,
                 job = cli.submit(*TWELVE_STEPS, "--set", f"slurm.nodes={nodes}")
                 status = cli.wait(job)
                 assert status["state"] == "COMPLETED", status
+                cli.kept.add(job)
                 runs[nodes] = cli, job
             except Exception as error:
                 runs[nodes] = error
@@ -113,7 +124,10 @@ def twelve_step_run(slurm_env: dict, s3_server: S3Server,
             pytest.fail(f"the 12-step run on {nodes} nodes failed earlier in this session: {done}", pytrace=False)
         return done
 
-    return run
+    yield run
+    for done in runs.values():
+        if isinstance(done, tuple):
+            done[0].remove_checkpoints()
 
 
 def remote_of(cli: Cli, job: str) -> str:

@@ -115,6 +115,10 @@ class ThrottledS3(ThrottleProxy):
     def fresh_url(self, name: str = "t") -> str:
         return self.server.fresh_url(name)
 
+    def storage_options(self) -> dict[str, str]:
+        """The server's own, past the proxy (a test's cleanup is never throttled)."""
+        return self.server.storage_options()
+
 
 @pytest.fixture
 def throttled_s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThrottledS3]:
