@@ -115,8 +115,8 @@ def test_a_throttling_store_is_waited_out_by_the_save_and_by_the_restore(
     # Retry-After is honoured in tests/integration/ckpt/test_throttle.py and the scale harness.
     reference, reference_job = finished_run
     original = dict(step_losses(reference.job_dir(reference_job) / "logs/rank-0.log"))
-    with ThrottledS3(s3_server, share=0.3, retry_after=None) as proxy:
-        cli = Cli(slurm_env, tmp_path_factory.mktemp("throttled"), proxy)
+    with ThrottledS3(s3_server, share=0.3, retry_after=None) as proxy, \
+            Cli(slurm_env, tmp_path_factory.mktemp("throttled"), proxy) as cli:
         through = ["--set", f"checkpoint.endpoint_url={proxy.endpoint}"]
         first = cli.submit(*CONFIG, *through)
         assert cli.wait(first)["state"] == "COMPLETED"
@@ -129,11 +129,11 @@ def test_a_throttling_store_is_waited_out_by_the_save_and_by_the_restore(
         second = cli.submit(*CONFIG, *through, "--set", f"checkpoint.remote={from10}")
         assert cli.wait(second)["state"] == "COMPLETED"
         restored = proxy.stats()
-    assert sum(m["throttled"] for m in saved.values()) > 0 and sum(m["throttled"] for m in restored.values()) > 0
-    first_losses = step_losses(cli.job_dir(first) / "logs/rank-0.log")
-    second_losses = step_losses(cli.job_dir(second) / "logs/rank-0.log")
-    assert [s for s, _ in first_losses] == list(range(1, 13)) and [s for s, _ in second_losses] == [11, 12]
-    assert all(original[step] == loss for step, loss in first_losses + second_losses)
-    direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)
-    for location in (remote, from10):
-        assert direct("ckpt", "verify", location, "--all", "--quiet", timeout=300).returncode == 0
+        assert sum(m["throttled"] for m in saved.values()) > 0 and sum(m["throttled"] for m in restored.values()) > 0
+        first_losses = step_losses(cli.job_dir(first) / "logs/rank-0.log")
+        second_losses = step_losses(cli.job_dir(second) / "logs/rank-0.log")
+        assert [s for s, _ in first_losses] == list(range(1, 13)) and [s for s, _ in second_losses] == [11, 12]
+        assert all(original[step] == loss for step, loss in first_losses + second_losses)
+        direct = Cli(slurm_env, tmp_path_factory.mktemp("direct"), s3_server)  # past the proxy
+        for location in (remote, from10):
+            assert direct("ckpt", "verify", location, "--all", "--quiet", timeout=300).returncode == 0

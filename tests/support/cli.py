@@ -77,7 +77,7 @@ class Cli:
 
     def __init__(self, env: dict, home: Path, s3: S3Server | ThrottledS3) -> None:
         self.env = env | s3.env() | {"SLURM_TITAN_HOME": str(home)}
-        self.store = s3.storage_options()  # the store `remote` is in (a test may point `env` elsewhere)
+        self.store = s3  # the store `remote` is in (a test may point `env` elsewhere)
         self.kept: set[str] = set()  # jobs whose checkpoints later tests read (`remove_checkpoints` leaves them)
         self.runs = home / "runs"
         self.remote = s3.url("runs/{name}/{job_id}")
@@ -131,12 +131,16 @@ class Cli:
         for folder in (LocalCluster.from_env(self.env).state / "nodes").glob("*/scratch/*/*"):
             if folder.name.split("-")[0] in jobs:
                 shutil.rmtree(folder, ignore_errors=True)
-        store = s3fs.S3FileSystem(**self.store, skip_instance_cache=True)
+        store = s3fs.S3FileSystem(**self.store.storage_options(), skip_instance_cache=True)
         runs = self.remote.removeprefix("s3://").split("/{name}/")[0]
+        gone = []
         for folder in store.glob(f"{runs}/*/*"):
             job, _, copy = folder.rsplit("/", 1)[-1].partition("-")
             if job in jobs or (job in self.kept and copy):
-                store.rm(folder, recursive=True)
+                gone.append(folder)
+        if gone:
+            store.rm(gone, recursive=True)
+            self.store.vacuum()
 
     def __enter__(self) -> Cli:
         return self

@@ -28,9 +28,6 @@ import pytest
 
 from tools.local_s3.seaweed import Server, find_weed, free_port
 
-VACUUM_INTERVAL_S = 60
-"""The tests' servers reclaim deleted checkpoints' space this often (Cli.remove_checkpoints deletes them)."""
-
 
 def weed_available() -> bool:
     try:
@@ -48,7 +45,7 @@ class S3Server:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="slurm-titan-s3-")
         self.server = Server(port=free_port(), data_dir=self.data_dir, bucket=bucket,
                              access_key="AKTEST" + uuid.uuid4().hex[:14].upper(),
-                             secret_key="test-secret-" + uuid.uuid4().hex, vacuum_interval_s=VACUUM_INTERVAL_S)
+                             secret_key="test-secret-" + uuid.uuid4().hex)
         self.bucket = bucket
 
     # lifecycle ------------------------------------------------------------------
@@ -99,6 +96,10 @@ class S3Server:
 
     def storage_options(self) -> dict[str, str]:
         return {"endpoint_url": self.endpoint, "key": self.access_key, "secret": self.secret_key}
+
+    def vacuum(self) -> None:
+        """Reclaim the space of the objects deleted so far (`Server.vacuum`)."""
+        self.server.vacuum()
 
 
 _shared: S3Server | None = None

@@ -119,6 +119,9 @@ class ThrottledS3(ThrottleProxy):
         """The server's own, past the proxy (a test's cleanup is never throttled)."""
         return self.server.storage_options()
 
+    def vacuum(self) -> None:
+        self.server.vacuum()
+
 
 @pytest.fixture
 def throttled_s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThrottledS3]:

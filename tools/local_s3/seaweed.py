@@ -89,8 +89,6 @@ class Server:
     access_key: str = DEFAULT_ACCESS_KEY
     secret_key: str = DEFAULT_SECRET_KEY
     region: str = DEFAULT_REGION
-    vacuum_interval_s: int | None = None
-    """Seconds between the master's sweeps that reclaim deleted objects' space (None: SeaweedFS's 840)."""
     proc: subprocess.Popen | None = None
 
     @property
@@ -126,7 +124,6 @@ class Server:
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-bucket={self.bucket}",
-            *([f"-master.vacuumIntervalSeconds={self.vacuum_interval_s}"] if self.vacuum_interval_s else []),
         ]
 
     def write_config(self) -> None:
@@ -239,6 +236,13 @@ class Server:
             time.sleep(0.1)
         raise TimeoutError(f"SeaweedFS on port {self.port} not ready after {timeout:.0f} s ({last}); "
                            f"see {self.log_file}")
+
+    def vacuum(self, garbage_threshold: float = 0.3, timeout: float = 120.0) -> None:
+        """Reclaim the space of deleted objects now: the master compacts every volume of which more than
+        ``garbage_threshold`` is deleted (``weed mini``'s own vacuum waits for volumes no longer written to)."""
+        url = f"http://127.0.0.1:{self.port + 1}/vol/vacuum?garbageThreshold={garbage_threshold}"
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=timeout):
+            pass
 
     def request(self, method: str, path: str, query: str = "", body: bytes = b"",
                 timeout: float = 5.0) -> tuple[int, bytes]:
