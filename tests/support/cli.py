@@ -124,7 +124,7 @@ class Cli:
         jobs = self.jobs() - self.kept
         if not jobs | self.kept:
             return
-        if jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()):
+        if jobs and jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()):
             run(["scancel", *sorted(jobs)], env=self.env, check=False)
             wait_for(lambda: not jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()), 120,
                      f"jobs {sorted(jobs)} to end")

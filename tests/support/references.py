@@ -104,7 +104,7 @@ def twelve_step_run(twelve_step_runs: dict[int, tuple[Cli, str] | BaseException]
                     s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory,
                     ) -> Iterator[Callable[[int], tuple[Cli, str]]]:
     """run(nodes): (the Cli that submitted it, its job id) of the uninterrupted 12-step run on `nodes` nodes, trained
-    once per session; what the test submitted through that Cli, and its copies of the run, are deleted after it."""
+    once per worker; what the test submitted through that Cli, and its copies of the run, are deleted after it."""
     runs = twelve_step_runs
 
     def run(nodes: int) -> tuple[Cli, str]:
