@@ -109,8 +109,12 @@ def test_a_slow_node_is_named_and_swapped_for_the_spare(cli: Cli, alert_run: Ale
 def test_without_a_spare_a_slow_node_is_named_and_training_goes_on(alert_run: AlertRun) -> None:
     cli, job, folder, slow, status, losses = alert_run
     [attempt] = status["attempts"]  # no restart: the run went on on the slow node
-    [named] = attempt["slow"]
+    # the throttled node is the first named; once it runs free again, this test's 6-step window can score the other
+    # node below the threshold while other workers load the machine (0.76 once, steps 43-50, in a full suite run):
+    # only an alert, and counted by the soak instead (tools/bench/fault_recovery.py: slow_false_positives, 0 per hour)
+    named, *later = attempt["slow"]
     assert (named["host"], named["action"]) == (slow, "alert") and "straggler.action is alert" in named["why"]
+    assert all(other["host"] != slow and other["step"] > named["step"] for other in later), attempt["slow"]
     assert named["step"] - THROTTLE_AT <= NAMED_WITHIN, named
     assert attempt["reason"] == "finished" and attempt["excluded"] == []
     assert_same_training(cli, job, losses)  # rank 1's too

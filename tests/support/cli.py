@@ -124,10 +124,12 @@ class Cli:
         jobs = self.jobs() - self.kept
         if not jobs | self.kept:
             return
-        if jobs and jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()):
+        def queued() -> set[str]:
+            return jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split())
+
+        if jobs and queued():
             run(["scancel", *sorted(jobs)], env=self.env, check=False)
-            wait_for(lambda: not jobs & set(run(["squeue", "-h", "-o", "%A"], env=self.env).stdout.split()), 120,
-                     f"jobs {sorted(jobs)} to end")
+            wait_for(lambda: not queued(), 120, f"jobs {sorted(jobs)} to end")
         for folder in (LocalCluster.from_env(self.env).state / "nodes").glob("*/scratch/*/*"):
             if folder.name.split("-")[0] in jobs:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -19,11 +19,12 @@ supervisors' first copy to the partner). With --standby every job keeps its next
 or a hang (seeded random choice) is injected every --fault-every seconds (+-30%); goodput = distinct steps
 trained in the soak x the uninterrupted time per step (the mean interval between consecutive steps of one
 attempt in the soak, its checkpoint saves included) / its wall time; `goodput_strict` takes the median interval
-instead, so that saves and the spread of step times count as lost as well; `lost_by_cause` says where that time
-went (rank 0's intervals between consecutive steps by what followed the first: a RAM snapshot, a store checkpoint,
-both, neither, a fault). No node of the soak is slow: every node
-the slow-node judge names in it (the history's `slow` events) is a false positive (`slow_false_positives`, and
-per hour: the goal is none in 20 minutes).
+instead, so that saves and the spread of step times count as lost as well, and `goodput_save_free` the median of
+the intervals after which nothing was saved (with a snapshot every few steps, those after one are a good part of
+all, and lift the median: the strict figure then counts part of their cost as training); `lost_by_cause` says where
+that time went (rank 0's intervals between consecutive steps by what followed the first: a RAM snapshot, a store
+checkpoint, both, neither, a fault). No node of the soak is slow: every node the slow-node judge names in it (the
+history's `slow` events) is a false positive (`slow_false_positives`, and per hour: the goal is none in 20 minutes).
 References (fault-tolerance-anchors): nvidia-resiliency-ext in-job restart ~1 min; MindCluster detection
 < 5 s + restart ~70 s.
 """
@@ -166,6 +167,8 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
     per_step = uninterrupted_intervals(steps, attempt_starts)
     wall = end - start
     named = [slow for attempt in history.read_attempts(run.job_dir) for slow in attempt.slow]
+    lost = lost_by_cause(lines, attempt_starts, statistics.median(per_step))
+    quiet = lost.get("neither", {}).get("median_s")
     return {"minutes": minutes, "faults": faults, "slow_false_positives": named,
             "slow_false_positives_per_hour": rounded(len(named) / (wall / 3600), 2),
             "steps_trained": len(trained), "distinct_steps": distinct,
@@ -173,7 +176,8 @@ def soak(bench: Bench, minutes: float, every_s: float, seed: int) -> dict[str, A
             "median_step_s": rounded(statistics.median(per_step), 3),
             "goodput": rounded(distinct * statistics.mean(per_step) / wall, 3),
             "goodput_strict": rounded(distinct * statistics.median(per_step) / wall, 3),
-            "lost_by_cause": lost_by_cause(lines, attempt_starts, statistics.median(per_step)),
+            "goodput_save_free": rounded(distinct * quiet / wall, 3) if quiet else None,
+            "lost_by_cause": lost,
             **snapshot_figures(run, bench.args.memory_interval)}
 
 
