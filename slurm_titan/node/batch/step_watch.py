@@ -43,6 +43,7 @@ from slurm_titan.node.batch.processes import alive, command, parent
 from slurm_titan.node.batch.slow_watch import SlowNodeWatch
 from slurm_titan.node.batch_spec import load_or_exit
 from slurm_titan.node.node_log import say
+from slurm_titan.node.process_exit import wait_for_exit
 from slurm_titan.node.srun_probe import probe_failures
 from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
@@ -177,6 +178,8 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
     failed, standing_by = False, False
     with HeldFolder(run_folder.attempt_folder(job_dir, attempt)) as attempt_dir, _Beating(attempt_dir, poll_s), \
             _Sightings(attempt_dir) as sightings:
+        threading.Thread(target=_wake_at_exit, args=(srun_pid, sightings.changed), name="srun-exit",
+                         daemon=True).start()  # srun's end is heard at once, not at the next poll
         while alive(srun_pid):
             if slow and not swapping and slow.poll():
                 swapping = True
@@ -207,6 +210,12 @@ def watch(job_dir: Path, attempt: int, hosts: list[str], srun_pid: int, *, grace
             sightings.changed.wait(poll_s)  # a new report is looked at as it is sighted
             sightings.changed.clear()
     return []
+
+
+def _wake_at_exit(pid: int, wake: threading.Event) -> None:
+    """Set ``wake`` as ``pid`` ends (nothing where pidfds are missing: the watcher's poll hears of it)."""
+    if wait_for_exit([pid], None):
+        wake.set()
 
 
 def _start(start_next: Callable[[bool], bool], attempt: int, why: str, standby: bool) -> None:

@@ -37,6 +37,7 @@ from slurm_titan.doctor.facts import read_ephemeral_range
 from slurm_titan.doctor.report import format_table
 from slurm_titan.errors import ExitCode, SlurmTitanError
 from slurm_titan.node.node_log import say
+from slurm_titan.node.process_exit import wait_for_exit
 from slurm_titan.node.spec import NodeSpec
 from slurm_titan.node.supervisor import batch_host, presence, rendezvous, restore
 from slurm_titan.node.supervisor.ram import NodeMemory
@@ -246,8 +247,8 @@ class RankGroup:
         """SIGTERM the ranks still running, SIGKILL what is left after a grace period."""
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.processes.values()):
-            time.sleep(POLL_S)
+        while (left := deadline - time.monotonic()) > 0 and (running := self._running()):
+            wait_for_exit(running, min(POLL_S, left))
         self.kill()
 
     def kill(self) -> None:
@@ -265,6 +266,10 @@ class RankGroup:
         """Each rank's exit code, None while it runs."""
         return {rank: process.poll() for rank, process in self.processes.items()}
 
+    def _running(self) -> list[int]:
+        """The pids of the ranks still running."""
+        return [process.pid for process in self.processes.values() if process.poll() is None]
+
     def wait(self, on_hang: Callable[[Hang], None] = lambda hang: None) -> dict[int, int]:
         """Wait for every rank; on the first failure stop the others, on a hang (:meth:`_hung`) kill them.
         Returns each rank's exit code."""
@@ -274,7 +279,7 @@ class RankGroup:
             running = {rank for rank, code in codes.items() if code is None}
             if self.watchdog and (late := self.watchdog.overdue({rank: self.processes[rank].pid for rank in running})):
                 return self._hung(late, running, on_hang)
-            time.sleep(POLL_S)
+            wait_for_exit([self.processes[rank].pid for rank in running], POLL_S)  # a rank's exit is heard at once
         self._note_failure(failure)
         say(f"rank {failure[0]} exited with code {failure[1]}; stopping the node's other ranks")
         self.stop()
