@@ -27,6 +27,9 @@ from slurm_titan.thread_priority import BACKGROUND_NICE, lower_thread_priority
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0
+SHUTDOWN_POLL_S = 0.05
+"""How often the server looks for :meth:`SnapshotServer.close`'s word: close() waits up to this long (the standard
+library's 0.5 s, on the path from a fault to the next step: the supervisor closes it before it exits)."""
 _PATH = re.compile(r"^/step-(\d+)/rank-(\d+)/(\.?[A-Za-z0-9_][A-Za-z0-9_.-]*)$")
 
 
@@ -81,7 +84,8 @@ class SnapshotServer:
         self.httpd = ThreadingHTTPServer(("0.0.0.0", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="ram-snapshot-server", daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
+                                       name="ram-snapshot-server", daemon=True)
 
     def start(self) -> SnapshotServer:
         self.thread.start()

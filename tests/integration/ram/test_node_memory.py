@@ -2,7 +2,7 @@
 node as each node's memory: a step replicated around the ring, a lost node's ranks recovered onto a spare from its
 partner, a node lost with its partner and a partner that answers with another run's snapshot sent to the store,
 each said in one line; every node reaches the same verdict through the real agreement round; the copies to the
-partner run at the background priority."""
+partner run at the background priority, and a failed attempt's node does not wait for one under way."""
 
 from __future__ import annotations
 
@@ -159,3 +159,23 @@ def test_the_copies_to_the_partner_run_at_the_background_nice(tmp_path: Path, mo
     assert copying.wait(10)
     node.memory.close(keep=False)
     assert nice[0] == min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + BACKGROUND_NICE)
+
+
+def test_after_a_failure_the_node_does_not_wait_for_a_copy_to_the_partner_under_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pushing, pushed = threading.Event(), threading.Event()
+
+    def replicate_once(self: NodeMemory) -> None:  # a push the partner is slow to take
+        pushing.set()
+        pushed.wait(30)
+
+    monkeypatch.setattr(NodeMemory, "replicate_once", replicate_once)
+    monkeypatch.setattr(ram, "REPLICATE_POLL_S", 0.01)
+    node = Node(tmp_path, "a", 0, 2, 0, [])
+    node.memory.start_replicating()
+    assert pushing.wait(10)
+    node.memory.close(keep=True)  # the ranks failed: the supervisor exits next, the push ends with it
+    assert node.memory.replicator is not None and node.memory.replicator.is_alive()
+    assert node.memory.root.is_dir()  # kept for the next attempt
+    pushed.set()
+    node.memory.replicator.join(10)
