@@ -143,6 +143,8 @@ class _Sightings(_Background):
                 self.changed.set()
                 with contextlib.suppress(OSError):  # written again with the next report
                     self.attempt_dir.replace_text(run_folder.REPORT_SIGHTINGS, json.dumps(self.seen))
+                with contextlib.suppress(OSError):  # a beat now: the node waits for one after its failure to exit
+                    self.attempt_dir.touch(run_folder.BATCH_SHELL_BEAT)  # (node.supervisor.batch_host)
 
     def _run(self) -> None:
         while True:

@@ -7,9 +7,10 @@ left to decide ("Removing failed node n1 from JobId", the job then idles until i
 supervisors of the other nodes are the last of the job to run, and they see it two ways:
 
 - their ranks failed (a lost peer breaks the collectives within seconds, before Slurm notices): the
-  batch shell's watcher touches a heartbeat file every second while the step runs (`node.batch.step_watch.beat`); a
-  supervisor notes the heartbeat's time when it sees its ranks fail (:func:`mark_beat`) and waits for the time to
-  change (`BEAT_STALE_S` at most, on its own monotonic clock), and asks slurmctld nothing while the shell beats.
+  batch shell's watcher touches a heartbeat file every second while the step runs, and as it sights a node's report
+  (`node.batch.step_watch`); a supervisor notes the heartbeat's time when it sees its ranks fail (:func:`mark_beat`)
+  and waits for the time to change (`BEAT_STALE_S` at most, on its own monotonic clock), and asks slurmctld nothing
+  while the shell beats.
   Only the heartbeat's times are compared, with each other: a node's clock skewed against the batch host's or the
   file server's changes nothing. None came: one supervisor claims the check (it makes the attempt's
   `batch-host-probe` exclusively), asks Slurm for the batch host, probes it with a one-task step and, when it does
@@ -37,9 +38,14 @@ from slurm_titan.node.node_log import say
 from slurm_titan.node.srun_probe import PROBE_TIMEOUT_S, STEP_CREATION_S, probe_failures
 from slurm_titan.records import run_folder
 from slurm_titan.records.held_folder import HeldFolder
+from slurm_titan.records.polls import poll_waits
 
 BEAT_STALE_S = 10.0  # the watcher touches every second; ten missed beats on a loaded node mean gone
 POLL_S = 0.5
+BEAT_POLL_S = 0.1
+"""The first wait for the heartbeat after a failure (growing to POLL_S, spread by the job's size: records.polls): the
+batch shell touches it as it sights the node's report, and the srun step, on every fault's path to the next step,
+ends only when the node's supervisor does."""
 QUERY_TRIES = 3
 CLAIM_STALE_S = STEP_CREATION_S + PROBE_TIMEOUT_S + (QUERY_TRIES + 1) * slurm.TIMEOUT_S
 """The longest a claimant's check may take (its queries, its probe, its requeue): a claim without an outcome
@@ -98,14 +104,14 @@ def mark_beat(attempt_dir: HeldFolder) -> BeatMark:
     return BeatMark(beat.st_mtime if beat else None, time.monotonic())
 
 
-def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed: BeatMark, this_host: str,
+def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed: BeatMark, this_host: str, nodes: int,
                                 stale_s: float = BEAT_STALE_S) -> str | None:
     """After this node's ranks failed (the heartbeat then: `failed`): wait for the batch shell's next heartbeat;
     if none comes within `stale_s` of the failure, check the batch host (:func:`_check`), or wait for the
     supervisor that claimed that check. Returns the lost batch host when this call requeued the job, else None
     (the batch shell lives and decides, this is the batch host, or another supervisor checked). The heartbeat and
     the claims are names in `attempt_dir`, the attempt's folder held open: a poll is a lookup of one name."""
-    if _beat_since(attempt_dir, failed, failed.seen_at + stale_s):
+    if _beat_since(attempt_dir, failed, failed.seen_at + stale_s, nodes):
         return None
     claim = 0
     while (fd := attempt_dir.create_exclusive(run_folder.batch_host_probe_name(claim))) is None:
@@ -119,15 +125,16 @@ def requeue_if_batch_shell_gone(attempt_dir: HeldFolder, job_id: str, failed: Be
     return host
 
 
-def _beat_since(attempt_dir: HeldFolder, failed: BeatMark, deadline: float) -> bool:
+def _beat_since(attempt_dir: HeldFolder, failed: BeatMark, deadline: float, nodes: int) -> bool:
     """Whether the batch shell touches its heartbeat after `failed` (its time differs from the one then), waited
-    for until `deadline` (monotonic)."""
+    for until `deadline` (monotonic), looked up as often as a job of `nodes` nodes may."""
+    waits = poll_waits(nodes, first=BEAT_POLL_S, cap=POLL_S)
     while True:
         if (beat := attempt_dir.stat(run_folder.BATCH_SHELL_BEAT)) and beat.st_mtime != failed.mtime:
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(POLL_S)
+        time.sleep(next(waits))
 
 
 def _outcome_written(attempt_dir: HeldFolder, claim: str) -> bool:

@@ -443,7 +443,8 @@ class NodeSupervisor:
         elif code not in (0, ExitCode.PREEMPTED):
             lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, job_id,
                                                           self.beat_at_failure or batch_host.mark_beat(attempt_dir),
-                                                          os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+                                                          os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                                                          rdzv.num_nodes)
         else:
             lost = None
         if lost:

@@ -367,6 +367,22 @@ def test_the_watcher_sights_each_report_on_its_own_clock(tmp_path: Path) -> None
     # the nodes' own clocks order this attempt's failures)
 
 
+def test_the_watcher_beats_as_it_sights_a_report_and_hears_sruns_end_at_once(tmp_path: Path) -> None:
+    # a 30 s period: the beat after the report is the sighting's, and the watch ends as srun does (its pidfd), not
+    # at its next poll; the failed node's supervisor exits once it sees a beat after its failure
+    srun = subprocess.Popen(["sleep", "1.0"])
+    wrote: list[float] = []
+
+    def report() -> None:
+        node_report(tmp_path, 0, 1, "n2", 1, {"rank": 1, "exit_code": -9, "time": 1.0})
+        wrote.append(run_folder.node_report(tmp_path, 0, 1).stat().st_mtime)
+
+    threading.Timer(0.5, report).start()
+    assert step_watch.watch(tmp_path, 0, ["n1", "n2"], srun.pid, grace_s=5, poll_s=30, probe=lambda _: set()) == []
+    assert srun.poll() is not None
+    assert wrote and run_folder.batch_shell_beat(tmp_path, 0).stat().st_mtime >= wrote[0]
+
+
 def test_shrink_counts_follow_the_parallelism(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from slurm_titan.launch.config import load_config
     from slurm_titan.launch.plan import shrink_node_counts

@@ -58,7 +58,7 @@ def test_a_beat_after_the_failure_leaves_the_decision_to_the_batch_shell(attempt
     failed = batch_host.mark_beat(attempts(0))
     beating = threading.Timer(0.1, _beat, (attempts(0),))
     beating.start()
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed, "n2", stale_s=5) is None
+    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed, "n2", 2, stale_s=5) is None
     beating.join()
     assert cluster["queried"] == 0  # the heartbeat first: a node loss costs slurmctld nothing while the shell beats
     assert cluster["probed"] == [] and cluster["requeued"] == 0
@@ -66,7 +66,7 @@ def test_a_beat_after_the_failure_leaves_the_decision_to_the_batch_shell(attempt
 
 def _check_now(attempt_dir: HeldFolder, host: str, stale_s: float) -> str | None:
     """The check of `host`'s supervisor, whose ranks failed just now (job 7)."""
-    return batch_host.requeue_if_batch_shell_gone(attempt_dir, "7", batch_host.mark_beat(attempt_dir), host,
+    return batch_host.requeue_if_batch_shell_gone(attempt_dir, "7", batch_host.mark_beat(attempt_dir), host, 3,
                                                   stale_s=stale_s)
 
 
@@ -86,7 +86,7 @@ def test_the_heartbeats_times_are_compared_with_each_other_not_with_this_nodes_c
     failed = batch_host.mark_beat(attempts(0))
     beating = threading.Timer(0.1, _beat_stamped, (attempts(0), skew_s))
     beating.start()
-    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed, "n2", stale_s=5) is None
+    assert batch_host.requeue_if_batch_shell_gone(attempts(0), "7", failed, "n2", 2, stale_s=5) is None
     beating.join()
     assert cluster["probed"] == []
     cluster["answers"] = False
