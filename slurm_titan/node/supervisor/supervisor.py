@@ -247,7 +247,7 @@ class RankGroup:
         """SIGTERM the ranks still running, SIGKILL what is left after a grace period."""
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        while (left := deadline - time.monotonic()) > 0 and (running := self._running()):
+        while (left := deadline - time.monotonic()) > 0 and (running := self._running_pids()):
             wait_for_exit(running, min(POLL_S, left))
         self.kill()
 
@@ -266,7 +266,7 @@ class RankGroup:
         """Each rank's exit code, None while it runs."""
         return {rank: process.poll() for rank, process in self.processes.items()}
 
-    def _running(self) -> list[int]:
+    def _running_pids(self) -> list[int]:
         """The pids of the ranks still running."""
         return [process.pid for process in self.processes.values() if process.poll() is None]
 
