@@ -197,7 +197,7 @@ def _report_node(node: int, nodes: int, job_dirs: list[Path]) -> Result:
         times.append(time.time())
         watchdog.wait_for_peers()
         times.append(time.time())
-        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, failed, f"n{node}")
+        lost = batch_host.requeue_if_batch_shell_gone(attempt_dir, JOB_ID, failed, f"n{node}", nodes)
         times.append(time.time())
     finally:
         watchdog.close()

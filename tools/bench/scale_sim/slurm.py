@@ -144,13 +144,13 @@ def _srun_step() -> Iterator[subprocess.Popen[bytes]]:
 @contextmanager
 def _supervisors(job_dir: Path, hosts: list[str], failed_s_ago: float = 0.0) -> Iterator[list[Future[str | None]]]:
     """Every surviving node supervisor's check of the batch host after its ranks failed `failed_s_ago` (the
-    heartbeat then as now): a thread each; each future is the batch host it requeued the job for (None: it did
-    not)."""
+    heartbeat then as now; the job's nodes: `hosts` and the one lost): a thread each; each future is the batch host
+    it requeued the job for (None: it did not)."""
     with HeldFolder(run_folder.attempt_folder(job_dir, hangs.ATTEMPT)) as attempt_dir, \
             ThreadPoolExecutor(len(hosts)) as pool:
         now = batch_host.mark_beat(attempt_dir)
         failed = batch_host.BeatMark(now.mtime, now.seen_at - failed_s_ago)
-        yield [pool.submit(batch_host.requeue_if_batch_shell_gone, attempt_dir, JOB_ID, failed, host)
+        yield [pool.submit(batch_host.requeue_if_batch_shell_gone, attempt_dir, JOB_ID, failed, host, len(hosts) + 1)
                for host in hosts]
 
 
