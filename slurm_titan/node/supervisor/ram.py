@@ -213,11 +213,14 @@ class NodeMemory:
         """Stop serving and replicating; the folder stays only when ``keep`` (the ranks failed: the next attempt
         recovers from it). A copy to the partner still under way then is not waited for: the supervisor exits next,
         and the srun step's end, on every fault's path to the next step, would wait for a push at the background
-        nice (~1 s seen); cut short, it is never sealed on the partner, and this node keeps its own copy."""
+        nice (~1 s seen); cut short, it is never sealed on the partner, and this node keeps its own copy. The attempt's
+        folder, which that copy may still read (the partner's holding), then stays open until the process ends."""
         self.stopping.set()
-        if self.replicator is not None and not keep:
-            self.replicator.join(30)
         self.server.close()
+        if keep and self.replicator is not None and self.replicator.is_alive():
+            return
+        if self.replicator is not None:
+            self.replicator.join(30)
         self.folder.close()
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)

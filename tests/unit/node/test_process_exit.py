@@ -23,7 +23,8 @@ def test_the_end_of_any_of_the_processes_ends_the_wait() -> None:
         long.wait()
 
 
-def test_a_running_process_waits_out_the_timeout() -> None:
+def test_a_running_process_or_none_waits_out_the_timeout() -> None:
+    assert not wait_for_exit([], 0)
     child = _child(60)
     try:
         assert not wait_for_exit([child.pid], 0.05)
@@ -32,10 +33,9 @@ def test_a_running_process_waits_out_the_timeout() -> None:
         child.wait()
 
 
-def test_an_unreaped_child_counts_as_ended_and_no_process_as_gone() -> None:
+def test_an_unreaped_child_counts_as_ended_and_a_reaped_one_as_gone() -> None:
     child = _child(0)
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # until it has ended, left unreaped
     assert wait_for_exit([child.pid], 60)
     child.wait()
     assert wait_for_exit([child.pid], 60)  # reaped: no such process (ProcessLookupError)
-    assert not wait_for_exit([], 0)
